@@ -1,0 +1,74 @@
+"""The CPU backend: numpy, one call per batch. Runs everywhere; the reference for the GPU.
+
+``cpu_devices`` virtual devices share the host's cores; they exist so that routing and
+per-device queues behave as they do with several GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..kernels import F32, Request
+from .base import Backend, Device, Result
+
+
+def _offsets(requests: Sequence[Request]) -> np.ndarray:
+    sizes = np.fromiter((r.a.size for r in requests), dtype=np.int64, count=len(requests))
+    return np.concatenate(([0], np.cumsum(sizes)))
+
+
+def _split(flat: np.ndarray, offsets: np.ndarray) -> list[Result]:
+    return [flat[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
+
+
+def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> list[Result]:
+    # f64 accumulation: the CPU backend doubles as the accuracy reference for the GPU.
+    sums = np.add.reduceat(values, offsets[:-1]) if values.size else np.zeros(len(offsets) - 1)
+    empty = offsets[1:] == offsets[:-1]  # reduceat yields values[i] for an empty segment
+    sums[empty] = 0.0
+    return [float(np.float32(s)) for s in sums]
+
+
+class CpuDevice(Device):
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def run(self, kernel: str, requests: Sequence[Request]) -> list[Result]:
+        if kernel == "matmul":
+            r0 = requests[0]
+            a = np.stack([r.a for r in requests]).reshape(len(requests), r0.m, r0.k)
+            b = np.stack([r.b for r in requests]).reshape(len(requests), r0.k, r0.n)
+            out = np.matmul(a, b, dtype=F32)
+            return list(out.reshape(len(requests), r0.m * r0.n))
+        offsets = _offsets(requests)
+        a = np.concatenate([r.a for r in requests]) if len(requests) > 1 else requests[0].a
+        if kernel == "reduce":
+            return _segment_sums(a.astype(np.float64), offsets)
+        b = np.concatenate([r.b for r in requests]) if len(requests) > 1 else requests[0].b
+        assert b is not None
+        if kernel == "vector_add":
+            return _split(np.add(a, b, dtype=F32), offsets)
+        if kernel == "dot_product":
+            return _segment_sums(a.astype(np.float64) * b.astype(np.float64), offsets)
+        raise ValueError(f"unknown kernel {kernel}")
+
+    def info(self) -> dict[str, Any]:
+        return {"name": f"cpu:{self.index}"}
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+
+    def __init__(self, devices: int = 1) -> None:
+        if devices < 1:
+            raise ValueError("cpu_devices must be at least 1")
+        self._devices = devices
+
+    def device_count(self) -> int:
+        return self._devices
+
+    def open(self, index: int) -> Device:
+        return CpuDevice(index)

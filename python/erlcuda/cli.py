@@ -1,0 +1,116 @@
+"""``python -m erlcuda``: serve the Erlang port, or run kernels standalone for debugging.
+
+    python -m erlcuda devices [--backend auto|cpu|cuda]
+    python -m erlcuda run vector_add --size 1000 [--backend cpu|cuda] [--device 0]
+    python -m erlcuda serve [--backend ...] [--cpu-devices N] [--max-batch N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import kernels, logs
+from .backends import select
+from .backends.base import BackendError, BackendUnavailable
+from .framing import FrameReader, FrameWriter
+from .worker import Options, Worker
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m erlcuda", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def backend_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+        p.add_argument("--cpu-devices", type=int, default=1, metavar="N")
+
+    backend_args(sub.add_parser("devices", help="list the devices a backend sees"))
+    run = sub.add_parser("run", help="run one kernel on random data and time it")
+    run.add_argument("kernel", choices=kernels.KERNELS)
+    run.add_argument("--size", type=int, default=1000,
+                     help="vector length (matmul: the side of square matrices)")
+    run.add_argument("--device", type=int, default=0)
+    run.add_argument("--repeat", type=int, default=10)
+    backend_args(run)
+    serve = sub.add_parser("serve", help="port mode: frames on fds 3 (in) and 4 (out)")
+    backend_args(serve)
+    serve.add_argument("--max-batch", type=int, default=256,
+                       help="largest batch (1 turns batching off)")
+    serve.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def _devices(args: argparse.Namespace) -> int:
+    backend, reason = select(args.backend, cpu_devices=args.cpu_devices)
+    print(reason)
+    for i in range(backend.device_count()):
+        device = backend.open(i)
+        try:
+            print(f"device {i}: {device.info()}")
+        finally:
+            device.close()
+    backend.close()
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    backend, reason = select(args.backend, cpu_devices=args.cpu_devices)
+    print(reason)
+    if not 0 <= args.device < backend.device_count():
+        print(f"error: no device {args.device} ({backend.device_count()} present)",
+              file=sys.stderr)
+        return 2
+    rng = np.random.default_rng(0)
+    n = args.size
+    if args.kernel == "matmul":
+        job = [rng.standard_normal(n * n, dtype=np.float32),
+               rng.standard_normal(n * n, dtype=np.float32), n, n, n]
+    else:
+        job = [rng.standard_normal(n, dtype=np.float32) for _ in range(2)]
+        job = job[:1] if args.kernel == "reduce" else job
+    request = kernels.parse(args.kernel, job)
+    device = backend.open(args.device)
+    try:
+        times = []
+        for _ in range(max(1, args.repeat)):
+            t0 = time.perf_counter()
+            (result,) = device.run(request.kernel, [request])
+            times.append(time.perf_counter() - t0)
+        if isinstance(result, np.ndarray):
+            summary = f"{result.size} floats, first {np.array2string(result[:4], precision=4)}"
+        else:
+            summary = f"{result:.6g}"
+        print(f"{args.kernel} size {n} on {backend.name}:{args.device}: {summary}")
+        print(f"time: median {np.median(times) * 1e6:.1f} us, min {min(times) * 1e6:.1f} us "
+              f"over {len(times)} runs")
+    finally:
+        device.close()
+        backend.close()
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    writer = FrameWriter(4)
+    logs.to_erlang(writer)
+    logs.capture_std_streams()
+    options = Options(backend=args.backend, cpu_devices=args.cpu_devices,
+                      max_batch=args.max_batch, test_hooks=args.test_hooks)
+    worker = Worker(FrameReader(3), writer, options)
+    return worker.serve()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return {"devices": _devices, "run": _run, "serve": _serve}[args.command](args)
+    except (BackendUnavailable, BackendError, kernels.BadArgs) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,214 @@
+"""Device lanes: one thread per device, owning it, batching what is queued for it.
+
+A lane takes everything already queued (up to ``max_batch`` jobs and ``max_elements``
+input elements; it never waits for more, so a lone job pays no added latency), groups the
+jobs by batch key, runs one backend call per group, and writes every reply in the order the
+jobs arrived, so one caller's jobs to one device are answered in the order launched.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import etf, protocol
+from .backends.base import Backend, BackendError, Device
+from .framing import FrameWriter
+from .kernels import Request
+
+log = logging.getLogger("erlcuda.lane")
+
+
+@dataclass(slots=True)
+class Job:
+    job_id: Any
+    reply_to: Any
+    fmt: etf.Atom
+    request: Request | None = None
+    error: Any = None  # a reason decided before the job reached the device
+    trace: dict[str, int] | None = None
+
+    @property
+    def elements(self) -> int:
+        return 0 if self.request is None else self.request.elements
+
+
+@dataclass(slots=True)
+class Control:
+    """Work for the lane's thread between batches (info, timing, test hooks)."""
+
+    fn: Callable[[Device | None], Any]
+    future: Future[Any] = field(default_factory=Future)
+
+
+@dataclass(slots=True)
+class Stats:
+    jobs: int = 0
+    launches: int = 0
+    max_batch: int = 0
+    errors: int = 0
+
+
+class Lane(threading.Thread):
+    def __init__(
+        self,
+        index: int,
+        backend: Backend | None,
+        writer: FrameWriter,
+        *,
+        max_batch: int,
+        max_elements: int,
+        on_fatal: Callable[[str], None],
+        unavailable: str | None = None,
+    ) -> None:
+        super().__init__(name=f"erlcuda-device-{index}", daemon=True)
+        self.index = index
+        self.backend = backend
+        self.writer = writer
+        self.max_batch = max(1, max_batch)
+        self.max_elements = max_elements
+        self.on_fatal = on_fatal
+        self.unavailable = unavailable
+        self.stats = Stats()
+        self.ready = threading.Event()
+        self.device_info: dict[str, Any] = {}
+        self._queue: deque[Job | Control] = deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._stopping = False
+
+    # -- called from other threads ---------------------------------------------------------
+    def submit(self, item: Job | Control) -> None:
+        with self._cond:
+            self._queue.append(item)
+            if len(self._queue) == 1:
+                self._cond.notify()
+
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    # -- the lane's own thread -------------------------------------------------------------
+    def run(self) -> None:
+        device = self._open()
+        self.ready.set()
+        try:
+            while True:
+                items = self._take()
+                if items is None:
+                    return
+                if isinstance(items, Control):
+                    self._control(items, device)
+                else:
+                    self._batch(items, device)
+        finally:
+            if device is not None:
+                try:
+                    device.close()
+                except Exception:
+                    log.exception("device %d: close failed", self.index)
+
+    def _open(self) -> Device | None:
+        if self.backend is None or self.unavailable is not None:
+            return None
+        try:
+            device = self.backend.open(self.index)
+            self.device_info = device.info()
+            return device
+        except BackendError as exc:
+            self.unavailable = f"device {self.index}: {exc.message}"
+        except Exception as exc:
+            self.unavailable = f"device {self.index}: {type(exc).__name__}: {exc}"
+        log.error("%s", self.unavailable)
+        return None
+
+    def _take(self) -> list[Job] | Control | None:
+        with self._cond:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._cond.wait()
+            if isinstance(self._queue[0], Control):
+                return self._queue.popleft()  # type: ignore[return-value]
+            batch: list[Job] = []
+            elements = 0
+            while self._queue and len(batch) < self.max_batch:
+                job = self._queue[0]
+                if isinstance(job, Control):
+                    break
+                if batch and elements + job.elements > self.max_elements:
+                    break
+                batch.append(job)
+                elements += job.elements
+                self._queue.popleft()
+            return batch
+
+    def _control(self, item: Control, device: Device | None) -> None:
+        try:
+            item.future.set_result(item.fn(device))
+        except BackendError as exc:
+            item.future.set_exception(exc)
+            if exc.fatal:
+                self.on_fatal(f"device {self.index}: {exc.code}: {exc.message}")
+        except Exception as exc:
+            item.future.set_exception(exc)
+
+    def _batch(self, batch: list[Job], device: Device | None) -> None:
+        now = time.perf_counter_ns
+        t_take = now()
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        results: list[Any] = [None] * len(batch)
+        for i, job in enumerate(batch):
+            if job.error is not None:
+                results[i] = protocol.error(job.error)
+            elif device is None:
+                results[i] = protocol.error((protocol.BACKEND_UNAVAILABLE, self.unavailable or ""))
+            else:
+                assert job.request is not None
+                groups.setdefault(job.request.key, []).append(i)
+        fatal: str | None = None
+        t_run = now()
+        for indices in groups.values():
+            requests = [batch[i].request for i in indices]
+            kernel = requests[0].kernel  # type: ignore[union-attr]
+            try:
+                values = device.run(kernel, requests)  # type: ignore[union-attr,arg-type]
+                self.stats.launches += 1
+                self.stats.max_batch = max(self.stats.max_batch, len(indices))
+                for i, value in zip(indices, values):
+                    results[i] = protocol.encode_result(value, batch[i].fmt)
+            except BackendError as exc:
+                reason = protocol.error((protocol.CUDA, etf.Atom(exc.code), exc.message))
+                for i in indices:
+                    results[i] = reason
+                if exc.fatal:
+                    fatal = f"device {self.index}: {exc.code}: {exc.message}"
+            except Exception as exc:
+                log.exception("device %d: %s failed", self.index, kernel)
+                reason = protocol.error((protocol.INTERNAL, f"{type(exc).__name__}: {exc}"))
+                for i in indices:
+                    results[i] = reason
+        t_done = now()
+        self.stats.jobs += len(batch)
+        frames = []
+        for job, result in zip(batch, results):
+            if result[0] is protocol.ERROR:
+                self.stats.errors += 1
+            if job.trace is not None:
+                job.trace.update(take=t_take, run=t_run, done=t_done, encode=now())
+                frames.append(etf.encode(protocol.traced_reply(job.reply_to, job.job_id,
+                                                               result, job.trace)))
+            else:
+                frames.append(etf.encode(protocol.reply(job.reply_to, job.job_id, result)))
+        self.writer.write_many(frames)
+        if fatal is not None:
+            self.on_fatal(fatal)

@@ -1,0 +1,225 @@
+%% The Erlang API on the CPU backend with two virtual devices: results, bad input, timeouts,
+%% a killed worker and many concurrent callers.
+-module(erlcuda_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+-define(TOL, 1.0e-4).
+
+setup() ->
+    application:load(erlcuda),
+    ok = application:set_env(erlcuda, backend, cpu),
+    ok = application:set_env(erlcuda, cpu_devices, 2),
+    ok = application:set_env(erlcuda, test_hooks, true),
+    {ok, _} = application:ensure_all_started(erlcuda),
+    ok.
+
+cleanup(_) ->
+    ok = application:stop(erlcuda).
+
+erlcuda_test_() ->
+    {setup, fun setup/0, fun cleanup/1,
+     [{"vector_add", fun vector_add/0},
+      {"reduce", fun reduce/0},
+      {"dot_product", fun dot_product/0},
+      {"matmul", fun matmul/0},
+      {"binary in and out", fun binary_format/0},
+      {"integers are numbers", fun integers/0},
+      {"empty vectors", fun empty/0},
+      {"async launch replies once", fun async/0},
+      {"device routing", fun devices/0},
+      {"a large vector", fun large/0},
+      {"bad input gets a clear error, then service goes on", fun bad_input/0},
+      {"info", fun info/0},
+      {"timeout leaves no stray message", {timeout, 20, fun timeout_no_stray/0}},
+      {"killed worker: in-flight jobs fail, worker restarts", {timeout, 60, fun killed_worker/0}},
+      {"concurrent callers get their own replies in order", {timeout, 60, fun concurrent/0}}]}.
+
+close(A, B) when is_list(A), is_list(B) ->
+    length(A) =:= length(B) andalso lists:all(fun({X, Y}) -> close(X, Y) end, lists:zip(A, B));
+close(A, B) when is_number(A), is_number(B) ->
+    abs(A - B) =< ?TOL * max(1.0, abs(B)).
+
+rand_vec(N) -> [rand:uniform() * 2 - 1 || _ <- lists:seq(1, N)].
+
+vector_add() ->
+    A = rand_vec(1000), B = rand_vec(1000),
+    {ok, C} = erlcuda:launch_sync(vector_add, [A, B]),
+    ?assert(close(C, [X + Y || {X, Y} <- lists:zip(A, B)])).
+
+reduce() ->
+    A = rand_vec(777),
+    {ok, S} = erlcuda:launch_sync(reduce, [A]),
+    ?assert(is_float(S)),
+    ?assert(close(S, lists:sum(A))).
+
+dot_product() ->
+    A = rand_vec(513), B = rand_vec(513),
+    {ok, D} = erlcuda:launch_sync(dot_product, [A, B]),
+    ?assert(close(D, lists:sum([X * Y || {X, Y} <- lists:zip(A, B)]))).
+
+matmul() ->
+    {M, N, K} = {3, 4, 5},
+    A = rand_vec(M * K), B = rand_vec(K * N),
+    {ok, C} = erlcuda:launch_sync(matmul, [A, B, M, N, K]),
+    Expected = [lists:sum([lists:nth(I * K + P + 1, A) * lists:nth(P * N + J + 1, B)
+                           || P <- lists:seq(0, K - 1)])
+                || I <- lists:seq(0, M - 1), J <- lists:seq(0, N - 1)],
+    ?assert(close(C, Expected)).
+
+binary_format() ->
+    A = << <<X:32/float-little>> || X <- [1.0, 2.0, 3.0] >>,
+    B = << <<X:32/float-little>> || X <- [0.5, 0.25, 0.125] >>,
+    {ok, C} = erlcuda:launch_sync(vector_add, [A, B], [{format, binary}]),
+    ?assertEqual(<< <<X:32/float-little>> || X <- [1.5, 2.25, 3.125] >>, C),
+    %% a binary and a list mix
+    {ok, L} = erlcuda:launch_sync(vector_add, [A, [1, 1, 1]]),
+    ?assertEqual([2.0, 3.0, 4.0], L).
+
+integers() ->
+    ?assertEqual({ok, 6.0}, erlcuda:launch_sync(reduce, [[1, 2, 3]])),
+    ?assertEqual({ok, [19.0, 22.0, 43.0, 50.0]},
+                 erlcuda:launch_sync(matmul, [[1, 2, 3, 4], [5, 6, 7, 8], 2, 2, 2])).
+
+empty() ->
+    ?assertEqual({ok, []}, erlcuda:launch_sync(vector_add, [[], []])),
+    ?assertEqual({ok, 0.0}, erlcuda:launch_sync(reduce, [[]])),
+    ?assertEqual({ok, 0.0}, erlcuda:launch_sync(dot_product, [<<>>, <<>>])),
+    ?assertEqual({ok, []}, erlcuda:launch_sync(matmul, [[], [], 0, 0, 0])),
+    ?assertEqual({ok, [0.0, 0.0]}, erlcuda:launch_sync(matmul, [[], [], 2, 1, 0])).
+
+async() ->
+    {ok, Id} = erlcuda:launch(reduce, [[1.0, 2.5]]),
+    ?assert(is_integer(Id)),
+    receive {erlcuda, Id, R} -> ?assertEqual({ok, 3.5}, R)
+    after 5000 -> error(no_reply)
+    end,
+    receive {erlcuda, Id, _} -> error(duplicate) after 200 -> ok end.
+
+devices() ->
+    ?assertEqual({ok, 2.0}, erlcuda:launch_sync(reduce, [[2.0]], [{device, 1}])),
+    ?assertEqual({ok, 2.0}, erlcuda:launch_sync(reduce, [[2.0]], [{device, any}])),
+    #{device_info := [D0, D1]} = erlcuda:info(),
+    ?assert(maps:get(jobs, D1) >= 1),
+    ?assert(maps:get(jobs, D0) >= 0).
+
+large() ->
+    N = 4000000,
+    A = << <<(float(I rem 1000)):32/float-little>> || I <- lists:seq(1, N) >>,
+    {ok, C} = erlcuda:launch_sync(vector_add, [A, A], [{format, binary}, {timeout, 30000}]),
+    ?assertEqual(N * 4, byte_size(C)),
+    <<First:32/float-little, _/binary>> = C,
+    ?assertEqual(2.0, First),
+    {ok, S} = erlcuda:launch_sync(reduce, [A], [{timeout, 30000}]),
+    ?assert(close(S, float((N div 1000) * (999 * 1000 div 2)))).
+
+bad_input() ->
+    Cases = [
+        {{unknown_kernel, fft}, fft, [[1.0]], []},
+        {{unknown_kernel, "vector_add"}, "vector_add", [[1.0], [1.0]], []},
+        {{bad_device, 7}, reduce, [[1.0]], [{device, 7}]},
+        {{bad_device, -1}, reduce, [[1.0]], [{device, -1}]},
+        {{bad_device, gpu0}, reduce, [[1.0]], [{device, gpu0}]},
+        {{bad_option, {colour, red}}, reduce, [[1.0]], [{colour, red}]},
+        {{bad_option, {format, json}}, reduce, [[1.0]], [{format, json}]},
+        {{bad_option, not_a_list}, reduce, [[1.0]], not_a_list},
+        {bad_args, vector_add, [[1.0, 2.0], [1.0]], []},
+        {bad_args, vector_add, [[1.0, foo], [1.0, 2.0]], []},
+        {bad_args, vector_add, [[1.0], [1.0], [1.0]], []},
+        {bad_args, vector_add, [[1.0]], []},
+        {bad_args, vector_add, not_a_list, []},
+        {bad_args, reduce, [<<1, 2, 3>>], []},
+        {bad_args, reduce, [{1.0}], []},
+        {bad_args, reduce, [[1.0 | 2.0]], []},
+        {bad_args, reduce, [[1.0e300]], []},
+        {bad_args, dot_product, [[1.0], [1.0, 2.0]], []},
+        {bad_args, matmul, [[1.0], [1.0], 1, 1], []},
+        {bad_args, matmul, [[1.0, 2.0], [1.0], 1, 1, 1], []},
+        {bad_args, matmul, [[1.0], [1.0], 1, 1, 2], []},
+        {bad_args, matmul, [[1.0], [1.0], -1, -1, -1], []},
+        {bad_args, matmul, [[1.0], [1.0], 1.0, 1, 1], []},
+        {bad_args, matmul, [[], [], 100000, 100000, 0], []}
+    ],
+    lists:foreach(
+      fun({Expected, Kernel, Args, Opts}) ->
+              Got = erlcuda:launch(Kernel, Args, Opts),
+              ?assertEqual(Got, erlcuda:launch_sync(Kernel, Args, Opts)),
+              case {Expected, Got} of
+                  {bad_args, {error, {bad_args, Why}}} -> ?assert(is_binary(Why));
+                  _ -> ?assertEqual({error, Expected}, Got)
+              end,
+              ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]]))
+      end, Cases).
+
+info() ->
+    Info = erlcuda:info(),
+    ?assertMatch(#{backend := cpu, devices := 2, worker_os_pid := P} when is_integer(P), Info),
+    #{device_info := Devices} = Info,
+    ?assertEqual(2, length(Devices)),
+    [?assertMatch(#{jobs := _, launches := _, max_batch := _, queue := _, in_flight := _}, D)
+     || D <- Devices].
+
+timeout_no_stray() ->
+    stall(0, 600),
+    ?assertEqual({error, timeout}, erlcuda:launch_sync(reduce, [[1.0]], [{timeout, 50}])),
+    timer:sleep(1000),
+    receive {erlcuda, _, _} = Stray -> error({stray, Stray}) after 0 -> ok end,
+    ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]])).
+
+killed_worker() ->
+    #{worker_os_pid := Pid} = erlcuda:info(),
+    stall(0, 5000),
+    Ids = [begin {ok, Id} = erlcuda:launch(reduce, [[1.0]]), Id end || _ <- lists:seq(1, 20)],
+    os:cmd("kill -9 " ++ integer_to_list(Pid)),
+    [receive {erlcuda, Id, R} -> ?assertMatch({error, {worker_down, _}}, R)
+     after 5000 -> error({no_reply, Id})
+     end || Id <- Ids],
+    wait_restarted(Pid, 50),
+    ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]])),
+    receive {erlcuda, _, _} = Dup -> error({duplicate, Dup}) after 300 -> ok end.
+
+wait_restarted(_, 0) -> error(not_restarted);
+wait_restarted(OldPid, N) ->
+    case erlcuda:info() of
+        #{worker_os_pid := P, worker_status := up} when is_integer(P), P =/= OldPid -> ok;
+        _ -> timer:sleep(100), wait_restarted(OldPid, N - 1)
+    end.
+
+concurrent() ->
+    Self = self(),
+    Callers = 50, Jobs = 20,
+    Pids = [spawn_link(fun() -> Self ! {done, self(), caller(C, Jobs)} end)
+            || C <- lists:seq(1, Callers)],
+    Results = [receive {done, P, R} -> R after 30000 -> error(caller_hung) end || P <- Pids],
+    ?assertEqual(lists:duplicate(Callers, ok), Results).
+
+%% Each caller launches jobs whose results encode (caller, sequence number), then checks it
+%% receives exactly its own results, and per device in the order launched.
+caller(C, Jobs) ->
+    Launched = [begin
+                    Dev = J rem 2,
+                    {ok, Id} = erlcuda:launch(reduce, [[float(C), float(J)]], [{device, Dev}]),
+                    {Id, Dev, float(C + J)}
+                end || J <- lists:seq(1, Jobs)],
+    %% in arrival order: any reply, not a selective receive
+    Arrived = [receive {erlcuda, Id, {ok, V}} -> {Id, V}
+               after 10000 -> error(no_reply)
+               end || _ <- Launched],
+    Expected = maps:from_list([{Id, V} || {Id, _, V} <- Launched]),
+    Expected = maps:from_list(Arrived),
+    Order = [Id || {Id, _} <- Arrived],
+    lists:foreach(fun(Dev) ->
+                          InOrder = [Id || {Id, D, _} <- Launched, D =:= Dev],
+                          InOrder = [Id || Id <- Order, dev(Id, Launched) =:= Dev]
+                  end, [0, 1]),
+    receive {erlcuda, _, _} = Extra -> error({extra, Extra}) after 0 -> ok end,
+    ok.
+
+dev(Id, Launched) ->
+    {Id, Dev, _} = lists:keyfind(Id, 1, Launched),
+    Dev.
+
+stall(Device, Ms) ->
+    Self = self(),
+    spawn(fun() -> Self ! {stalled, erlcuda_port:call(stall, [Device, Ms], Ms + 5000)} end),
+    timer:sleep(50).

@@ -1,0 +1,40 @@
+"""Shared pytest set-up: the Hypothesis profiles and the ``gpu`` marker's skip rule."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+
+settings.register_profile("ci", max_examples=200, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=50, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@functools.cache
+def gpu_count() -> int:
+    """GPUs PyCUDA sees; 0 where PyCUDA or a driver is missing."""
+    try:
+        import pycuda.driver as drv
+
+        drv.init()
+        return int(drv.Device.count())
+    except Exception:
+        return 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if gpu_count() > 0:
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU (PyCUDA missing or no driver)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
