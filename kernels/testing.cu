@@ -1,0 +1,9 @@
+// Test-only kernel, compiled only when CudaBackend(test_hooks=True): it stores to an address
+// in the never-mapped first page, so the launch ends in a sticky illegal-address error
+// (CUDA_ERROR_ILLEGAL_ADDRESS) that poisons the context, as a real kernel bug would.
+#include <stdint.h>
+
+extern "C" __global__ void erlcuda_fault(float* p) {
+    volatile float* bad = reinterpret_cast<volatile float*>(static_cast<uintptr_t>(0x100));
+    *bad = p[0];
+}

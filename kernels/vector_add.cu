@@ -1,0 +1,29 @@
+// c = a + b over n f32 elements.
+#include "common.cuh"
+
+extern "C" __global__ void __launch_bounds__(erlcuda::kBlock1D)
+vector_add(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
+           long long n) {
+    const long long first = erlcuda::global_thread();
+    const long long stride = erlcuda::grid_threads();
+
+    if (erlcuda::aligned16(a) && erlcuda::aligned16(b) && erlcuda::aligned16(c)) {
+        const long long n4 = n >> 2;
+        const float4* __restrict__ a4 = reinterpret_cast<const float4*>(a);
+        const float4* __restrict__ b4 = reinterpret_cast<const float4*>(b);
+        float4* __restrict__ c4 = reinterpret_cast<float4*>(c);
+        for (long long i = first; i < n4; i += stride) {
+            const float4 x = a4[i];
+            const float4 y = b4[i];
+            c4[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+        }
+        // The last n % 4 elements, at most three.
+        for (long long i = (n4 << 2) + first; i < n; i += stride) {
+            c[i] = a[i] + b[i];
+        }
+    } else {
+        for (long long i = first; i < n; i += stride) {
+            c[i] = a[i] + b[i];
+        }
+    }
+}

@@ -1,0 +1,643 @@
+"""The CUDA backend: erlcuda's own kernels (``kernels/*.cu``), compiled by nvcc, run through PyCUDA.
+
+This module imports PyCUDA at the top: it is imported only when the cuda backend is chosen,
+so the package works without PyCUDA (``backends.select`` turns the ImportError into
+``BackendUnavailable``).
+
+``CudaBackend`` compiles every kernel file once per compute capability (PyCUDA caches the
+cubins on disk, keyed on source, options and nvcc version). ``CudaDevice`` owns one CUDA
+context, made current in the thread that opens it, one stream, and staging buffers that
+grow with the largest batch seen and are reused: every batch is copied into pinned host
+memory, sent with one host-to-device copy, computed with as few launches as the kernel
+allows, and fetched with one device-to-host copy. Arrays returned are views into the pinned
+output staging, valid until the next ``run`` (the contract of ``base.Device``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pycuda.compiler
+import pycuda.driver as cuda
+
+from ..kernels import F32, Request
+from .base import Backend, BackendError, BackendUnavailable, Device, Result
+
+#: Threads per block of the 1-D kernels; kernels/common.cuh's kBlock1D must agree.
+BLOCK_1D = 256
+#: Most blocks per multiprocessor of vector_add's grid-stride loop. Measured on an H200 at
+#: 256M elements: the more blocks the better (32/SM 4.1 TB/s, 1024/SM 4.35), so the cap
+#: only bounds the grid for huge vectors; up to 2048 * SMs * 1024 elements each thread
+#: adds one float4.
+VECTOR_ADD_BLOCKS_PER_SM = 2048
+#: Blocks per multiprocessor of reduction pass 1 (4..32 all read ~4.3 TB/s on an H200).
+REDUCE_BLOCKS_PER_SM = 8
+#: Elements each thread of reduce pass 1 handles at least: fewer blocks for small vectors.
+REDUCE_ELEMENTS_PER_THREAD = 8
+#: A reduce/dot batch whose largest job is bigger than this runs job by job through the
+#: two-pass kernels; smaller jobs share one launch of the segmented kernel (a block each).
+SEGMENT_MAX = 1 << 20
+#: matmul's tile and K step, and its threads per block (kernels/matmul.cu).
+MATMUL_TILE = 128
+MATMUL_BK = 8
+MATMUL_THREADS = 256
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_Z = 65535
+#: Smallest staging allocation, in elements; staging grows geometrically beyond it.
+MIN_STAGING = 1 << 20
+#: Packed operands start on multiples of this many elements (256 bytes), so that each one
+#: is 16-byte aligned for the kernels' float4 paths.
+PACK_ALIGN = 64
+
+#: Kernel file (stem) and PyCUDA argument format of each function: P pointer, q int64,
+#: i int32.
+FUNCTIONS: Mapping[str, tuple[str, str]] = {
+    "vector_add": ("vector_add", "PPPq"),
+    "reduce_partial": ("reduce", "PPqP"),
+    "dot_partial": ("reduce", "PPqP"),
+    "reduce_final": ("reduce", "PiP"),
+    "reduce_segments": ("reduce", "PPPiP"),
+    "dot_segments": ("reduce", "PPPiP"),
+    "matmul_aligned": ("matmul", "PPPiii"),
+    "matmul_checked": ("matmul", "PPPiii"),
+}
+TEST_FUNCTIONS: Mapping[str, tuple[str, str]] = {"erlcuda_fault": ("testing", "P")}
+TEST_ONLY_SOURCES = ("testing.cu",)
+NVCC_OPTIONS = ("-O3",)  # IEEE f32 arithmetic: no --use_fast_math
+
+#: Words in a CUDA error message that mean the context is unusable (a sticky error).
+_STICKY_MARKERS = (
+    "illegal",
+    "misaligned",
+    "launch failed",
+    "launch failure",
+    "hardware stack",
+    "program counter",
+    "ecc",
+    "uncorrectable",
+    "context is destroyed",
+    "exception",
+)
+
+
+# -- kernel sources ------------------------------------------------------------------------
+
+
+def find_kernel_dir() -> Path:
+    """Where the ``.cu`` files are: ``$ERLCUDA_KERNELS``, else ``erlcuda/kernels_cu`` inside
+    the installed package, else the source checkout's ``kernels/``."""
+    here = Path(__file__).resolve()
+    candidates: list[Path] = []
+    env = os.environ.get("ERLCUDA_KERNELS")
+    if env:
+        candidates.append(Path(env))
+    candidates.append(here.parents[1] / "kernels_cu")
+    candidates.append(here.parents[3] / "kernels")
+    for candidate in candidates:
+        if (candidate / "vector_add.cu").is_file():
+            return candidate
+    raise BackendUnavailable(
+        "CUDA kernel sources not found; looked in " + ", ".join(str(c) for c in candidates)
+    )
+
+
+def kernel_sources(kernel_dir: Path, *, test_hooks: bool = False) -> list[Path]:
+    """The ``.cu`` files to compile, sorted; ``testing.cu`` only with test hooks."""
+    return [
+        path
+        for path in sorted(kernel_dir.glob("*.cu"))
+        if test_hooks or path.name not in TEST_ONLY_SOURCES
+    ]
+
+
+def _cache_dir() -> str | bool:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    path = Path(base) / "erlcuda"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False  # PyCUDA: no cache, compile every time
+    return str(path)
+
+
+def compile_kernels(
+    kernel_dir: Path, capability: tuple[int, int], *, test_hooks: bool = False
+) -> dict[str, bytes]:
+    """Each kernel file compiled to a cubin for ``capability``, by file stem."""
+    arch = f"sm_{capability[0]}{capability[1]}"
+    cache_dir = _cache_dir()
+    cubins: dict[str, bytes] = {}
+    for path in kernel_sources(kernel_dir, test_hooks=test_hooks):
+        try:
+            cubins[path.stem] = pycuda.compiler.compile(
+                path.read_text(),
+                options=list(NVCC_OPTIONS),
+                no_extern_c=True,  # the sources declare their own extern "C" entry points
+                arch=arch,
+                cache_dir=cache_dir,
+                include_dirs=[str(kernel_dir)],
+            )
+        except cuda.CompileError as exc:  # str() carries nvcc's command, stdout and stderr
+            raise BackendUnavailable(f"nvcc failed on {path.name} for {arch}: {exc}") from exc
+        except Exception as exc:  # nvcc missing, unreadable source, ...
+            raise BackendUnavailable(
+                f"cannot compile {path.name} for {arch}: {type(exc).__name__}: {exc}"
+            ) from exc
+    return cubins
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+def to_backend_error(exc: BaseException) -> BackendError:
+    """The ``BackendError`` for a PyCUDA (or allocation) exception."""
+    message = str(exc) or type(exc).__name__
+    low = message.lower()
+    if isinstance(exc, (cuda.MemoryError, MemoryError)) or "out of memory" in low:
+        return BackendError("out_of_memory", message)
+    # An illegal address reaches PyCUDA as LogicError ("an illegal memory access was
+    # encountered"), usually at the next synchronize.
+    if "illegal address" in low or "illegal memory access" in low:
+        return BackendError("illegal_address", message, fatal=True)
+    if isinstance(exc, cuda.LaunchError):
+        return BackendError("launch_failed", message, fatal=True)
+    if isinstance(exc, cuda.LogicError) and ("invalid value" in low or "invalid argument" in low):
+        return BackendError("invalid_value", message)
+    return BackendError("unknown", message, fatal=any(m in low for m in _STICKY_MARKERS))
+
+
+@contextmanager
+def _cuda_errors() -> Iterator[None]:
+    try:
+        yield
+    except BackendError:
+        raise
+    except (cuda.Error, MemoryError) as exc:
+        raise to_backend_error(exc) from exc
+
+
+# -- staging buffers -----------------------------------------------------------------------
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _ceil_div(a, b) * b
+
+
+def _grown(needed: int, current: int) -> int:
+    return max(needed, 2 * current, MIN_STAGING)
+
+
+class _DeviceBuffer:
+    """Device memory for ``dtype`` elements that grows, never shrinks, and is reused."""
+
+    def __init__(self, what: str, dtype: np.dtype[Any] | type = F32) -> None:
+        self.what = what
+        self.itemsize = np.dtype(dtype).itemsize
+        self.capacity = 0  # elements
+        self._alloc: cuda.DeviceAllocation | None = None
+
+    @property
+    def ptr(self) -> int:
+        assert self._alloc is not None, f"{self.what}: not allocated"
+        return int(self._alloc)
+
+    def ensure(self, count: int) -> int:
+        """The buffer's address, after growing it to hold ``count`` elements if need be.
+
+        On failure the old buffer is kept and ``BackendError('out_of_memory')`` is raised.
+        """
+        if self._alloc is not None and count <= self.capacity:
+            return self.ptr
+        want = _grown(count, self.capacity)
+        try:
+            alloc = cuda.mem_alloc(want * self.itemsize)
+        except cuda.MemoryError:
+            want = max(count, 1)
+            try:
+                alloc = cuda.mem_alloc(want * self.itemsize)
+            except cuda.MemoryError as exc:
+                raise BackendError(
+                    "out_of_memory",
+                    f"cannot allocate {count * self.itemsize} bytes of device memory "
+                    f"for {self.what}: {exc}",
+                ) from exc
+        self.free()
+        self._alloc = alloc
+        self.capacity = want
+        return self.ptr
+
+    def free(self) -> None:
+        if self._alloc is not None:
+            try:
+                self._alloc.free()
+            except cuda.Error:
+                pass  # a poisoned context; the driver frees it with the context
+            self._alloc = None
+            self.capacity = 0
+
+
+class _HostBuffer:
+    """Pinned (page-locked) host memory, grown and reused like ``_DeviceBuffer``."""
+
+    def __init__(self, what: str, dtype: np.dtype[Any] | type = F32) -> None:
+        self.what = what
+        self.dtype = np.dtype(dtype)
+        self.array: np.ndarray = np.empty(0, self.dtype)
+        self._pinned = False
+
+    def ensure(self, count: int) -> np.ndarray:
+        """The whole pinned array (at least ``count`` elements); slice it."""
+        if self._pinned and count <= self.array.size:
+            return self.array
+        want = _grown(count, self.array.size if self._pinned else 0)
+        try:
+            array = cuda.pagelocked_empty(want, self.dtype)
+        except (cuda.MemoryError, MemoryError, ValueError):
+            try:
+                array = cuda.pagelocked_empty(max(count, 1), self.dtype)
+            except (cuda.MemoryError, MemoryError, ValueError) as exc:
+                raise BackendError(
+                    "out_of_memory",
+                    f"cannot allocate {count * self.dtype.itemsize} bytes of pinned host "
+                    f"memory for {self.what}: {exc}",
+                ) from exc
+        self.free()
+        self.array = array
+        self._pinned = True
+        return array
+
+    def free(self) -> None:
+        # Freed explicitly, in the owning thread: PyCUDA cannot free pinned memory from
+        # another thread, which is where the garbage collector might drop the last view.
+        if self._pinned:
+            try:
+                self.array.base.free()  # type: ignore[union-attr]
+            except cuda.Error:
+                pass
+            self.array = np.empty(0, self.dtype)
+            self._pinned = False
+
+
+# -- the device ----------------------------------------------------------------------------
+
+
+def _b(request: Request) -> np.ndarray:
+    assert request.b is not None, f"{request.kernel} needs two operands"
+    return request.b
+
+
+class CudaDevice(Device):
+    """One GPU: a context current in the opening thread, a stream, kernels and staging.
+
+    Every method must be called from the thread that created the device.
+    """
+
+    def __init__(
+        self, index: int, cubins: Mapping[str, bytes], *, primary_context: bool = False
+    ) -> None:
+        """Make the context (pushed on this thread's stack) and load the kernels.
+
+        ``primary_context`` uses the device's primary context, the one the CUDA runtime
+        (CuPy, PyTorch) uses, instead of a context of our own: for benchmarks that compare
+        with CuPy in one process. The worker uses a context of its own.
+        """
+        self.index = index
+        self._closed = False
+        with _cuda_errors():
+            self._dev = cuda.Device(index)
+            if primary_context:
+                self._ctx = self._dev.retain_primary_context()
+                self._ctx.push()
+            else:
+                self._ctx = self._dev.make_context()
+        try:
+            with _cuda_errors():
+                self._setup(cubins)
+        except BaseException:
+            self._release_context()
+            raise
+
+    def _setup(self, cubins: Mapping[str, bytes]) -> None:
+        self._sm_count = int(self._dev.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT))
+        self._modules = {stem: cuda.module_from_buffer(cubin) for stem, cubin in cubins.items()}
+        self._fn: dict[str, cuda.Function] = {}
+        wanted = dict(FUNCTIONS)
+        if "testing" in self._modules:
+            wanted.update(TEST_FUNCTIONS)
+        for name, (stem, signature) in wanted.items():
+            if stem not in self._modules:
+                raise BackendUnavailable(f"kernel file {stem}.cu was not compiled")
+            self._fn[name] = self._modules[stem].get_function(name).prepare(signature)
+        self._stream = cuda.Stream()
+        self._partials = cuda.mem_alloc(self._sm_count * REDUCE_BLOCKS_PER_SM * 4)
+        self._dev_in = _DeviceBuffer("input staging")
+        self._dev_out = _DeviceBuffer("output staging")
+        self._dev_offsets = _DeviceBuffer("segment offsets", np.int64)
+        self._host_in = _HostBuffer("input staging")
+        self._host_out = _HostBuffer("output staging")
+        self._host_offsets = _HostBuffer("segment offsets", np.int64)
+
+    # -- Device API ------------------------------------------------------------------------
+
+    def run(self, kernel: str, requests: Sequence[Request]) -> list[Result]:
+        if self._closed:
+            raise BackendError("invalid_value", "device is closed")
+        if not requests:
+            return []
+        for r in requests:
+            if r.key != requests[0].key or r.kernel != kernel:
+                raise BackendError("invalid_value", "a batch mixes kernels or matmul shapes")
+        with _cuda_errors():
+            if kernel == "vector_add":
+                return self._vector_add(requests)
+            if kernel == "reduce":
+                return self._reduce(requests, dot=False)
+            if kernel == "dot_product":
+                return self._reduce(requests, dot=True)
+            if kernel == "matmul":
+                return self._matmul(requests)
+        raise BackendError("not_supported", f"unknown kernel {kernel!r}")
+
+    def info(self) -> dict[str, Any]:
+        with _cuda_errors():
+            free, _total = cuda.mem_get_info()
+            major, minor = self._dev.compute_capability()
+            return {
+                "name": str(self._dev.name()),
+                "total_memory": int(self._dev.total_memory()),
+                "free_memory": int(free),
+                "compute_capability": (int(major), int(minor)),
+            }
+
+    def close(self) -> None:
+        """Free the buffers and pop and release the context. Safe after a fatal error."""
+        if self._closed:
+            return
+        self._closed = True
+        for buffer in (self._dev_in, self._dev_out, self._dev_offsets):
+            buffer.free()
+        for host in (self._host_in, self._host_out, self._host_offsets):
+            host.free()
+        try:
+            self._partials.free()
+        except cuda.Error:
+            pass
+        # Dropped while the context is current so that their destructors run here.
+        self._fn.clear()
+        self._modules.clear()
+        del self._stream
+        self._release_context()
+
+    def _release_context(self) -> None:
+        # Pop first: PyCUDA aborts at exit if a context is left on a thread's stack.
+        try:
+            self._ctx.pop()
+        except cuda.Error:
+            pass
+        try:
+            self._ctx.detach()
+        except cuda.Error:
+            pass
+
+    # -- test hook -------------------------------------------------------------------------
+
+    def inject_fault(self) -> None:
+        """Launch ``erlcuda_fault`` (test hooks only): raises the fatal illegal_address error."""
+        fault = self._fn.get("erlcuda_fault")
+        if fault is None:
+            raise BackendError("not_supported", "test hooks are off")
+        with _cuda_errors():
+            target = self._dev_out.ensure(1)
+            fault.prepared_async_call((1, 1, 1), (1, 1, 1), self._stream, target)
+            self._stream.synchronize()
+        raise BackendError("unknown", "erlcuda_fault ran without faulting")
+
+    # -- staging ---------------------------------------------------------------------------
+
+    def _ensure_capacity(self, in_elements: int, out_elements: int, offsets: int = 0) -> None:
+        """Grow the staging to ``in_elements`` f32 inputs, ``out_elements`` f32 outputs and
+        ``offsets`` int64 segment offsets. Device memory first: a request too big for the
+        card then fails fast, before any large pinned host allocation is tried."""
+        self._dev_in.ensure(in_elements)
+        self._dev_out.ensure(out_elements)
+        if offsets:
+            self._dev_offsets.ensure(offsets)
+        self._host_in.ensure(in_elements)
+        self._host_out.ensure(out_elements)
+        if offsets:
+            self._host_offsets.ensure(offsets)
+
+    def _fetch(self, count: int) -> np.ndarray:
+        """Copy ``count`` f32 results from the device's output staging, wait for the stream,
+        and return them (a view of pinned memory)."""
+        out = self._host_out.array[:count]
+        cuda.memcpy_dtoh_async(out, self._dev_out.ptr, self._stream)
+        self._stream.synchronize()
+        return out
+
+    # -- launches (also used by bench/gpu_kernels.py on device pointers) --------------------
+
+    @property
+    def stream(self) -> cuda.Stream:
+        return self._stream
+
+    @property
+    def sm_count(self) -> int:
+        return self._sm_count
+
+    def launch_vector_add(self, a: int, b: int, c: int, n: int) -> None:
+        """Enqueue c[i] = a[i] + b[i] for i < n on the device's stream (device addresses)."""
+        if n <= 0:
+            return
+        blocks = min(
+            _ceil_div(_ceil_div(n, 4), BLOCK_1D), self._sm_count * VECTOR_ADD_BLOCKS_PER_SM
+        )
+        self._fn["vector_add"].prepared_async_call(
+            (blocks, 1, 1), (BLOCK_1D, 1, 1), self._stream, a, b, c, n
+        )
+
+    def launch_reduce(self, x: int, y: int, n: int, out: int, *, dot: bool) -> None:
+        """Enqueue the two-pass reduction: ``*out`` = sum of x[i] (dot: x[i] * y[i]) for
+        i < n, written as 0.0 when n == 0. ``y`` is ignored unless ``dot``."""
+        blocks = min(
+            _ceil_div(n, BLOCK_1D * REDUCE_ELEMENTS_PER_THREAD),
+            self._sm_count * REDUCE_BLOCKS_PER_SM,
+        )
+        partials = int(self._partials)
+        if blocks > 0:
+            self._fn["dot_partial" if dot else "reduce_partial"].prepared_async_call(
+                (blocks, 1, 1), (BLOCK_1D, 1, 1), self._stream, x, y, n, partials
+            )
+        self._fn["reduce_final"].prepared_async_call(
+            (1, 1, 1), (BLOCK_1D, 1, 1), self._stream, partials, blocks, out
+        )
+
+    def launch_segments(
+        self, x: int, y: int, offsets: int, nseg: int, out: int, *, dot: bool
+    ) -> None:
+        """Enqueue out[s] = sum over segment s (offsets: nseg + 1 int64s on the device)."""
+        if nseg <= 0:
+            return
+        if nseg > MAX_GRID_X:
+            raise BackendError("invalid_value", f"{nseg} segments exceed the grid limit")
+        self._fn["dot_segments" if dot else "reduce_segments"].prepared_async_call(
+            (nseg, 1, 1), (BLOCK_1D, 1, 1), self._stream, x, y, offsets, nseg, out
+        )
+
+    def launch_matmul(self, a: int, b: int, c: int, m: int, n: int, k: int, batch: int = 1) -> None:
+        """Enqueue C = A B for ``batch`` stacked jobs (A: m x k, B: k x n, C: m x n each,
+        contiguous). Nothing happens when m, n or batch is 0; k == 0 writes zeros."""
+        if m <= 0 or n <= 0 or batch <= 0:
+            return
+        tiles = _ceil_div(m, MATMUL_TILE) * _ceil_div(n, MATMUL_TILE)
+        if max(m, n, k) > MAX_GRID_X or tiles > MAX_GRID_X:
+            raise BackendError("invalid_value", f"matmul {m}x{k} by {k}x{n} is too large")
+        aligned = (
+            m % MATMUL_TILE == 0
+            and n % MATMUL_TILE == 0
+            and k % MATMUL_BK == 0
+            and k > 0
+            and (a | b | c) % 16 == 0
+        )
+        fn = self._fn["matmul_aligned" if aligned else "matmul_checked"]
+        for start in range(0, batch, MAX_GRID_Z):
+            jobs = min(MAX_GRID_Z, batch - start)
+            fn.prepared_async_call(
+                (tiles, 1, jobs),
+                (MATMUL_THREADS, 1, 1),
+                self._stream,
+                a + 4 * start * m * k,
+                b + 4 * start * k * n,
+                c + 4 * start * m * n,
+                m,
+                n,
+                k,
+            )
+
+    # -- the kernels' batches --------------------------------------------------------------
+
+    def _vector_add(self, requests: Sequence[Request]) -> list[Result]:
+        sizes = [int(r.a.size) for r in requests]
+        total = sum(sizes)
+        if total == 0:
+            return [np.empty(0, F32) for _ in requests]
+        b_at = _round_up(total, PACK_ALIGN)  # b's operands start here in the input staging
+        self._ensure_capacity(b_at + total, total)
+        host_in = self._host_in.array
+        starts = list(itertools.accumulate(sizes[:-1], initial=0))
+        for r, start, size in zip(requests, starts, sizes, strict=True):
+            np.copyto(host_in[start : start + size], r.a)
+            np.copyto(host_in[b_at + start : b_at + start + size], _b(r))
+        d_in = self._dev_in.ptr
+        cuda.memcpy_htod_async(d_in, host_in[: b_at + total], self._stream)
+        self.launch_vector_add(d_in, d_in + 4 * b_at, self._dev_out.ptr, total)
+        out = self._fetch(total)
+        return [out[start : start + size] for start, size in zip(starts, sizes, strict=True)]
+
+    def _reduce(self, requests: Sequence[Request], *, dot: bool) -> list[Result]:
+        sizes = [int(r.a.size) for r in requests]
+        total = sum(sizes)
+        count = len(requests)
+        if total == 0:
+            return [0.0] * count
+        y_at = _round_up(total, PACK_ALIGN)  # dot: y's operands start here
+        in_elements = y_at + total if dot else total
+        segmented = count > 1 and max(sizes) <= SEGMENT_MAX
+        self._ensure_capacity(in_elements, count, count + 1 if segmented else 0)
+        host_in = self._host_in.array
+        offsets = list(itertools.accumulate(sizes, initial=0))  # segment s: offsets[s:s+2]
+        starts = offsets[:-1]
+        for r, start, size in zip(requests, starts, sizes, strict=True):
+            np.copyto(host_in[start : start + size], r.a)
+            if dot:
+                np.copyto(host_in[y_at + start : y_at + start + size], _b(r))
+        d_x = self._dev_in.ptr
+        d_y = d_x + 4 * y_at if dot else d_x
+        d_out = self._dev_out.ptr
+        cuda.memcpy_htod_async(d_x, host_in[:in_elements], self._stream)
+        if segmented:
+            host_offsets = self._host_offsets.array[: count + 1]
+            host_offsets[:] = offsets
+            d_offsets = self._dev_offsets.ptr
+            cuda.memcpy_htod_async(d_offsets, host_offsets, self._stream)
+            self.launch_segments(d_x, d_y, d_offsets, count, d_out, dot=dot)
+        else:
+            # One two-pass reduction per job, in stream order: they share the partials.
+            for i, (start, size) in enumerate(zip(starts, sizes, strict=True)):
+                self.launch_reduce(d_x + 4 * start, d_y + 4 * start, size, d_out + 4 * i, dot=dot)
+        return [float(v) for v in self._fetch(count)]
+
+    def _matmul(self, requests: Sequence[Request]) -> list[Result]:
+        r0 = requests[0]
+        m, n, k = r0.m, r0.n, r0.k
+        count = len(requests)
+        if m == 0 or n == 0:
+            return [np.empty(0, F32) for _ in requests]
+        a_size, b_size, c_size = m * k, k * n, m * n
+        b_at = _round_up(count * a_size, PACK_ALIGN)  # the stacked Bs start here
+        in_elements = b_at + count * b_size
+        self._ensure_capacity(in_elements, count * c_size)
+        host_in = self._host_in.array
+        for i, r in enumerate(requests):
+            np.copyto(host_in[i * a_size : (i + 1) * a_size], r.a)
+            np.copyto(host_in[b_at + i * b_size : b_at + (i + 1) * b_size], _b(r))
+        d_in = self._dev_in.ptr
+        if in_elements > 0:  # k == 0: nothing to send, the kernel writes zeros
+            cuda.memcpy_htod_async(d_in, host_in[:in_elements], self._stream)
+        self.launch_matmul(d_in, d_in + 4 * b_at, self._dev_out.ptr, m, n, k, count)
+        out = self._fetch(count * c_size)
+        return [out[i * c_size : (i + 1) * c_size] for i in range(count)]
+
+
+# -- the backend ---------------------------------------------------------------------------
+
+
+class CudaBackend(Backend):
+    """Every CUDA device PyCUDA sees, with the kernels compiled for each one's architecture.
+
+    Raises ``BackendUnavailable`` when the driver does not start, there is no device, the
+    kernel sources are missing or nvcc fails (the message carries nvcc's output).
+    """
+
+    name = "cuda"
+
+    def __init__(self, kernel_dir: Path | None = None, *, test_hooks: bool = False) -> None:
+        try:
+            cuda.init()
+            count = int(cuda.Device.count())
+            capabilities = {
+                i: tuple(int(v) for v in cuda.Device(i).compute_capability()) for i in range(count)
+            }
+        except cuda.Error as exc:
+            raise BackendUnavailable(f"CUDA driver: {exc}") from exc
+        if count == 0:
+            raise BackendUnavailable("no CUDA device")
+        self.kernel_dir = kernel_dir if kernel_dir is not None else find_kernel_dir()
+        self.test_hooks = test_hooks
+        self._count = count
+        self._capabilities: dict[int, tuple[int, int]] = {
+            i: (cap[0], cap[1]) for i, cap in capabilities.items()
+        }
+        self._cubins = {
+            cap: compile_kernels(self.kernel_dir, cap, test_hooks=test_hooks)
+            for cap in sorted(set(self._capabilities.values()))
+        }
+
+    def device_count(self) -> int:
+        return self._count
+
+    def open(self, index: int, *, primary_context: bool = False) -> CudaDevice:
+        if not 0 <= index < self._count:
+            raise BackendError("invalid_value", f"no CUDA device {index}")
+        cubins = self._cubins[self._capabilities[index]]
+        return CudaDevice(index, cubins, primary_context=primary_context)

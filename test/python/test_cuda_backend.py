@@ -1,0 +1,274 @@
+"""The CUDA backend against float64 numpy references (needs a GPU and PyCUDA).
+
+Tolerances, for f32 results against the exact (float64) value of the same f32 inputs:
+- vector_add: exact. One f32 addition rounds the same on the GPU and in numpy.
+- reduce / dot_product: |ours - ref| <= 1e-5 * sum(|x_i * y_i|) + 1e-6. The kernels add
+  in f32 along short chains (eight accumulators per thread: about n / 2M terms each for one
+  vector, whose pass 1 has ~1000 blocks, and n / 2048 for a segment, one block) and then as
+  trees, so the rounding error stays near sqrt(chain) * 2^-24 * sum|t|, far under the bound
+  for these sizes; the 1e-6 absorbs the tiny sums.
+- matmul: every element within the classical bound for a K-term f32 dot product,
+  |c - ref| <= K * 2^-23 * (|A| @ |B|) (twice gamma_K); it holds for any order of
+  accumulation, so it is a bound, not a guess.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from erlcuda.backends.base import BackendError
+from erlcuda.kernels import Request, parse
+
+if TYPE_CHECKING:
+    from erlcuda.backends.cuda import CudaDevice
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+SIZES = [0, 1, 31, 1000, 1023, 4097, (1 << 20) + 3]
+MATMUL_SHAPES = [  # (m, n, k)
+    (1, 1, 1),
+    (3, 5, 7),
+    (64, 64, 64),
+    (127, 129, 65),
+    (256, 256, 256),  # the aligned kernel
+    (384, 128, 24),  # aligned, K smaller than a tile
+    (130, 257, 1),
+    (5, 3, 0),  # K == 0: zeros
+    (0, 4, 3),  # M == 0: empty
+    (4, 0, 3),  # N == 0: empty
+]
+
+
+@pytest.fixture(scope="module")
+def device() -> Iterator[CudaDevice]:
+    from erlcuda.backends.cuda import CudaBackend
+
+    backend = CudaBackend()
+    dev = backend.open(0)
+    yield dev
+    dev.close()
+    backend.close()
+
+
+def rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def vec(gen: np.random.Generator, n: int) -> np.ndarray:
+    return gen.standard_normal(n).astype(np.float32)
+
+
+def check_sum(got: object, terms: np.ndarray) -> None:
+    assert isinstance(got, float)
+    ref = float(np.sum(terms, dtype=np.float64))
+    tol = 1e-5 * float(np.sum(np.abs(terms), dtype=np.float64)) + 1e-6
+    assert abs(got - ref) <= tol, (got, ref, tol)
+
+
+def check_matmul(got: object, a: np.ndarray, b: np.ndarray, m: int, n: int, k: int) -> None:
+    assert isinstance(got, np.ndarray)
+    assert got.dtype == np.float32 and got.shape == (m * n,)
+    a64 = a.astype(np.float64).reshape(m, k)
+    b64 = b.astype(np.float64).reshape(k, n)
+    ref = a64 @ b64
+    bound = k * 2.0**-23 * (np.abs(a64) @ np.abs(b64))
+    err = np.abs(got.reshape(m, n) - ref)
+    assert np.all(err <= bound), float(np.max(err - bound))
+
+
+# -- one job at a time -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_vector_add(device: CudaDevice, n: int) -> None:
+    gen = rng(n)
+    a, b = vec(gen, n), vec(gen, n)
+    [out] = device.run("vector_add", [parse("vector_add", [a, b])])
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32
+    np.testing.assert_array_equal(out, a + b)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_reduce(device: CudaDevice, n: int) -> None:
+    x = vec(rng(n + 1), n)
+    [out] = device.run("reduce", [parse("reduce", [x])])
+    check_sum(out, x.astype(np.float64))
+    if n == 0:
+        assert out == 0.0
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_dot_product(device: CudaDevice, n: int) -> None:
+    gen = rng(n + 2)
+    x, y = vec(gen, n), vec(gen, n)
+    [out] = device.run("dot_product", [parse("dot_product", [x, y])])
+    check_sum(out, x.astype(np.float64) * y.astype(np.float64))
+    if n == 0:
+        assert out == 0.0
+
+
+def test_reduce_of_ones_is_exact(device: CudaDevice) -> None:
+    n = (1 << 20) + 3  # every partial sum is an integer below 2^24: no rounding at all
+    [out] = device.run("reduce", [parse("reduce", [np.ones(n, np.float32)])])
+    assert out == float(n)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), MATMUL_SHAPES)
+def test_matmul(device: CudaDevice, m: int, n: int, k: int) -> None:
+    gen = rng(m * 10007 + n * 101 + k)
+    a, b = vec(gen, m * k), vec(gen, k * n)
+    [out] = device.run("matmul", [parse("matmul", [a, b, m, n, k])])
+    check_matmul(out, a, b, m, n, k)
+    if k == 0:
+        assert not np.any(out)
+
+
+# -- batches ---------------------------------------------------------------------------------
+
+
+def test_vector_add_batch(device: CudaDevice) -> None:
+    gen = rng(10)
+    pairs = [(vec(gen, n), vec(gen, n)) for n in (1, 31, 0, 1000, 4097, 5)]
+    outs = device.run("vector_add", [parse("vector_add", [a, b]) for a, b in pairs])
+    assert len(outs) == len(pairs)
+    for out, (a, b) in zip(outs, pairs, strict=True):
+        np.testing.assert_array_equal(out, a + b)
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [5, 0, 1000, 31, 4097, 1, 3],  # segmented kernel, with an empty segment
+        [0, 0, 0],  # nothing at all
+        [7, (1 << 20) + 3, 0, 2],  # a big job: two passes per job
+    ],
+)
+@pytest.mark.parametrize("kernel", ["reduce", "dot_product"])
+def test_reduce_batches(device: CudaDevice, kernel: str, sizes: list[int]) -> None:
+    gen = rng(sum(sizes) + len(kernel))
+    jobs = [(vec(gen, n), vec(gen, n)) for n in sizes]
+    if kernel == "reduce":
+        requests = [parse(kernel, [x]) for x, _ in jobs]
+    else:
+        requests = [parse(kernel, [x, y]) for x, y in jobs]
+    outs = device.run(kernel, requests)
+    assert len(outs) == len(jobs)
+    for out, (x, y) in zip(outs, jobs, strict=True):
+        terms = x.astype(np.float64)
+        if kernel == "dot_product":
+            terms = terms * y.astype(np.float64)
+        check_sum(out, terms)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "count"), [(3, 5, 7, 4), (128, 128, 128, 3), (127, 129, 65, 3), (2, 2, 0, 2)]
+)
+def test_matmul_batch(device: CudaDevice, m: int, n: int, k: int, count: int) -> None:
+    gen = rng(m + n + k + count)
+    jobs = [(vec(gen, m * k), vec(gen, k * n)) for _ in range(count)]
+    outs = device.run("matmul", [parse("matmul", [a, b, m, n, k]) for a, b in jobs])
+    assert len(outs) == count
+    for out, (a, b) in zip(outs, jobs, strict=True):
+        check_matmul(out, a, b, m, n, k)
+
+
+def test_batch_must_share_a_key(device: CudaDevice) -> None:
+    one = np.ones(4, np.float32)
+    mixed = [parse("matmul", [one, one, 2, 2, 2]), parse("matmul", [one, one, 1, 1, 4])]
+    with pytest.raises(BackendError) as info:
+        device.run("matmul", mixed)
+    assert info.value.code == "invalid_value" and not info.value.fatal
+
+
+# -- staging ---------------------------------------------------------------------------------
+
+
+def test_buffers_grow_and_are_reused(device: CudaDevice) -> None:
+    gen = rng(20)
+    for n in (10, (1 << 24) + 5, 10):
+        a, b = vec(gen, n), vec(gen, n)
+        [out] = device.run("vector_add", [parse("vector_add", [a, b])])
+        np.testing.assert_array_equal(out, a + b)
+    assert device._dev_in.capacity >= 2 * ((1 << 24) + 5)
+    assert device._host_out.array.size >= (1 << 24) + 5
+
+
+def test_out_of_memory_is_reported_and_survived(device: CudaDevice) -> None:
+    before = device._dev_in.capacity
+    # The staging a batch of 2^40 input elements (4 TiB) would need: asked of the internal
+    # helper directly, so that the test needs no host arrays of that size. Device memory is
+    # grown first, so this fails at once, before any pinned host allocation is tried.
+    with pytest.raises(BackendError) as info:
+        device._ensure_capacity(1 << 40, 0)
+    assert info.value.code == "out_of_memory" and not info.value.fatal
+    assert device._dev_in.capacity == before  # the old buffer is kept
+    a = vec(rng(21), 1000)
+    [out] = device.run("vector_add", [parse("vector_add", [a, a])])
+    np.testing.assert_array_equal(out, a + a)
+
+
+def test_info(device: CudaDevice) -> None:
+    info = device.info()
+    assert isinstance(info["name"], str) and info["name"]
+    assert isinstance(info["total_memory"], int) and info["total_memory"] > 0
+    assert isinstance(info["free_memory"], int)
+    assert 0 < info["free_memory"] <= info["total_memory"]
+    major, minor = info["compute_capability"]
+    assert isinstance(major, int) and isinstance(minor, int) and major >= 3
+
+
+def test_request_views_are_independent_of_inputs(device: CudaDevice) -> None:
+    a = np.arange(8, dtype=np.float32)
+    req = Request("vector_add", a, a.copy())
+    [out] = device.run("vector_add", [req])
+    a[:] = 0  # the job was copied to staging: changing the input afterwards changes nothing
+    np.testing.assert_array_equal(out, 2 * np.arange(8, dtype=np.float32))
+
+
+# -- a sticky fault, in a process of its own ---------------------------------------------------
+
+
+def test_injected_fault_is_fatal_illegal_address() -> None:
+    script = textwrap.dedent(
+        """
+        from erlcuda.backends.base import BackendError
+        from erlcuda.backends.cuda import CudaBackend
+
+        backend = CudaBackend(test_hooks=True)
+        dev = backend.open(0)
+        try:
+            dev.inject_fault()
+        except BackendError as exc:
+            print("CODE", exc.code, exc.fatal)
+        dev.close()
+        backend.close()
+        print("CLOSED")
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(ROOT / "python"), os.environ.get("PYTHONPATH")])
+            ),
+        },
+        check=False,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    assert "CODE illegal_address True" in proc.stdout, log
+    assert "CLOSED" in proc.stdout, log
