@@ -184,7 +184,7 @@ class Lane(threading.Thread):
                 values = device.run(kernel, requests)  # type: ignore[union-attr,arg-type]
                 self.stats.launches += 1
                 self.stats.max_batch = max(self.stats.max_batch, len(indices))
-                for i, value in zip(indices, values):
+                for i, value in zip(indices, values, strict=True):
                     results[i] = protocol.encode_result(value, batch[i].fmt)
             except BackendError as exc:
                 reason = protocol.error((protocol.CUDA, etf.Atom(exc.code), exc.message))
@@ -200,7 +200,7 @@ class Lane(threading.Thread):
         t_done = now()
         self.stats.jobs += len(batch)
         frames = []
-        for job, result in zip(batch, results):
+        for job, result in zip(batch, results, strict=True):
             if result[0] is protocol.ERROR:
                 self.stats.errors += 1
             if job.trace is not None:

@@ -56,8 +56,8 @@ def capture_std_streams() -> None:
         os.close(write_end)
         threading.Thread(target=_pump, args=(read_end, level), name=f"erlcuda-fd{fd}",
                          daemon=True).start()
-    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as we do
-    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
 
 
 def to_erlang(writer: FrameWriter, level: int = logging.INFO) -> None:

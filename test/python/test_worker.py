@@ -1,0 +1,164 @@
+"""The worker end to end through real pipes: replies, errors, batching, order, shutdown."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from erlcuda.etf import Atom
+from workerpipe import PID, WorkerPipe
+
+
+@pytest.fixture
+def worker() -> Iterator[WorkerPipe]:
+    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", "--test-hooks")
+    yield pipe
+    assert pipe.close() == 0
+
+
+def f32(values: list[float]) -> bytes:
+    return np.asarray(values, dtype="<f4").tobytes()
+
+
+def test_hello_describes_the_backend(worker: WorkerPipe) -> None:
+    tag, _, info = worker.call("hello")
+    assert tag == "r"
+    assert info["backend"] == "cpu"
+    assert info["devices"] == 2
+    assert info["status"] == "ok"
+    assert worker.proc.pid == info["os_pid"]
+    assert [d["jobs"] for d in info["device_info"]] == [0, 0]
+
+
+def test_each_kernel_replies_to_its_caller(worker: WorkerPipe) -> None:
+    worker.launch(1, "vector_add", [f32([1, 2]), f32([3, 4])])
+    worker.launch(2, "reduce", [f32([1, 2, 3.5])])
+    worker.launch(3, "dot_product", [f32([1, 2]), f32([3, 4])], device=1)
+    worker.launch(4, "matmul", [f32([1, 2, 3, 4]), f32([5, 6, 7, 8]), 2, 2, 2])
+    worker.launch(5, "vector_add", [f32([1]), f32([2])], fmt="binary")
+    results = dict(worker.result() for _ in range(5))
+    assert results[1] == ("ok", [4.0, 6.0])
+    assert results[2] == ("ok", 6.5)
+    assert results[3] == ("ok", 11.0)
+    assert results[4] == ("ok", [19.0, 22.0, 43.0, 50.0])
+    assert results[5][0] == "ok" and bytes(results[5][1]) == f32([3])
+
+
+@pytest.mark.parametrize(
+    ("kernel", "args", "device", "reason"),
+    [
+        ("vector_add", [f32([1]), f32([1, 2])], 0, "bad_args"),
+        ("reduce", [b"\x00\x00\x00"], 0, "bad_args"),
+        ("matmul", [f32([1]), f32([1]), 1, 1, 2], 0, "bad_args"),
+        ("reduce", [f32([1]), f32([1])], 0, "bad_args"),
+        ("fft", [f32([1])], 0, "unknown_kernel"),
+        ("reduce", [f32([1])], 2, "bad_device"),
+    ],
+)
+def test_bad_jobs_get_an_error_and_the_next_job_works(
+        worker: WorkerPipe, kernel: str, args: list, device: int, reason: str) -> None:
+    worker.launch(1, kernel, args, device=device)
+    job_id, (status, (got, detail)) = worker.result()
+    assert (job_id, status, got) == (1, "error", reason)
+    if reason == "bad_args":
+        assert isinstance(detail, memoryview) and len(detail) > 0
+    worker.launch(2, "reduce", [f32([2, 3])])
+    assert worker.result() == (2, ("ok", 5.0))
+
+
+def test_an_undecodable_frame_is_dropped_and_logged(worker: WorkerPipe) -> None:
+    worker.writer.write([b"\x83\xff\x00"])
+    worker.launch(7, "reduce", [f32([1])])
+    assert worker.result() == (7, ("ok", 1.0))
+    assert any("undecodable" in text for _, text in worker.logs)
+
+
+def test_queued_jobs_batch_and_keep_their_order(worker: WorkerPipe) -> None:
+    rng = np.random.default_rng(1)
+    # Device 0's lane sleeps while the jobs queue up; the call's answer comes among them.
+    worker.send((Atom("C"), 99, Atom("erlcuda"), Atom("stall"), [0, 300]))
+    jobs = {}
+    kernels = ["vector_add", "reduce", "dot_product", "matmul"]
+    for job_id in range(1, 201):
+        kernel = kernels[job_id % 4]
+        if kernel == "matmul":
+            a, b = rng.standard_normal(6, dtype=np.float32), rng.standard_normal(6, np.float32)
+            worker.launch(job_id, kernel, [a.tobytes(), b.tobytes(), 2, 2, 3])
+            ref = (a.reshape(2, 3).astype(np.float64) @ b.reshape(3, 2)).ravel()
+        else:
+            a, b = rng.standard_normal((2, job_id), dtype=np.float32)
+            args = [a.tobytes()] if kernel == "reduce" else [a.tobytes(), b.tobytes()]
+            worker.launch(job_id, kernel, args)
+            ref = {"vector_add": a + b, "reduce": a.astype(np.float64).sum(),
+                   "dot_product": np.dot(a.astype(np.float64), b)}[kernel]
+        jobs[job_id] = ref
+    order = []
+    call_answer = None
+    while len(order) < len(jobs):
+        term = worker.receive()
+        if term[0] == "r":
+            call_answer = term
+            continue
+        _, pid, (_, job_id, (status, value)) = term
+        assert pid == PID and status == "ok"
+        np.testing.assert_allclose(np.asarray(value, dtype=np.float64), jobs[job_id],
+                                   rtol=1e-5, atol=1e-5)
+        order.append(job_id)
+    assert order == sorted(jobs)  # one caller, one device: replies in launch order
+    assert call_answer is not None or worker.receive()[0] == "r"
+    _, _, info = worker.call("info")
+    lane = info["device_info"][0]
+    assert lane["jobs"] == 200
+    assert lane["launches"] < 200  # batches formed while the lane was stalled
+    assert lane["max_batch"] > 1
+
+
+def test_batching_off_runs_one_job_per_launch() -> None:
+    pipe = WorkerPipe("--backend", "cpu", "--max-batch", "1", "--test-hooks")
+    try:
+        pipe.send((Atom("C"), 99, Atom("erlcuda"), Atom("stall"), [0, 200]))
+        for job_id in range(20):
+            pipe.launch(job_id, "reduce", [f32([job_id])])
+        replies, answered = [], False
+        while len(replies) < 20 or not answered:
+            term = pipe.receive()
+            if term[0] == "M":
+                replies.append(term[2][1])
+            else:
+                answered = term[:2] == ("r", 99)
+        assert replies == list(range(20))
+        _, _, info = pipe.call("info")
+        assert info["batching"] is False
+        assert info["device_info"][0]["launches"] == 20
+        assert info["device_info"][0]["max_batch"] == 1
+    finally:
+        assert pipe.close() == 0
+
+
+def test_pure_times_the_backend_call(worker: WorkerPipe) -> None:
+    tag, _, times = worker.call("pure", 1, Atom("vector_add"), [f32([1] * 100), f32([2] * 100)], 5)
+    assert tag == "r"
+    assert len(times) == 5 and all(isinstance(t, int) and t > 0 for t in times)
+
+
+def test_unknown_call_is_an_erlport_error(worker: WorkerPipe) -> None:
+    tag, _, reason = worker.call("no_such_call")
+    assert tag == "e"
+    assert b"unknown call" in bytes(reason)
+
+
+def test_native_output_becomes_log_frames(worker: WorkerPipe) -> None:
+    # Bytes written straight to fds 1 and 2, as native libraries do, must not reach the
+    # protocol stream: they arrive as log frames (stdout as info, stderr as warning).
+    assert worker.call("print", "hello from fd 1", "hello from fd 2")[0] == "r"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if {("info", "erlcuda.output: hello from fd 1"),
+                ("warning", "erlcuda.output: hello from fd 2")} <= set(worker.logs):
+            return
+        worker.call("info")
+        time.sleep(0.05)
+    raise AssertionError(f"log lines missing: {worker.logs}")
