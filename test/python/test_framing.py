@@ -1,0 +1,214 @@
+"""Length-prefixed frames through real pipes."""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import tracemalloc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from erlcuda.framing import FrameError, FrameReader, FrameWriter
+
+
+class Pipe:
+    """An ``os.pipe()`` whose ends are closed once, whichever test code closes them first."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        self._open = {self.r, self.w}
+        self._lock = threading.Lock()
+
+    def close(self, fd: int) -> None:
+        with self._lock:
+            if fd in self._open:
+                self._open.discard(fd)
+                os.close(fd)
+
+    def close_all(self) -> None:
+        for fd in (self.r, self.w):
+            self.close(fd)
+
+
+@contextmanager
+def pipe() -> Iterator[Pipe]:
+    p = Pipe()
+    try:
+        yield p
+    finally:
+        p.close_all()
+
+
+def in_thread(fn: Callable[[], None]) -> threading.Thread:
+    """Run ``fn`` in a thread (a pipe holds only 64 KiB, so writers and readers must overlap)."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:
+            errors.append(e)
+            raise
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.errors = errors  # type: ignore[attr-defined]
+    thread.start()
+    return thread
+
+
+def finish(thread: threading.Thread) -> None:
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert not thread.errors  # type: ignore[attr-defined]
+
+
+def test_round_trips() -> None:
+    big = os.urandom(1 << 20) * 64  # 64 MiB
+    frames: list[list[bytes | memoryview]] = [
+        [b"hello"],
+        [],
+        [b""],
+        [b"a", memoryview(b"bc"), b"", b"def"],
+        [memoryview(big)[: 1 << 20], memoryview(big)[1 << 20 :]],
+    ]
+    with pipe() as p:
+        writer = FrameWriter(p.w)
+
+        def write_all() -> None:
+            for chunks in frames:
+                writer.write(chunks)
+            p.close(p.w)
+
+        thread = in_thread(write_all)
+        reader = FrameReader(p.r)
+        got = []
+        while (frame := reader.read()) is not None:
+            got.append(frame)
+        finish(thread)
+    assert [bytes(f) for f in got[:4]] == [b"hello", b"", b"", b"abcdef"]
+    # One preallocated buffer of the exact size, not something grown by concatenation.
+    assert type(got[4]) is bytearray and len(got[4]) == len(big)
+    assert got[4] == big
+    assert len(got) == len(frames)
+
+
+def test_each_frame_is_a_fresh_buffer() -> None:
+    with pipe() as p:
+        FrameWriter(p.w).write_many([[b"one"], [b"two"]])
+        reader = FrameReader(p.r)
+        first, second = reader.read(), reader.read()
+    assert first == b"one" and second == b"two" and first is not second
+
+
+def test_non_byte_memoryviews_count_bytes() -> None:
+    words = memoryview(struct.pack(">4I", 1, 2, 3, 4)).cast("I")
+    with pipe() as p:
+        FrameWriter(p.w).write([words])
+        assert FrameReader(p.r).read() == struct.pack(">4I", 1, 2, 3, 4)
+
+
+def test_concurrent_writers_never_interleave() -> None:
+    threads, per_thread = 4, 40
+    with pipe() as p:
+        writer = FrameWriter(p.w)
+
+        def write(tag: int) -> Callable[[], None]:
+            def run() -> None:
+                for i in range(per_thread):
+                    n = (i * 7919) % 200_000 + 1  # many frames larger than the pipe
+                    body = bytes((tag,)) * n
+                    writer.write([body[: n // 3], body[n // 3 :]])
+
+            return run
+
+        writers = [in_thread(write(t)) for t in range(threads)]
+        reader = FrameReader(p.r)
+        seen = {t: 0 for t in range(threads)}
+        for _ in range(threads * per_thread):
+            frame = reader.read()
+            assert frame is not None and len(frame) > 0
+            assert frame.count(frame[0]) == len(frame)
+            seen[frame[0]] += 1
+        for thread in writers:
+            finish(thread)
+    assert seen == {t: per_thread for t in range(threads)}
+
+
+def test_write_many_beyond_iov_max() -> None:
+    iov_max = os.sysconf("SC_IOV_MAX")
+    frames = [[bytes((i % 251,))] * 7 for i in range((iov_max * 3) // 7)]
+    frames.append([b"x"] * (iov_max + 10))
+    with pipe() as p:
+        thread = in_thread(lambda: FrameWriter(p.w).write_many(frames))
+        reader = FrameReader(p.r)
+        for chunks in frames:
+            assert reader.read() == b"".join(chunks)
+        finish(thread)
+
+
+def test_clean_eof_is_none() -> None:
+    with pipe() as p:
+        FrameWriter(p.w).write([b"last"])
+        p.close(p.w)
+        reader = FrameReader(p.r)
+        assert reader.read() == b"last"
+        assert reader.read() is None
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"\x00\x00", struct.pack(">I", 10) + b"12345", struct.pack(">I", 1)],
+    ids=["header", "body", "empty-body"],
+)
+def test_truncated_frame(data: bytes) -> None:
+    with pipe() as p:
+        os.write(p.w, data)
+        p.close(p.w)
+        with pytest.raises(FrameError):
+            FrameReader(p.r).read()
+
+
+def test_frame_over_the_limit_fails_without_allocating() -> None:
+    with pipe() as p:
+        os.write(p.w, struct.pack(">I", 0xFFFFFFFF) + b"abc")
+        reader = FrameReader(p.r, max_frame=1 << 20)
+        tracemalloc.start()
+        try:
+            with pytest.raises(FrameError):
+                reader.read()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_write_to_closed_pipe() -> None:
+    with pipe() as p:
+        p.close(p.r)
+        with pytest.raises(FrameError):
+            FrameWriter(p.w).write([b"nobody listens"])
+
+
+def test_frame_longer_than_32_bits() -> None:
+    mib = bytes(1 << 20)
+    with pipe() as p, pytest.raises(FrameError):
+        FrameWriter(p.w).write([mib] * 4097)  # the same MiB, 4097 times: over 4 GiB
+
+
+def test_read_allocates_the_frame_once() -> None:
+    body = os.urandom(1 << 20) * 16
+    with pipe() as p:
+        thread = in_thread(lambda: FrameWriter(p.w).write([body]))
+        reader = FrameReader(p.r)
+        tracemalloc.start()
+        try:
+            frame = reader.read()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        finish(thread)
+    assert frame == body
+    assert peak < len(body) + (1 << 20)
