@@ -1,7 +1,6 @@
 # erlcuda: `make demo` sets up and runs the four kernels from Erlang; `make test` sets up and
-# runs every test. Set-up installs what is missing: Erlang/OTP, rebar3 and Elixir from the OS
-# packages, and the Python packages into .venv (which sees the machine's own packages, so a
-# GPU machine's PyCUDA is used where present).
+# runs every test. Set-up installs only what is missing: Erlang/OTP, rebar3 and Elixir from the
+# OS packages, and numpy, pytest and hypothesis into .venv where python3 lacks them.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -11,13 +10,12 @@ PY = $(shell [ -x $(VENV)/bin/python ] && echo $(VENV)/bin/python || echo python
 export ERL_FLAGS ?= +S 4
 
 .PHONY: demo test test-gpu test-python test-erlang test-elixir lint bench bench-quick soak \
-        setup setup-erlang setup-python compile clean
+        setup setup-erlang setup-elixir setup-python compile clean
 
 demo: setup compile
-	$(REBAR) shell --apps erlcuda --eval 'erlcuda_demo:main(), init:stop().' 2>&1 \
-	  | grep -v -e '^Eshell' -e '^===>' -e '^[0-9]*>' -e '^$$'
+	erl -noshell -pa _build/default/lib/erlcuda/ebin -eval 'erlcuda_demo:main(), halt().'
 
-test: setup compile lint test-python test-erlang test-elixir
+test: setup setup-elixir compile lint test-python test-erlang test-elixir
 
 # On the GPU machine (`. .gpu-kit/setup.sh` first): the gpu-marked pytest tests and the
 # eunit group that runs with backend = cuda; the CPU tests run too.
@@ -27,26 +25,30 @@ test-gpu: setup-erlang compile
 
 setup: setup-erlang setup-python
 
+# Erlang/OTP and rebar3 (and Elixir, for its test) from the OS packages, where missing.
 setup-erlang:
-	@if ! command -v erl >/dev/null || ! command -v $(REBAR) >/dev/null || ! command -v elixir >/dev/null; then \
-	  echo "installing Erlang/OTP, rebar3 and Elixir from the OS packages"; \
-	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$SUDO apt-get update -qq; \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
-	    erlang-nox erlang-dev erlang-dialyzer erlang-eunit rebar3 elixir >/dev/null; \
-	fi
+	@if ! command -v erl >/dev/null || ! command -v $(REBAR) >/dev/null; then \
+	  $(call apt_install,erlang-nox erlang-dev erlang-dialyzer erlang-eunit rebar3); fi
 
-setup-python: $(VENV)/.done
+setup-elixir: setup-erlang
+	@command -v elixir >/dev/null || $(call apt_install,elixir)
 
-$(VENV)/.done: pyproject.toml
-	python3 -m venv --system-site-packages $(VENV)
-	$(VENV)/bin/python -m pip install -q numpy pytest hypothesis ruff
-	touch $@
+# The machine's python3 where it already has numpy, pytest and hypothesis (a GPU machine
+# with its own PyCUDA, say); else a virtual environment in .venv with them installed.
+setup-python:
+	@if [ ! -x $(VENV)/bin/python ] && ! python3 -c 'import numpy, pytest, hypothesis' 2>/dev/null; then \
+	  echo "creating $(VENV) with numpy, pytest and hypothesis"; \
+	  python3 -m venv $(VENV) && $(VENV)/bin/python -m pip install -q numpy pytest hypothesis; fi
+
+apt_install = { echo "installing $(1) from the OS packages"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(1) >/dev/null; }
 
 compile:
 	$(REBAR) compile
 
 lint:
+	@$(PY) -m ruff --version >/dev/null 2>&1 || $(PY) -m pip install -q ruff
 	$(PY) -m ruff check python test/python bench
 	$(REBAR) as test xref
 	$(REBAR) dialyzer

@@ -11,7 +11,7 @@
 -behaviour(gen_server).
 
 %% API.
--export([start_link/0, submit/2, info/0, call/3, create_tables/0]).
+-export([start_link/0, submit/2, info/0, call/3, create_tables/0, worker_atoms/0]).
 
 %% gen_server.
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
@@ -125,6 +125,24 @@ info() ->
 -spec call(atom(), list(), timeout()) -> {ok, term()} | {error, term()}.
 call(Fun, Args, Timeout) ->
     gen_server:call(?MODULE, {call, Fun, Args}, Timeout).
+
+%% @doc Every atom the worker may send. Results are decoded with `binary_to_term(B, [safe])',
+%% which refuses atoms the node does not know yet: listing them here makes them exist once
+%% this module is loaded. A test checks the worker's sources against this list.
+-spec worker_atoms() -> [atom()].
+worker_atoms() ->
+    ['M', 'C', 'L', r, e, erlcuda, ok, error, launch, list, binary, format, trace,
+     %% reasons
+     bad_args, bad_device, unknown_kernel, backend_unavailable, cuda, too_large, internal,
+     non_finite,
+     %% cuda error codes
+     out_of_memory, launch_failed, illegal_address, invalid_value, not_supported, unknown,
+     %% log levels
+     debug, info, notice, warning,
+     %% info
+     backend, status, reason, devices, os_pid, python, batching, device_info, cpu,
+     jobs, launches, max_batch, errors, queue, unavailable,
+     name, total_memory, free_memory, compute_capability].
 
 %% gen_server.
 

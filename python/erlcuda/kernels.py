@@ -66,9 +66,13 @@ def as_f32(value: Any, what: str) -> np.ndarray:
             if isinstance(x, bool) or not isinstance(x, (int, float)):
                 raise BadArgs(f"{what}: not a number: {x!r:.40}")
         try:
-            return np.asarray(value, dtype=F32)
+            with np.errstate(over="ignore"):
+                array = np.asarray(value, dtype=F32)
         except OverflowError as exc:
             raise BadArgs(f"{what}: number out of range") from exc
+        if not np.isfinite(array).all():
+            raise BadArgs(f"{what}: number out of range for f32")
+        return array
     raise BadArgs(f"{what}: expected a list of numbers or an f32 binary")
 
 

@@ -17,6 +17,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from . import etf, protocol
 from .backends.base import Backend, BackendError, Device
 from .framing import FrameWriter
@@ -177,7 +179,8 @@ class Lane(threading.Thread):
                 groups.setdefault(job.request.key, []).append(i)
         fatal: str | None = None
         t_run = now()
-        for indices in groups.values():
+        last = len(groups) - 1
+        for g, indices in enumerate(groups.values()):
             requests = [batch[i].request for i in indices]
             kernel = requests[0].kernel  # type: ignore[union-attr]
             try:
@@ -185,6 +188,10 @@ class Lane(threading.Thread):
                 self.stats.launches += 1
                 self.stats.max_batch = max(self.stats.max_batch, len(indices))
                 for i, value in zip(indices, values, strict=True):
+                    # A backend's arrays may live in its staging memory, valid only until
+                    # its next run: keep a copy where another group runs before the write.
+                    if g < last and isinstance(value, np.ndarray):
+                        value = value.copy()
                     results[i] = protocol.encode_result(value, batch[i].fmt)
             except BackendError as exc:
                 reason = protocol.error((protocol.CUDA, etf.Atom(exc.code), exc.message))

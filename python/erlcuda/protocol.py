@@ -15,6 +15,7 @@ Erlang is one of the fixed set below or one Erlang itself sent: Erlang decodes w
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ BACKEND_UNAVAILABLE = Atom("backend_unavailable")
 CUDA = Atom("cuda")
 TOO_LARGE = Atom("too_large")
 INTERNAL = Atom("internal")
+NON_FINITE = Atom("non_finite")
 
 LEVELS = {name: Atom(name) for name in ("debug", "info", "notice", "warning", "error")}
 
@@ -49,10 +51,24 @@ def error(reason: Any) -> tuple[Atom, Any]:
 
 
 def encode_result(value: np.ndarray | float, fmt: Atom) -> tuple[Atom, Any]:
-    """``{ok, Value}``: a vector as a list of floats or an f32 binary, a scalar as a float."""
+    """``{ok, Value}``: a vector as a list of floats or an f32 binary, a scalar as a float.
+
+    Erlang floats hold no infinity or NaN: such a result is ``{error, {non_finite, _}}``
+    unless it travels as an f32 binary, which carries any bit pattern.
+    """
     if isinstance(value, np.ndarray):
-        return (OK, value if fmt == BINARY else FloatList(value))
+        if fmt == BINARY:
+            return (OK, value)
+        if not np.isfinite(value).all():
+            return (ERROR, (NON_FINITE, _NON_FINITE_VECTOR))
+        return (OK, FloatList(value))
+    if not math.isfinite(value):
+        return (ERROR, (NON_FINITE, f"the result is {value}; Erlang floats cannot hold it"))
     return (OK, float(value))
+
+
+_NON_FINITE_VECTOR = ("the result holds an infinity or NaN, which Erlang floats cannot hold; "
+                      "{format, binary} returns the raw f32 values")
 
 
 def reply(reply_to: Any, job_id: Any, result: Any) -> tuple[Atom, Any, Any]:

@@ -223,3 +223,15 @@ stall(Device, Ms) ->
     Self = self(),
     spawn(fun() -> Self ! {stalled, erlcuda_port:call(stall, [Device, Ms], Ms + 5000)} end),
     timer:sleep(50).
+
+non_finite_test_() ->
+    {setup, fun setup/0, fun cleanup/1,
+     fun() ->
+             Big = [3.0e38, 3.0e38],
+             ?assertMatch({error, {non_finite, _}}, erlcuda:launch_sync(vector_add, [Big, Big])),
+             ?assertMatch({error, {non_finite, _}}, erlcuda:launch_sync(reduce, [Big])),
+             Inf = <<0, 0, 128, 127>>,
+             ?assertEqual({ok, <<Inf/binary, Inf/binary>>},
+                          erlcuda:launch_sync(vector_add, [Big, Big], [{format, binary}])),
+             ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]]))
+     end}.

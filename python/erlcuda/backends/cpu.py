@@ -26,9 +26,12 @@ def _split(flat: np.ndarray, offsets: np.ndarray) -> list[Result]:
 
 def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> list[Result]:
     # f64 accumulation: the CPU backend doubles as the accuracy reference for the GPU.
-    sums = np.add.reduceat(values, offsets[:-1]) if values.size else np.zeros(len(offsets) - 1)
-    empty = offsets[1:] == offsets[:-1]  # reduceat yields values[i] for an empty segment
-    sums[empty] = 0.0
+    sums = np.zeros(len(offsets) - 1)
+    # reduceat misreads empty segments (it yields values[i]) and refuses a start at the end,
+    # so only the non-empty ones go in; each then runs up to the next non-empty start.
+    full = offsets[1:] > offsets[:-1]
+    if full.any():
+        sums[full] = np.add.reduceat(values, offsets[:-1][full])
     return [float(np.float32(s)) for s in sums]
 
 

@@ -1,0 +1,111 @@
+"""Device lanes with a backend that reuses one staging buffer, as the CUDA backend does."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from erlcuda import etf, kernels
+from erlcuda.backends.base import Backend, BackendError, Device, Result
+from erlcuda.backends.cpu import CpuDevice
+from erlcuda.lanes import Job, Lane
+from erlcuda.protocol import BINARY, LIST
+
+
+class StagingDevice(Device):
+    """Answers with views into one buffer that every run overwrites."""
+
+    def __init__(self) -> None:
+        self.cpu = CpuDevice(0)
+        self.staging = np.empty(1 << 16, dtype=np.float32)
+        self.runs: list[tuple[str, int]] = []
+
+    def run(self, kernel: str, requests: Sequence[kernels.Request]) -> list[Result]:
+        self.runs.append((kernel, len(requests)))
+        if kernel == "dot_product" and requests[0].a.size == 13:
+            raise BackendError("illegal_address", "boom", fatal=True)
+        out: list[Result] = []
+        offset = 0
+        for value in self.cpu.run(kernel, requests):
+            if isinstance(value, np.ndarray):
+                view = self.staging[offset : offset + value.size]
+                view[:] = value
+                offset += value.size
+                out.append(view)
+            else:
+                out.append(value)
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {"name": "staging"}
+
+
+class StagingBackend(Backend):
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self.device = StagingDevice()
+
+    def device_count(self) -> int:
+        return 1
+
+    def open(self, index: int) -> Device:
+        return self.device
+
+
+class CapturingWriter:
+    def __init__(self) -> None:
+        self.frames: list[Any] = []
+
+    def write_many(self, frames: Sequence[Sequence[bytes | memoryview]]) -> None:
+        self.frames.extend(etf.decode(b"".join(bytes(c) for c in f)) for f in frames)
+
+
+def make_lane() -> tuple[Lane, CapturingWriter, list[str]]:
+    writer = CapturingWriter()
+    fatal: list[str] = []
+    lane = Lane(0, StagingBackend(), writer, max_batch=256, max_elements=1 << 20,  # type: ignore[arg-type]
+                on_fatal=fatal.append)
+    return lane, writer, fatal
+
+
+def test_mixed_batch_keeps_each_result_and_the_order() -> None:
+    lane, writer, fatal = make_lane()
+    rng = np.random.default_rng(3)
+    expected = {}
+    for job_id in range(40):
+        a, b = rng.standard_normal((2, 8), dtype=np.float32)
+        if job_id % 2:
+            request = kernels.parse("vector_add", [a, b])
+            expected[job_id] = a + b
+        else:
+            request = kernels.parse("matmul", [a, b, 2, 2, 4])
+            expected[job_id] = (a.reshape(2, 4) @ b.reshape(4, 2)).ravel()
+        lane.submit(Job(job_id, etf.Atom("caller"), BINARY if job_id % 4 < 2 else LIST, request))
+    lane.start()
+    lane.stop()
+    lane.join(5)
+    assert not fatal
+    assert [f[2][1] for f in writer.frames] == list(range(40))
+    for frame in writer.frames:
+        _, _, (_, job_id, (status, value)) = frame
+        assert status == "ok"
+        got = np.frombuffer(value, "<f4") if isinstance(value, memoryview) else np.array(value)
+        np.testing.assert_allclose(got, expected[job_id], rtol=1e-5)
+    assert lane.stats.launches == 2 and lane.stats.max_batch == 20
+
+
+def test_a_fatal_error_answers_the_batch_then_reports() -> None:
+    lane, writer, fatal = make_lane()
+    ones = np.ones(13, np.float32)
+    lane.submit(Job(1, etf.Atom("c"), LIST, kernels.parse("dot_product", [ones, ones])))
+    lane.submit(Job(2, etf.Atom("c"), LIST, kernels.parse("reduce", [ones])))
+    lane.start()
+    lane.stop()
+    lane.join(5)
+    replies = {f[2][1]: f[2][2] for f in writer.frames}
+    assert replies[1][0] == "error" and replies[1][1][:2] == ("cuda", "illegal_address")
+    assert replies[2] == ("ok", 13.0)
+    assert fatal and "illegal_address" in fatal[0]
