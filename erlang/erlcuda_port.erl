@@ -33,7 +33,9 @@
              info = #{} :: map(),
              restarts = 0 :: non_neg_integer(),
              backoff = 0 :: non_neg_integer(),
-             down_reason :: term()}).
+             down_reason :: term(),
+             last_frame = 0 :: integer(),
+             busy_since :: integer() | undefined}).
 
 %% API.
 
@@ -151,6 +153,8 @@ init([]) ->
     process_flag(trap_exit, true),
     %% Jobs left by a crashed predecessor have no worker any more.
     fail_all(server_restarted),
+    {ok, Watchdog} = application:get_env(erlcuda, watchdog_ms),
+    _ = [timer:send_interval(max(Watchdog div 4, 10), watchdog) || is_integer(Watchdog)],
     {ok, start_worker(#st{started = now_ms()})}.
 
 -spec handle_call(term(), gen_server:from(), #st{}) ->
@@ -173,13 +177,15 @@ handle_cast(_Msg, St) ->
 
 -spec handle_info(term(), #st{}) -> {noreply, #st{}}.
 handle_info({Port, {data, Data}}, #st{port = Port} = St) ->
-    {noreply, frame(Data, St)};
+    {noreply, frame(Data, St#st{last_frame = now_ms()})};
 handle_info({Port, {exit_status, Status}}, #st{port = Port} = St) ->
     {noreply, worker_died({exit_status, Status}, St)};
 handle_info({'EXIT', Port, Why}, #st{port = Port} = St) ->
     {noreply, worker_died({port_exit, Why}, St)};
 handle_info(restart_worker, #st{port = undefined} = St) ->
     {noreply, start_worker(St)};
+handle_info(watchdog, St) ->
+    {noreply, watchdog(St)};
 handle_info(_Other, St) ->
     {noreply, St}.
 
@@ -258,7 +264,7 @@ start_worker(St0) ->
                    hide]) of
         Port ->
             {os_pid, OsPid} = erlang:port_info(Port, os_pid),
-            St1 = St#st{port = Port, os_pid = OsPid},
+            St1 = St#st{port = Port, os_pid = OsPid, last_frame = now_ms()},
             %% Jobs may be written as soon as the port exists: the worker reads them after
             %% the hello. The device count is the configured one until the hello says more.
             Devices = maps:get(devices, St#st.info, maps:get(cpu_devices, Config)),
@@ -307,6 +313,30 @@ set_up(Port, Devices) ->
 set_state(Status) ->
     true = ets:insert(?STATE, {worker, Status, undefined, 0, undefined, 0}),
     ok.
+
+%% A worker that is alive but answers nothing while jobs wait is stuck (a hung driver call,
+%% a kernel that never ends): kill it, so its jobs get an error and a new worker starts.
+watchdog(#st{port = undefined} = St) ->
+    St;
+watchdog(#st{os_pid = OsPid, last_frame = Last, busy_since = Busy} = St) ->
+    {ok, Limit} = application:get_env(erlcuda, watchdog_ms),
+    Now = now_ms(),
+    case ets:info(?JOBS, size) of
+        0 ->
+            St#st{busy_since = undefined};
+        _ when Busy =:= undefined ->
+            St#st{busy_since = Now};
+        _ ->
+            case Now - max(Last, Busy) of
+                Silent when Silent > Limit ->
+                    ?LOG_ERROR("erlcuda: worker ~p made no progress for ~b ms with jobs "
+                               "waiting; killing it", [OsPid, Silent]),
+                    _ = os:cmd("kill -9 " ++ integer_to_list(OsPid)),
+                    worker_died({stuck, Silent}, St#st{busy_since = undefined});
+                _ ->
+                    St
+            end
+    end.
 
 worker_died(Why, #st{port = Port} = St) ->
     ?LOG_ERROR("erlcuda: worker ~p down: ~p", [St#st.os_pid, Why]),

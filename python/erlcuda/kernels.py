@@ -45,6 +45,12 @@ class Request:
         return (self.kernel,)
 
     @property
+    def device_bytes(self) -> int:
+        """Device memory the job needs: its inputs and its output."""
+        out = {"vector_add": self.a.size, "matmul": self.m * self.n}.get(self.kernel, 1)
+        return 4 * (self.elements + out)
+
+    @property
     def elements(self) -> int:
         """Input elements, used to bound the size of a batch."""
         return int(self.a.size) + (0 if self.b is None else int(self.b.size))

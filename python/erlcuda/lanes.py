@@ -80,6 +80,7 @@ class Lane(threading.Thread):
         self.stats = Stats()
         self.ready = threading.Event()
         self.device_info: dict[str, Any] = {}
+        self.memory = 1 << 62  # device memory in bytes, where the backend says
         self._queue: deque[Job | Control] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._stopping = False
@@ -125,6 +126,7 @@ class Lane(threading.Thread):
         try:
             device = self.backend.open(self.index)
             self.device_info = device.info()
+            self.memory = int(self.device_info.get("total_memory", self.memory))
             return device
         except BackendError as exc:
             self.unavailable = f"device {self.index}: {exc.message}"
@@ -174,6 +176,8 @@ class Lane(threading.Thread):
                 results[i] = protocol.error(job.error)
             elif device is None:
                 results[i] = protocol.error((protocol.BACKEND_UNAVAILABLE, self.unavailable or ""))
+            elif job.request.device_bytes > self.memory:  # type: ignore[union-attr]
+                results[i] = protocol.error(protocol.TOO_LARGE)
             else:
                 assert job.request is not None
                 groups.setdefault(job.request.key, []).append(i)

@@ -39,7 +39,7 @@ class StagingDevice(Device):
         return out
 
     def info(self) -> dict[str, Any]:
-        return {"name": "staging"}
+        return {"name": "staging", "total_memory": 1 << 20}
 
 
 class StagingBackend(Backend):
@@ -109,3 +109,15 @@ def test_a_fatal_error_answers_the_batch_then_reports() -> None:
     assert replies[1][0] == "error" and replies[1][1][:2] == ("cuda", "illegal_address")
     assert replies[2] == ("ok", 13.0)
     assert fatal and "illegal_address" in fatal[0]
+
+
+def test_a_job_larger_than_the_device_memory_is_too_large() -> None:
+    lane, writer, _ = make_lane()
+    big = np.ones(200_000, np.float32)  # 2.4 MB with its output, over the 1 MiB device
+    lane.submit(Job(1, etf.Atom("c"), LIST, kernels.parse("vector_add", [big, big])))
+    lane.submit(Job(2, etf.Atom("c"), LIST, kernels.parse("reduce", [big[:10]])))
+    lane.start()
+    lane.stop()
+    lane.join(5)
+    replies = {f[2][1]: f[2][2] for f in writer.frames}
+    assert replies == {1: ("error", "too_large"), 2: ("ok", 10.0)}

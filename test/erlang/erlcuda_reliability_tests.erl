@@ -1,0 +1,144 @@
+%% Reliability under load, faults and absurd input, on the CPU backend with four devices.
+-module(erlcuda_reliability_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+-define(DEFAULTS, [{backend, cpu}, {cpu_devices, 4}, {test_hooks, true}, {max_queue, 10000},
+                   {watchdog_ms, 30000}, {python, default}]).
+
+with_app(Env, Test) ->
+    {setup,
+     fun() ->
+             _ = application:stop(erlcuda),
+             application:load(erlcuda),
+             [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS ++ Env],
+             {ok, _} = application:ensure_all_started(erlcuda)
+     end,
+     fun(_) ->
+             ok = application:stop(erlcuda),
+             [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS]
+     end,
+     Test}.
+
+load_test_() ->
+    with_app([], {timeout, 300, fun load/0}).
+kill_under_load_test_() ->
+    with_app([], {timeout, 120, fun kill_under_load/0}).
+overload_test_() ->
+    with_app([{max_queue, 5}], {timeout, 30, fun overload/0}).
+stuck_worker_test_() ->
+    with_app([{watchdog_ms, 300}], {timeout, 30, fun stuck_worker/0}).
+caller_dies_test_() ->
+    with_app([], {timeout, 30, fun caller_dies/0}).
+absurd_sizes_test_() ->
+    with_app([], fun absurd_sizes/0).
+no_python_test_() ->
+    with_app([{python, "/nonexistent/python3"}], {timeout, 30, fun no_python/0}).
+worker_exits_at_once_test_() ->
+    with_app([{python, "/bin/false"}], {timeout, 30, fun worker_exits_at_once/0}).
+
+%% 1,000 processes x 100 jobs, mixed kernels and sizes, random devices: every job gets
+%% exactly one reply, the right one; memory stays bounded across rounds.
+load() ->
+    First = erlcuda_load:run(#{processes => 1000, jobs => 100}),
+    ?debugFmt("load: ~p", [maps:without([errors], First)]),
+    ?assertMatch(#{jobs := 100000, replies := 100000, right := 100000, wrong := 0, lost := 0,
+                   duplicated := 0}, First),
+    Second = erlcuda_load:run(#{processes => 1000, jobs => 100}),
+    ?assertMatch(#{right := 100000, lost := 0, duplicated := 0}, Second),
+    #{memory := #{'after' := A1}} = First,
+    #{memory := #{'after' := A2}} = Second,
+    ?debugFmt("memory after round 1: ~p, after round 2: ~p", [A1, A2]),
+    ?assert(maps:get(node, A2) < maps:get(node, A1) + 64 bsl 20),
+    ?assert(maps:get(worker, A2) < maps:get(worker, A1) + 64 bsl 20),
+    ?assertEqual(0, ets:info(erlcuda_jobs, size)).
+
+kill_under_load() ->
+    #{worker_os_pid := Pid} = erlcuda:info(),
+    R = erlcuda_load:run(#{processes => 300, jobs => 100, kill_after_ms => 150}),
+    ?debugFmt("kill under load: ~p", [R]),
+    #{jobs := Jobs, replies := Replies, right := Right, errors := Errors} = R,
+    ?assertMatch(#{wrong := 0, lost := 0, duplicated := 0}, R),
+    ?assertEqual(Jobs, Replies),
+    ?assertEqual(Jobs, Right + lists:sum(maps:values(Errors))),
+    ?assert(maps:get(worker_down, Errors, 0) > 0),
+    wait_up(Pid, 100),
+    ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]])),
+    ?assertEqual(0, ets:info(erlcuda_jobs, size)).
+
+overload() ->
+    stall(0, 500),
+    Results = [erlcuda:launch(reduce, [[1.0]], [{device, 0}]) || _ <- lists:seq(1, 8)],
+    {Ok, Over} = lists:partition(fun(R) -> element(1, R) =:= ok end, Results),
+    ?assertEqual(5, length(Ok)),
+    ?assertEqual(lists:duplicate(3, {error, overloaded}), Over),
+    %% the other devices are not affected
+    ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{device, 1}])),
+    [receive {erlcuda, Id, R} -> ?assertEqual({ok, 1.0}, R) after 5000 -> error(lost) end
+     || {ok, Id} <- Ok],
+    ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{device, 0}])).
+
+stuck_worker() ->
+    #{worker_os_pid := Pid} = erlcuda:info(),
+    stall(0, 20000),
+    T0 = erlang:monotonic_time(millisecond),
+    ?assertMatch({error, {worker_down, {stuck, _}}},
+                 erlcuda:launch_sync(reduce, [[1.0]], [{timeout, 10000}])),
+    ?debugFmt("stuck worker detected after ~b ms", [erlang:monotonic_time(millisecond) - T0]),
+    wait_up(Pid, 100),
+    ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]])).
+
+caller_dies() ->
+    stall(0, 300),
+    Caller = spawn(fun() ->
+                           [{ok, _} = erlcuda:launch(reduce, [[1.0]], [{device, 0}])
+                            || _ <- lists:seq(1, 100)],
+                           exit(normal)
+                   end),
+    Ref = monitor(process, Caller),
+    receive {'DOWN', Ref, process, Caller, normal} -> ok after 5000 -> error(caller) end,
+    ?assert(ets:info(erlcuda_jobs, size) > 0),
+    wait_empty(50),
+    #{device_info := Devices} = erlcuda:info(),
+    ?assertEqual([0, 0, 0, 0], [maps:get(in_flight, D) || D <- Devices]).
+
+absurd_sizes() ->
+    Big = 1 bsl 40,
+    [?assertMatch({error, {bad_args, _}}, erlcuda:launch(matmul, Args))
+     || Args <- [[[], [], Big, Big, 0], [[1.0], [1.0], Big, 1, 1], [[1.0], [1.0], -1, 1, 1],
+                 [[1.0], [1.0], 1, 1, 1.5], [[1.0], [1.0], 1, one, 1],
+                 [[], [], 1 bsl 31, 1 bsl 31, 0]]],
+    ?assertEqual({ok, [2.0]}, erlcuda:launch_sync(vector_add, [[1.0], [1.0]])).
+
+no_python() ->
+    T0 = erlang:monotonic_time(millisecond),
+    ?assertMatch({error, {worker_down, {spawn_failed, _}}}, erlcuda:launch(reduce, [[1.0]])),
+    ?assertMatch({error, {worker_down, _}}, erlcuda:launch_sync(reduce, [[1.0]])),
+    ?assert(erlang:monotonic_time(millisecond) - T0 < 100),
+    ?assertMatch(#{worker_os_pid := undefined}, erlcuda:info()).
+
+worker_exits_at_once() ->
+    timer:sleep(1000),
+    ?assertMatch({error, {worker_down, _}}, erlcuda:launch_sync(reduce, [[1.0]])),
+    #{restarts := Restarts} = erlcuda:info(),
+    %% backing off: a few restarts in a second, not a spin
+    ?assert(Restarts >= 1 andalso Restarts < 12).
+
+stall(Device, Ms) ->
+    Self = self(),
+    spawn(fun() -> Self ! {stalled, erlcuda_port:call(stall, [Device, Ms], Ms + 5000)} end),
+    timer:sleep(50).
+
+wait_up(_, 0) -> error(not_restarted);
+wait_up(OldPid, N) ->
+    case erlcuda:info() of
+        #{worker_os_pid := P, worker_status := up} when is_integer(P), P =/= OldPid -> ok;
+        _ -> timer:sleep(100), wait_up(OldPid, N - 1)
+    end.
+
+wait_empty(0) -> error(jobs_left);
+wait_empty(N) ->
+    case ets:info(erlcuda_jobs, size) of
+        0 -> ok;
+        _ -> timer:sleep(100), wait_empty(N - 1)
+    end.
