@@ -109,7 +109,7 @@ add(A, B) ->
 
 %% One caller: launch, keep at most Window in flight, check each reply against its job.
 caller(#{jobs := Jobs, window := Window, max_size := MaxSize}, C) ->
-    rand:seed(exsss, {C, erlang:unique_integer(), 7}),
+    _ = rand:seed(exsss, {C, erlang:unique_integer(), 7}),
     Devices = devices(),
     loop(Jobs, Window, MaxSize, Devices, #{}, (empty())#{jobs => Jobs}).
 
