@@ -63,10 +63,14 @@ test-elixir:
 	elixir -pa _build/default/lib/erlcuda/ebin test/elixir/erlcuda_test.exs
 
 bench: setup compile
-	bench/run --full
+	$(PY) -c 'import matplotlib, tqdm' 2>/dev/null || $(PY) -m pip install -q matplotlib tqdm \
+	  || echo "bench: matplotlib/tqdm not installed: no plots, a plain progress counter"
+	BENCH_PYTHON=$(PY) bench/run --full
 
 bench-quick: setup compile
-	bench/run --quick
+	$(PY) -c 'import matplotlib, tqdm' 2>/dev/null || $(PY) -m pip install -q matplotlib tqdm \
+	  || echo "bench: matplotlib/tqdm not installed: no plots, a plain progress counter"
+	BENCH_PYTHON=$(PY) bench/run --quick
 
 soak: setup compile
 	bench/soak $${SOAK_SECONDS:-120}
