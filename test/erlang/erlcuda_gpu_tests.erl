@@ -12,6 +12,8 @@ gpu_test_() ->
               {"the four kernels at several sizes", {timeout, 120, fun kernels/0}},
               {"every device routes", fun routing/0},
               {"batches form under load, results match", {timeout, 120, fun batching/0}},
+              {"1000 callers x 100 mixed jobs, all right", {timeout, 300, fun load/0}},
+              {"SIGKILL under load: one reply each, then service", {timeout, 120, fun kill/0}},
               {"a sticky CUDA error restarts the worker", {timeout, 120, fun sticky_error/0}}]};
         _ ->
             []
@@ -118,6 +120,22 @@ expected(matmul, [A, B, C, D]) -> [A * A + B * C, A * B + B * D, C * A + D * C, 
 
 close_any(W, G) when is_list(W) -> close(W, G, 1.0e-3 * (1 + lists:max([abs(X) || X <- W])));
 close_any(W, G) -> abs(W - G) =< 1.0e-3 * (1 + abs(W)).
+
+load() ->
+    R = erlcuda_load:run(#{processes => 1000, jobs => 100}),
+    ?debugFmt("load on the GPU: ~p", [R]),
+    ?assertMatch(#{jobs := 100000, replies := 100000, right := 100000, wrong := 0, lost := 0,
+                   duplicated := 0}, R).
+
+kill() ->
+    #{worker_os_pid := Pid} = erlcuda:info(),
+    R = erlcuda_load:run(#{processes => 300, jobs => 100, kill_after_ms => 150}),
+    ?debugFmt("SIGKILL under load on the GPU: ~p", [R]),
+    ?assertMatch(#{wrong := 0, lost := 0, duplicated := 0}, R),
+    #{jobs := Jobs, replies := Replies} = R,
+    ?assertEqual(Jobs, Replies),
+    wait_restarted(Pid, 300),
+    ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{timeout, 30000}])).
 
 sticky_error() ->
     #{worker_os_pid := Pid} = erlcuda:info(),
