@@ -7,7 +7,6 @@ SHELL := /bin/bash
 REBAR ?= rebar3
 VENV := .venv
 PY = $(shell [ -x $(VENV)/bin/python ] && echo $(VENV)/bin/python || echo python3)
-export ERL_FLAGS ?= +S 4
 
 .PHONY: demo test test-gpu test-python test-erlang test-elixir lint bench bench-quick soak \
         setup setup-erlang setup-elixir setup-python compile clean

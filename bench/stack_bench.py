@@ -1,0 +1,918 @@
+"""erlcuda's benchmark suite: the full stack from Erlang against the bare backend call.
+
+    bench/run --quick | --full  [--backend auto|cpu|cuda] [--out DIR] [--only SECTION ...]
+
+One Erlang node (``bench/erlcuda_bench.erl``) with the worker attached runs every section
+and streams JSON lines; this script starts it, shows the progress, and writes under the
+output directory (default ``bench/results/<machine>``):
+
+- ``report.md``: tables (latency p50/p90/p99 of the full stack, of the pure backend call
+  and of the overhead, with a bootstrap 95% CI of the median overhead; a per-stage
+  breakdown of one job; throughput with 1..1000 callers, batching on and off; large-payload
+  bandwidth beside an echo of the same bytes), the targets met or missed, the machine,
+  versions and date;
+- ``results.json``: the same figures as data; ``raw/samples.json``: every sample;
+- ``latency.png``, ``throughput.png``, ``bandwidth.png``, ``stages.png`` (with matplotlib).
+
+The report's tables are printed on stdout at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "_build" / "bench"
+EBIN = ROOT / "_build" / "default" / "lib" / "erlcuda" / "ebin"
+
+Json = dict[str, Any]
+
+KERNELS = ("vector_add", "reduce", "dot_product", "matmul")
+BOOTSTRAP_RESAMPLES = 2000
+SECTIONS = ("latency", "stages", "bandwidth", "throughput")
+
+# The targets of the issues, set for one H200 with the CUDA backend.
+TARGET_FULL_P50_US = 60.0
+TARGET_OVERHEAD_P50_US = 35.0
+TARGET_BANDWIDTH_GBS = 1.5
+TARGET_BANDWIDTH_SIZE = 16_000_000
+TARGET_JOBS_PER_S = 100_000.0
+TARGET_CALLERS = 1000
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def plan(mode: str) -> Json:
+    """What each section runs, for ``quick`` (about a minute on two cores) or ``full``."""
+    if mode == "quick":
+        sizes = [1_000, 100_000, 1_000_000]
+        matmul = [64, 256]
+        return {
+            "latency": {"groups": groups(sizes, matmul), "warmup": 5, "min_iters": 10,
+                        "max_iters": 200, "budget_s": 2.5},
+            "stages": {"groups": [("vector_add", 1_000), ("vector_add", 1_000_000)],
+                       "warmup": 5, "min_iters": 10, "max_iters": 200, "budget_s": 1.0},
+            "bandwidth": {"sizes": [1_000_000, 4_000_000], "min_iters": 3, "max_iters": 30,
+                          "budget_s": 2.0},
+            "throughput": {"kernels": ["vector_add", "reduce"], "size": 1_000,
+                           "callers": [1, 10, 100], "batching": [True, False],
+                           "duration_ms": 1000},
+        }
+    sizes = [1_000, 10_000, 100_000, 1_000_000, 10_000_000]
+    return {
+        "latency": {"groups": groups(sizes, [64, 256, 1024, 4096]), "warmup": 20,
+                    "min_iters": 30, "max_iters": 2000, "budget_s": 10.0},
+        "stages": {"groups": [("vector_add", 1_000), ("reduce", 1_000),
+                              ("vector_add", 1_000_000), ("vector_add", 10_000_000)],
+                   "warmup": 10, "min_iters": 30, "max_iters": 1000, "budget_s": 3.0},
+        "bandwidth": {"sizes": [1_000_000, 2_000_000, 4_000_000, 8_000_000, 16_000_000],
+                      "min_iters": 5, "max_iters": 100, "budget_s": 3.0},
+        "throughput": {"kernels": ["vector_add", "reduce"], "size": 1_000,
+                       "callers": [1, 10, 100, 1000], "batching": [True, False],
+                       "duration_ms": 2500},
+    }
+
+
+def groups(sizes: Sequence[int], matmul: Sequence[int]) -> list[tuple[str, int]]:
+    return [(k, n) for k in KERNELS[:3] for n in sizes] + [("matmul", n) for n in matmul]
+
+
+def erl_term(value: Any) -> str:
+    """An Erlang term in ``file:consult`` syntax: str -> atom, dict -> map, tuple -> tuple."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, dict):
+        return "#{" + ", ".join(f"{erl_term(k)} => {erl_term(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, tuple):
+        return "{" + ", ".join(erl_term(v) for v in value) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(erl_term(v) for v in value) + "]"
+    raise TypeError(f"no Erlang term for {value!r}")
+
+
+# -- building and running the node -----------------------------------------------------------
+
+
+def run_quiet(cmd: Sequence[str], what: str) -> None:
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout + done.stderr)
+        raise SystemExit(f"bench: {what} failed ({' '.join(cmd)})")
+
+
+def app_ebin() -> Path:
+    """The application's ebin, compiled if it is missing or older than its sources."""
+    sources = sorted((ROOT / "erlang").glob("*.erl"))
+    app_src = ROOT / "erlang" / "erlcuda.app.src"
+
+    def fresh(ebin: Path) -> bool:
+        beams = [ebin / (s.stem + ".beam") for s in sources]
+        if not (ebin / "erlcuda.app").exists() or not all(b.exists() for b in beams):
+            return False
+        newest = max(s.stat().st_mtime for s in [*sources, app_src])
+        return min(b.stat().st_mtime for b in beams) >= newest
+
+    if fresh(EBIN):
+        return EBIN
+    if shutil.which("rebar3"):
+        run_quiet(["rebar3", "compile"], "rebar3 compile")
+        return EBIN
+    # No rebar3 (a bare GPU machine): erlc into a private ebin, with an .app from .app.src.
+    ebin = BUILD / "erlcuda" / "ebin"
+    ebin.mkdir(parents=True, exist_ok=True)
+    run_quiet(["erlc", "-o", str(ebin), *map(str, sources)], "erlc of erlang/")
+    modules = ", ".join(s.stem for s in sources)
+    app = app_src.read_text().replace(
+        "{registered,", f"{{modules, [{modules}]}},\n    {{registered,", 1)
+    (ebin / "erlcuda.app").write_text(app)
+    return ebin
+
+
+def compile_bench(ebin: Path) -> None:
+    BUILD.mkdir(parents=True, exist_ok=True)
+    run_quiet(["erlc", "-Wall", "-o", str(BUILD), "-pa", str(ebin),
+               str(ROOT / "bench" / "erlcuda_bench.erl")], "erlc of bench/erlcuda_bench.erl")
+
+
+class Progress:
+    """A bar per phase: tqdm where it is installed, else a line now and then on stderr."""
+
+    def __init__(self) -> None:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            tqdm = None
+        self._tqdm = tqdm
+        self._bar: Any = None
+        self._name = ""
+        self._total = 0
+        self._last = 0.0
+        self._tty = sys.stderr.isatty()
+
+    def phase(self, name: str, total: int) -> None:
+        self.close()
+        self._name, self._total, self._last = name, total, 0.0
+        if self._tqdm is not None:
+            self._bar = self._tqdm(total=total, desc=f"{name:>10}", unit="step", leave=True,
+                                   mininterval=0.5 if self._tty else 10.0,
+                                   dynamic_ncols=True, file=sys.stderr)
+        else:
+            sys.stderr.write(f"bench: {name}: {total} steps\n")
+
+    def update(self, done: int) -> None:
+        if self._bar is not None:
+            self._bar.update(done - self._bar.n)
+            return
+        now = time.monotonic()
+        if done >= self._total or now - self._last >= 5.0:
+            self._last = now
+            pct = 100.0 * done / max(self._total, 1)
+            sys.stderr.write(f"bench: {self._name}: {done}/{self._total} ({pct:.0f}%)\n")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def note(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.write(text, file=sys.stderr)
+        else:
+            sys.stderr.write(text + "\n")
+
+
+def run_node(ebin: Path, config: Json, backend: str, seed: int) -> tuple[Json, list[Json]]:
+    """Run the benchmark node; return its info event and its result events."""
+    cfg_file = BUILD / "config.eterm"
+    term = {"backend": backend, "seed": seed, "max_queue": 100_000, **config}
+    cfg_file.write_text(erl_term(term) + ".\n")
+    cmd = ["erl", "-noshell", "-noinput", "-pa", str(ebin), "-pa", str(BUILD),
+           "-eval", f'erlcuda_bench:main("{cfg_file}")']
+    progress = Progress()
+    info: Json = {}
+    results: list[Json] = []
+    finished = False
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, bufsize=1)
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            event = parse_event(line)
+            if event is None:
+                if line.strip():
+                    progress.note(line.rstrip("\n"))
+                continue
+            kind = event.get("event")
+            if kind == "phase":
+                progress.phase(str(event["name"]), int(event["total"]))
+            elif kind == "progress":
+                progress.update(int(event["done"]))
+            elif kind == "info":
+                info = event
+                progress.note(f"bench: backend {event['backend']} on {event['device_name']}"
+                              f" ({event['reason']})")
+            elif kind == "result":
+                results.append(event)
+            elif kind == "error":
+                progress.close()
+                raise SystemExit(f"bench: the node failed: {event['message']}\n"
+                                 f"{event.get('stack', '')}")
+            elif kind == "done":
+                finished = True
+    except KeyboardInterrupt:
+        proc.terminate()
+        raise
+    finally:
+        progress.close()
+        status = proc.wait()
+    if not finished or status != 0:
+        raise SystemExit(f"bench: the node stopped early (exit status {status})")
+    return info, results
+
+
+def parse_event(line: str) -> Json | None:
+    if not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) and "event" in event else None
+
+
+# -- statistics ------------------------------------------------------------------------------
+
+QUANTILES = (50, 90, 99)
+
+
+def us(ns: Iterable[float]) -> np.ndarray:
+    return np.asarray(list(ns), dtype=np.float64) / 1e3
+
+
+def pcts(values: np.ndarray) -> dict[str, float]:
+    if values.size == 0:
+        return {f"p{q}": math.nan for q in QUANTILES}
+    return {f"p{q}": float(np.percentile(values, q)) for q in QUANTILES}
+
+
+def bootstrap_median_diff(a: np.ndarray, b: np.ndarray, rng: np.random.Generator,
+                          resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float]:
+    """95% percentile-bootstrap CI of median(a) - median(b), each resampled on its own."""
+    ma = np.median(a[rng.integers(0, a.size, size=(resamples, a.size))], axis=1)
+    mb = np.median(b[rng.integers(0, b.size, size=(resamples, b.size))], axis=1)
+    lo, hi = np.percentile(ma - mb, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def summarize_latency(results: list[Json], rng: np.random.Generator) -> list[Json]:
+    rows = []
+    for r in results:
+        full, pure = us(r["full_ns"]), us(r["pure_ns"])
+        fp, pp = pcts(full), pcts(pure)
+        lo, hi = bootstrap_median_diff(full, pure, rng)
+        rows.append({
+            "kernel": r["kernel"], "size": r["size"], "elements": r["elements"],
+            "bytes_in": r["bytes_in"], "bytes_out": r["bytes_out"], "n": int(full.size),
+            "full_us": fp, "pure_us": pp,
+            "overhead_us": {k: fp[k] - pp[k] for k in fp},
+            "overhead_p50_ci95_us": [lo, hi],
+        })
+    return rows
+
+
+STAGES: tuple[tuple[str, str, str], ...] = (
+    # key, label, clock ("aligned": a worker stamp against an Erlang one, see clock_aligned)
+    ("erlang_encode", "check + encode the launch (caller)", "Erlang"),
+    ("port_write", "port write (rest of `launch/3`)", "Erlang"),
+    ("request_hop", "request: pipe until the worker has read the frame", "aligned"),
+    ("decode", "decode + route (worker reader thread)", "Python"),
+    ("queue", "queue wait until the device thread takes it", "Python"),
+    ("group", "batch grouping", "Python"),
+    ("backend", "backend call (h2d + kernel + d2h)", "Python"),
+    ("encode", "reply bookkeeping (stamped before the reply's ETF encode)", "Python"),
+    ("reply_hop", "reply: ETF encode, write, pipe, port read, decode in port owner",
+     "aligned"),
+    ("deliver", "forward to the caller (port owner -> caller)", "Erlang"),
+    ("total", "total round trip", "Erlang"),
+    ("transit", "port transit both ways (total less every other stage)", "both"),
+)
+
+
+def clock_aligned(worker: Json, results: list[Json]) -> bool:
+    """Whether Erlang's monotonic clock and the worker's perf_counter are one OS clock."""
+    return "CLOCK_MONOTONIC" in str(worker.get("perf_counter", "")) and all(
+        r.get("clock") == "CLOCK_MONOTONIC" for r in results)
+
+
+def summarize_stages(results: list[Json], aligned: bool) -> list[Json]:
+    rows = []
+    for r in results:
+        cols = {k: np.asarray(v, dtype=np.float64) for k, v in r["stages"].items()}
+        cols["port_write"] = cols["launch_call"] - cols["erlang_encode"]
+        stages = {key: pcts(cols[key] / 1e3) for key, _, clock in STAGES
+                  if aligned or clock != "aligned"}
+        rows.append({"kernel": r["kernel"], "size": r["size"], "elements": r["elements"],
+                     "n": r["iters"], "stages_us": stages,
+                     "echo_bytes": r["echo_bytes"], "echo_us": pcts(us(r["echo_ns"]))})
+    return rows
+
+
+def summarize_bandwidth(results: list[Json]) -> list[Json]:
+    rows = []
+    for r in results:
+        full, echo, pure = (np.asarray(r[k], dtype=np.float64) for k in
+                            ("full_ns", "echo_ns", "pure_ns"))
+        rows.append({
+            "size": r["size"], "bytes_per_job": r["bytes_per_job"], "n": r["iters"],
+            "full_ms_p50": float(np.median(full)) / 1e6,
+            "full_gbs": r["bytes_per_job"] * full.size / full.sum(),
+            "echo_ms_p50": float(np.median(echo)) / 1e6,
+            "echo_gbs": r["echo_bytes"] * echo.size / echo.sum(),
+            "pure_ms_p50": float(np.median(pure)) / 1e6,
+            "pure_gbs": r["bytes_per_job"] / float(np.median(pure)),
+        })
+    return rows
+
+
+def summarize_throughput(results: list[Json]) -> list[Json]:
+    return [{"kernel": r["kernel"], "size": r["size"], "callers": r["callers"],
+             "batching": r["batching"], "jobs": r["jobs"], "errors": r["errors"],
+             "seconds": r["elapsed_ns"] / 1e9, "jobs_per_s": r["jobs_per_s"],
+             "jobs_per_launch": r["jobs_per_launch"],
+             "latency_us": {k: v / 1e3 for k, v in r["latency_ns"].items()}}
+            for r in results]
+
+
+def targets(summary: Json) -> list[Json]:
+    lat = {(r["kernel"], r["size"]): r for r in summary["latency"]}
+    va = lat.get(("vector_add", 1000))
+    bw = {r["size"]: r for r in summary["bandwidth"]}
+    tp = {(r["kernel"], r["callers"], r["batching"]): r for r in summary["throughput"]}
+    big = bw.get(TARGET_BANDWIDTH_SIZE)
+    top = tp.get(("vector_add", TARGET_CALLERS, True))
+
+    def row(name: str, value: float | None, unit: str, goal: float, at_most: bool) -> Json:
+        if value is None:
+            status = "not measured"
+        else:
+            met = value <= goal if at_most else value >= goal
+            status = "met" if met else "missed"
+        return {"target": name, "goal": goal, "unit": unit, "measured": value,
+                "status": status, "at_most": at_most}
+
+    return [
+        row("full stack p50, vector_add 1000 elements", va and va["full_us"]["p50"], "µs",
+            TARGET_FULL_P50_US, True),
+        row("overhead over the pure backend p50, vector_add 1000", va and
+            va["overhead_us"]["p50"], "µs", TARGET_OVERHEAD_P50_US, True),
+        row("vector_add end to end at 1.6e7 elements", big and big["full_gbs"], "GB/s",
+            TARGET_BANDWIDTH_GBS, False),
+        row("vector_add 1000 elements, 1000 callers, batching on", top and top["jobs_per_s"],
+            "jobs/s", TARGET_JOBS_PER_S, False),
+    ]
+
+
+# -- the machine -----------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 2**20
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def command_output(cmd: Sequence[str], env: dict[str, str] | None = None) -> str | None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False,
+                              cwd=ROOT, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def worker_versions(python: str) -> Json:
+    """numpy's and PyCUDA's versions as the worker's interpreter sees them."""
+    probe = ("import json, sys\nv = {'python': sys.version.split()[0]}\n"
+             "try:\n import numpy; v['numpy'] = numpy.__version__\nexcept Exception: pass\n"
+             "import time; v['perf_counter'] = time.get_clock_info('perf_counter')"
+             ".implementation\n"
+             "try:\n import pycuda; v['pycuda'] = pycuda.VERSION_TEXT\n"
+             "except Exception: pass\n"
+             "try:\n import pycuda.driver as d; d.init(); "
+             "v['cuda_driver'] = '.'.join(map(str, d.get_version()))\n"
+             "except Exception: pass\nprint(json.dumps(v))")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "python"),
+                                                    env.get("PYTHONPATH", "")) if p)
+    out = command_output([python, "-c", probe], env)
+    try:
+        return json.loads(out) if out else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def git_version() -> str:
+    head = command_output(["git", "rev-parse", "--short", "HEAD"])
+    if head is None:
+        return "unknown"
+    dirty = command_output(["git", "status", "--porcelain", "--untracked-files=no"])
+    return head + (" (with uncommitted changes)" if dirty else "")
+
+
+def machine_name(info: Json) -> str:
+    if info.get("backend") == "cuda":
+        name = str(info.get("device_name", "gpu"))
+        if "H200" in name.upper():
+            return "h200"
+        slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+        return slug.removeprefix("nvidia-") or "gpu"
+    return f"cpu-{os.cpu_count() or 1}core"
+
+
+def load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def describe_machine(info: Json, args: argparse.Namespace, wall_s: float,
+                     load_start: float | None) -> Json:
+    try:
+        import matplotlib
+
+        mpl: str | None = matplotlib.__version__
+    except ImportError:
+        mpl = None
+    gpu = command_output(["nvidia-smi", "--query-gpu=name,driver_version",
+                          "--format=csv,noheader"]) if shutil.which("nvidia-smi") else None
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "mode": "quick" if args.quick else "full",
+        "command": " ".join(["bench/run", *sys.argv[1:]]),
+        "wall_s": wall_s,
+        "load_start": load_start,
+        "load_end": load_average(),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": memory_gib(),
+        "os": f"{platform.system()} {platform.release()}",
+        "backend": info.get("backend"),
+        "requested_backend": info.get("requested_backend"),
+        "backend_reason": info.get("reason"),
+        "device_name": info.get("device_name"),
+        "device_info": info.get("device_info"),
+        "nvidia_smi": gpu,
+        "erlcuda": git_version(),
+        "otp": info.get("otp_version"),
+        "erts": info.get("erts_version"),
+        "schedulers": info.get("schedulers"),
+        "worker_python": info.get("worker_python"),
+        "worker": worker_versions(str(info.get("worker_python") or "python3")),
+        "bench_python": sys.version.split()[0],
+        "matplotlib": mpl,
+    }
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+def fnum(x: float | None, digits: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if abs(x) >= 1e6:
+        return f"{x:,.0f}"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}f}"
+
+
+def sci(n: float) -> str:
+    """1000 -> 1e3, 16000000 -> 1.6e7."""
+    mantissa, exponent = f"{n:.2g}".split("e") if "e" in f"{n:.2g}" else (f"{n:g}", "0")
+    return mantissa if exponent == "0" else f"{mantissa}e{int(exponent)}"
+
+
+def size_label(kernel: str, size: int) -> str:
+    if kernel == "matmul":
+        return f"{size}x{size}"
+    return sci(size)
+
+
+def table(head: Sequence[str], rows: Iterable[Sequence[str]], align: str = "") -> list[str]:
+    aligns = align or "l" + "r" * (len(head) - 1)
+    sep = ["---:" if a == "r" else "---" for a in aligns]
+    out = ["| " + " | ".join(head) + " |", "| " + " | ".join(sep) + " |"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def report(summary: Json, plots: list[str], plot_note: str | None) -> tuple[str, str]:
+    """The report, and the part of it printed on stdout (everything but the appendix)."""
+    m = summary["machine"]
+    cpu_only = m["backend"] != "cuda"
+    lines = [f"# erlcuda benchmark: {summary['machine_name']} ({m['mode']} mode)", ""]
+    mem = f", {m['memory_gib']:.0f} GiB" if m["memory_gib"] else ""
+    w = m["worker"]
+    lines += [
+        f"- Date: {m['date']}; wall time {m['wall_s']:.0f} s; `{m['command']}`",
+        f"- Machine: {m['cpu']} ({m['cores']} cores{mem}), {m['os']}; load average "
+        f"(1 min) {fnum(m['load_start'], 2)} at the start, {fnum(m['load_end'], 2)} at the "
+        "end (other work on the machine skews the figures)",
+        f"- GPU: {m['device_name']}" + (f" (nvidia-smi: {m['nvidia_smi']})"
+                                        if m["nvidia_smi"] else "")
+        if not cpu_only else "- GPU: none used",
+        f"- Backend: **{m['backend']}** ({m['backend_reason']})"
+        + ("; **this run used the CPU backend (numpy), not a GPU**" if cpu_only else ""),
+        f"- Versions: erlcuda {m['erlcuda']}; Erlang/OTP {m['otp']} (ERTS {m['erts']}, "
+        f"{m['schedulers']} schedulers); worker Python {w.get('python', '?')}, numpy "
+        f"{w.get('numpy', '?')}, PyCUDA {w.get('pycuda', 'not installed')}"
+        + (f", CUDA driver API {w['cuda_driver']}" if "cuda_driver" in w else "")
+        + f"; bench Python {m['bench_python']}, matplotlib {m['matplotlib'] or 'not installed'}",
+        "",
+    ]
+
+    body: list[str] = []
+    body += ["## Targets", ""]
+    if cpu_only:
+        body += ["The targets are set for one H200 with the CUDA backend; on the CPU backend "
+                 "they are shown for reference only.", ""]
+    body += table(["target", "goal", "measured", "status"], (
+        [t["target"], ("≤ " if t["at_most"] else "≥ ") + f"{fnum(t['goal'])} {t['unit']}",
+         "-" if t["measured"] is None else f"{fnum(t['measured'])} {t['unit']}",
+         f"**{t['status']}**"] for t in summary["targets"]), "lrrl")
+    body.append("")
+
+    if summary["latency"]:
+        body += ["## Latency: full stack against the pure backend call (µs)", "",
+                 "Full = `erlcuda:launch_sync/3` timed in the Erlang caller; pure = the same "
+                 "backend call (`device.run`) timed inside the worker on the device thread; "
+                 "both on the same inputs, job by job in one shuffled order. Overhead at pN = "
+                 "full pN - pure pN; the CI is a 2000-resample bootstrap of the difference of "
+                 "medians.", ""]
+        body += table(
+            ["kernel", "size", "n", "full p50", "p90", "p99", "pure p50", "p90", "p99",
+             "overhead p50 [95% CI]", "p90", "p99"],
+            ([r["kernel"], size_label(r["kernel"], r["size"]), str(r["n"]),
+              *(fnum(r["full_us"][q]) for q in ("p50", "p90", "p99")),
+              *(fnum(r["pure_us"][q]) for q in ("p50", "p90", "p99")),
+              f"{fnum(r['overhead_us']['p50'])} [{fnum(r['overhead_p50_ci95_us'][0])}, "
+              f"{fnum(r['overhead_p50_ci95_us'][1])}]",
+              fnum(r["overhead_us"]["p90"]), fnum(r["overhead_us"]["p99"])]
+             for r in summary["latency"]))
+        body.append("")
+
+    if summary["stages"]:
+        st = summary["stages"]
+        body += ["## Where one job's time goes (p50, µs)", "",
+                 "Traced jobs (`{trace, true}`), one at a time. Each stage is timed on one "
+                 "clock (Erlang's monotonic clock or the worker's perf_counter); the port "
+                 "transit is the total less every other stage. Where both clocks are the "
+                 "OS's CLOCK_MONOTONIC (clock \"aligned\"), the transit is split into its two "
+                 "hops (a hop may read slightly negative when the worker has read the "
+                 "frame before `launch/3` returned). Medians do not add up exactly to the "
+                 "median total.", ""]
+        head = ["stage", "clock", *(f"{r['kernel']} {size_label(r['kernel'], r['size'])}"
+                                    for r in st)]
+        rows = [[label, clock, *(fnum(r["stages_us"][key]["p50"]) for r in st)]
+                for key, label, clock in STAGES if key in st[0]["stages_us"]]
+        rows.append(["echo of the input bytes (bare transport round trip)", "Erlang",
+                     *(fnum(r["echo_us"]["p50"]) for r in st)])
+        body += table(head, rows, "ll" + "r" * len(st))
+        body.append("")
+
+    if summary["throughput"]:
+        tp = summary["throughput"]
+        keys = sorted({(r["kernel"], r["callers"]) for r in tp},
+                      key=lambda k: (KERNELS.index(k[0]), k[1]))
+        by = {(r["kernel"], r["callers"], r["batching"]): r for r in tp}
+
+        def cells(r: Json | None) -> list[str]:
+            if r is None:
+                return ["-"] * 4
+            err = f" ({r['errors']} errors)" if r["errors"] else ""
+            return [fnum(r["jobs_per_s"]) + err, fnum(r["jobs_per_launch"]),
+                    fnum(r["latency_us"]["p50"]), fnum(r["latency_us"]["p99"])]
+
+        size = tp[0]["size"]
+        body += [f"## Throughput: concurrent callers, {size}-element jobs", "",
+                 "Each caller loops `launch_sync` until the deadline; jobs/s = jobs "
+                 "completed / wall time until the last caller finished. Batching off "
+                 "restarts the application with `batching` false (one job per launch).", ""]
+        body += table(["kernel", "callers", "on: jobs/s", "jobs/launch", "p50 µs", "p99 µs",
+                       "off: jobs/s", "jobs/launch", "p50 µs", "p99 µs"],
+                      ([k, str(n), *cells(by.get((k, n, True))), *cells(by.get((k, n, False)))]
+                       for k, n in keys))
+        body.append("")
+
+    if summary["bandwidth"]:
+        body += ["## Large payloads: vector_add end to end beside the bare transport", "",
+                 "Bytes per job = inputs + result (12 bytes an element); GB/s = bytes / wall "
+                 "time of the calls. The echo moves as many bytes, half each way (the job "
+                 "moves two thirds in, one third out), through the same port, worker reader "
+                 "and the control thread; it also pays one copy in the port owner's "
+                 "`term_to_binary`, which a launch does not. Backend = the pure backend call "
+                 "alone (p50), as GB/s of the same bytes.", ""]
+        body += table(["elements", "MB/job", "n", "vector_add ms p50", "vector_add GB/s",
+                       "echo ms p50", "echo GB/s", "backend ms p50", "backend GB/s"],
+                      ([sci(r["size"]), f"{r['bytes_per_job'] / 1e6:.0f}", str(r["n"]),
+                        f"{r['full_ms_p50']:.2f}", f"{r['full_gbs']:.2f}",
+                        f"{r['echo_ms_p50']:.2f}", f"{r['echo_gbs']:.2f}",
+                        f"{r['pure_ms_p50']:.2f}", f"{r['pure_gbs']:.2f}"]
+                       for r in summary["bandwidth"]))
+        body.append("")
+
+    appendix = ["## Plots", ""]
+    appendix += [f"![{p}]({p})" for p in plots] or [f"No plots: {plot_note}"]
+    appendix += ["", "## Method", "",
+                 "One `erl -noshell` node runs everything (`bench/erlcuda_bench.erl`), with "
+                 "the application env `backend`, `cpu_devices` 1, `max_queue` 100000; all "
+                 "inputs are little-endian f32 binaries and every launch uses "
+                 "`{format, binary}`. Each kernel and size is warmed up before timing. The "
+                 "number of iterations per size is the most that fits the section's time "
+                 "budget, between a floor and a ceiling (the n columns). Raw samples are in "
+                 "`raw/samples.json`, the figures in `results.json`.", ""]
+    # On stdout, the tables without the paragraphs that explain them (the device tool keeps
+    # only the last 12,000 characters of a run's output).
+    terse: list[str] = []
+    for line in body:
+        keep = not line or line[0] in "|#" or line.startswith("The targets")
+        if keep and not (not line and terse and not terse[-1]):
+            terse.append(line)
+    return "\n".join(lines + body + appendix), "\n".join(lines + terse)
+
+
+# -- the plots -------------------------------------------------------------------------------
+
+
+def make_plots(summary: Json, out: Path) -> tuple[list[str], str | None]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [], "matplotlib is not installed (pip install matplotlib)"
+    made: list[str] = []
+    backend = summary["machine"]["backend"]
+    title_tail = f" — {summary['machine_name']}, {backend} backend"
+    plotters: list[tuple[str, Callable[[Any, Json, str], bool]]] = [
+        ("latency.png", plot_latency), ("throughput.png", plot_throughput),
+        ("bandwidth.png", plot_bandwidth), ("stages.png", plot_stages)]
+    for name, fn in plotters:
+        if fn(plt, summary, title_tail):
+            plt.savefig(out / name, dpi=110, bbox_inches="tight")
+            made.append(name)
+        plt.close("all")
+    return made, None
+
+
+def compact(value: float) -> str:
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:g}{suffix}"
+    return f"{value:g}"
+
+
+def tidy_log_axes(ax: Any, xs: Sequence[float], xlabels: Sequence[str]) -> None:
+    """Ticks at the measured x values; y labels as 2, 5, 10, 20k... instead of 2x10^4."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    def minor(value: float, _pos: int) -> str:
+        mantissa = value / 10 ** math.floor(math.log10(value)) if value > 0 else 0
+        return compact(value) if round(mantissa) in (2, 5) else ""
+
+    ax.set_xticks(list(xs), list(xlabels))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: compact(v)))
+    ax.yaxis.set_minor_formatter(FuncFormatter(minor))
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+
+
+def plot_latency(plt: Any, summary: Json, tail: str) -> bool:
+    rows = summary["latency"]
+    kernels = [k for k in KERNELS if any(r["kernel"] == k for r in rows)]
+    if not kernels:
+        return False
+    fig, axes = plt.subplots(1, len(kernels), figsize=(4.2 * len(kernels), 4), squeeze=False)
+    for ax, k in zip(axes[0], kernels, strict=True):
+        rs = sorted((r for r in rows if r["kernel"] == k), key=lambda r: r["size"])
+        x = [r["size"] for r in rs]
+        for key, label, color in (("full_us", "full stack", "C0"), ("pure_us", "pure backend",
+                                                                      "C1")):
+            p50 = [r[key]["p50"] for r in rs]
+            ax.plot(x, p50, "o-", color=color, label=f"{label} p50")
+            ax.fill_between(x, p50, [r[key]["p99"] for r in rs], color=color, alpha=0.15,
+                            label=f"{label} p50-p99")
+        ax.plot(x, [max(r["overhead_us"]["p50"], 1e-3) for r in rs], "s:", color="C2",
+                label="overhead p50")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        tidy_log_axes(ax, x, [size_label(k, n) for n in x])
+        ax.set_xlabel("matrix side n (nxn)" if k == "matmul" else "elements")
+        ax.set_title(k)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("latency (µs)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Latency: full stack vs pure backend call" + tail)
+    return True
+
+
+def plot_throughput(plt: Any, summary: Json, tail: str) -> bool:
+    rows = summary["throughput"]
+    kernels = [k for k in KERNELS if any(r["kernel"] == k for r in rows)]
+    if not kernels:
+        return False
+    fig, axes = plt.subplots(1, len(kernels), figsize=(5 * len(kernels), 4), squeeze=False)
+    for ax, k in zip(axes[0], kernels, strict=True):
+        for batching, style in ((True, "o-"), (False, "s--")):
+            rs = sorted((r for r in rows if r["kernel"] == k and r["batching"] is batching),
+                        key=lambda r: r["callers"])
+            if rs:
+                ax.plot([r["callers"] for r in rs], [r["jobs_per_s"] for r in rs], style,
+                        label=f"batching {'on' if batching else 'off'}")
+        if k == "vector_add":
+            ax.axhline(TARGET_JOBS_PER_S, color="grey", ls=":", label="target (H200)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        callers = sorted({r["callers"] for r in rows})
+        tidy_log_axes(ax, callers, [str(c) for c in callers])
+        ax.set_xlabel("concurrent callers")
+        ax.set_title(f"{k}, {rows[0]['size']} elements")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("jobs / s")
+    fig.suptitle("Throughput" + tail)
+    return True
+
+
+def plot_bandwidth(plt: Any, summary: Json, tail: str) -> bool:
+    rows = sorted(summary["bandwidth"], key=lambda r: r["size"])
+    if not rows:
+        return False
+    _fig, ax = plt.subplots(figsize=(6, 4))
+    x = [r["size"] for r in rows]
+    ax.plot(x, [r["full_gbs"] for r in rows], "o-", label="vector_add end to end")
+    ax.plot(x, [r["echo_gbs"] for r in rows], "s--", label="echo, same bytes (transport)")
+    ax.plot(x, [r["pure_gbs"] for r in rows], "^:", label="backend call alone")
+    ax.axhline(TARGET_BANDWIDTH_GBS, color="grey", ls=":", label="target (H200)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    tidy_log_axes(ax, x, [sci(n) for n in x])
+    ax.set_xlabel("elements per vector")
+    ax.set_ylabel("GB/s (inputs + result)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Large-payload bandwidth" + tail, fontsize=10)
+    return True
+
+
+def plot_stages(plt: Any, summary: Json, tail: str) -> bool:
+    rows = summary["stages"]
+    if not rows:
+        return False
+    have = rows[0]["stages_us"]
+    split = "request_hop" in have
+    parts = [s for s in STAGES if s[0] in have and s[0] != "total"
+             and not (split and s[0] == "transit")]
+    _fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * len(rows)))
+    labels = [f"{r['kernel']} {size_label(r['kernel'], r['size'])}" for r in rows]
+    for i, r in enumerate(rows):
+        total = max(sum(max(r["stages_us"][k]["p50"], 0.0) for k, _, _ in parts), 1e-9)
+        left = 0.0
+        for j, (key, label, _) in enumerate(parts):
+            share = 100.0 * max(r["stages_us"][key]["p50"], 0.0) / total
+            ax.barh(i, share, left=left, color=f"C{j}", label=label if i == 0 else None)
+            left += share
+        ax.text(101, i, f"{r['stages_us']['total']['p50']:,.0f} µs", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), labels)
+    ax.set_xlim(0, 115)
+    ax.set_xlabel("share of the job's time (stage p50s, %)")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)
+    ax.set_title("Where one job's time goes" + tail, fontsize=10)
+    return True
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="about a minute (the default)")
+    mode.add_argument("--full", action="store_true", help="every size, stable p99")
+    parser.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--out", type=Path, help="default: bench/results/<machine>")
+    parser.add_argument("--only", choices=SECTIONS, action="append",
+                        help="run only this section (repeatable)")
+    parser.add_argument("--seed", type=int, default=20240601)
+    parser.add_argument("--report-only", type=Path, metavar="DIR",
+                        help="run nothing: rewrite DIR's report, results.json and plots from "
+                             "DIR/raw/samples.json")
+    args = parser.parse_args(argv)
+    args.quick = not args.full
+
+    if args.report_only is not None:
+        raw = json.loads((args.report_only / "raw" / "samples.json").read_text())
+        write_outputs(args.report_only, raw["info"], raw["results"], raw["machine"],
+                      raw["config"], raw.get("seed", args.seed))
+        return 0
+
+    started = time.monotonic()
+    load_start = load_average()
+    ebin = app_ebin()
+    compile_bench(ebin)
+    config = plan("quick" if args.quick else "full")
+    config["sections"] = list(args.only or SECTIONS)
+    info, results = run_node(ebin, config, args.backend, args.seed)
+    machine = describe_machine(info, args, time.monotonic() - started, load_start)
+    out: Path = args.out or ROOT / "bench" / "results" / machine_name(info)
+    (out / "raw").mkdir(parents=True, exist_ok=True)
+    write_json(out / "raw" / "samples.json", {"info": info, "results": results,
+                                              "machine": machine, "config": config,
+                                              "seed": args.seed})
+    write_outputs(out, info, results, machine, config, args.seed)
+    return 0
+
+
+def write_outputs(out: Path, info: Json, results: list[Json], machine: Json, config: Json,
+                  seed: int) -> None:
+    """Figures, report and plots from the node's events; the report's tables on stdout."""
+    rng = np.random.default_rng(seed)
+    by_section: dict[str, list[Json]] = {s: [] for s in SECTIONS}
+    for r in results:
+        by_section[str(r["section"])].append(r)
+    aligned = clock_aligned(machine["worker"], by_section["stages"])
+    summary: Json = {
+        "machine_name": machine_name(info),
+        "machine": machine,
+        "latency": summarize_latency(by_section["latency"], rng),
+        "stages": summarize_stages(by_section["stages"], aligned),
+        "bandwidth": summarize_bandwidth(by_section["bandwidth"]),
+        "throughput": summarize_throughput(by_section["throughput"]),
+        "config": config,
+    }
+    summary["targets"] = targets(summary)
+    write_json(out / "results.json", summary)
+    plots, plot_note = make_plots(summary, out)
+    text, printed = report(summary, plots, plot_note)
+    (out / "report.md").write_text(text + "\n")
+    say(sys.stdout, printed)
+    say(sys.stdout, f"\nbench: wrote {display(out)}/report.md, results.json, "
+        + (", ".join(plots) if plots else f"no plots ({plot_note})")
+        + f"; raw samples in {display(out)}/raw/ (run took {machine['wall_s']:.0f} s)")
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=1, default=str) + "\n")
+
+
+def display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def say(stream: TextIO, text: str) -> None:
+    stream.write(text + "\n")
+    stream.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
