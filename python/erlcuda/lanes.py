@@ -9,9 +9,9 @@ jobs arrived, so one caller's jobs to one device are answered in the order launc
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -21,10 +21,12 @@ import numpy as np
 
 from . import etf, protocol
 from .backends.base import Backend, BackendError, Device
-from .framing import FrameWriter
+from .framing import FrameError, FrameWriter
 from .kernels import Request
 
 log = logging.getLogger("erlcuda.lane")
+
+_STOP = object()  # queued by stop(): the lane ends once it reaches it
 
 
 @dataclass(slots=True)
@@ -81,24 +83,18 @@ class Lane(threading.Thread):
         self.ready = threading.Event()
         self.device_info: dict[str, Any] = {}
         self.memory = 1 << 62  # device memory in bytes, where the backend says
-        self._queue: deque[Job | Control] = deque()
-        self._cond = threading.Condition(threading.Lock())
-        self._stopping = False
+        self._queue: queue.SimpleQueue[Job | Control | object] = queue.SimpleQueue()
+        self._held: Job | Control | object | None = None
 
     # -- called from other threads ---------------------------------------------------------
     def submit(self, item: Job | Control) -> None:
-        with self._cond:
-            self._queue.append(item)
-            if len(self._queue) == 1:
-                self._cond.notify()
+        self._queue.put(item)
 
     def depth(self) -> int:
-        return len(self._queue)
+        return self._queue.qsize() + (self._held is not None)
 
     def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
+        self._queue.put(_STOP)
 
     # -- the lane's own thread -------------------------------------------------------------
     def run(self) -> None:
@@ -136,25 +132,28 @@ class Lane(threading.Thread):
         return None
 
     def _take(self) -> list[Job] | Control | None:
-        with self._cond:
-            while not self._queue:
-                if self._stopping:
-                    return None
-                self._cond.wait()
-            if isinstance(self._queue[0], Control):
-                return self._queue.popleft()  # type: ignore[return-value]
-            batch: list[Job] = []
-            elements = 0
-            while self._queue and len(batch) < self.max_batch:
-                job = self._queue[0]
-                if isinstance(job, Control):
-                    break
-                if batch and elements + job.elements > self.max_elements:
-                    break
-                batch.append(job)
-                elements += job.elements
-                self._queue.popleft()
-            return batch
+        # SimpleQueue is C code with a cheap wake-up; what is already queued is drained
+        # without blocking, and an item that does not fit this batch is held for the next.
+        first = self._held if self._held is not None else self._queue.get()
+        self._held = None
+        if first is _STOP:
+            return None
+        if isinstance(first, Control):
+            return first
+        batch: list[Job] = [first]
+        elements = first.elements
+        while len(batch) < self.max_batch:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Job) and elements + item.elements <= self.max_elements:
+                batch.append(item)
+                elements += item.elements
+            else:
+                self._held = item
+                break
+        return batch
 
     def _control(self, item: Control, device: Device | None) -> None:
         try:
@@ -220,6 +219,9 @@ class Lane(threading.Thread):
                                                                result, job.trace)))
             else:
                 frames.append(etf.encode(protocol.reply(job.reply_to, job.job_id, result)))
-        self.writer.write_many(frames)
+        try:
+            self.writer.write_many(frames)
+        except FrameError:
+            log.warning("device %d: replies dropped, the port is closed", self.index)
         if fatal is not None:
             self.on_fatal(fatal)
