@@ -66,6 +66,9 @@ soak_rounds(Deadline, Round, Acc) ->
             Acc;
         true ->
             Kill = case Round rem 3 of 0 -> 300; _ -> undefined end,
+            %% each round starts with a worker that is up: a restart after a kill (which on
+            %% a GPU compiles nothing but does create the contexts) is not a round of errors
+            wait_up(100),
             R = run(#{processes => 200, jobs => 100, kill_after_ms => Kill}),
             io:format("round ~b~s: ~b jobs, ~b right, ~b errors, lost ~b, duplicated ~b, "
                       "~.1f s~n",
@@ -88,6 +91,14 @@ print(#{jobs := Jobs, replies := Replies, right := Right, wrong := Wrong, lost :
     io:format("memory before: node ~b MiB, worker ~p MiB; after: node ~b MiB, worker ~p MiB~n",
               [maps:get(node, B) bsr 20, mib(maps:get(worker, B)),
                maps:get(node, A) bsr 20, mib(maps:get(worker, A))]).
+
+wait_up(0) ->
+    ok;
+wait_up(N) ->
+    case catch erlcuda:info() of
+        #{worker_status := up} -> ok;
+        _ -> timer:sleep(100), wait_up(N - 1)
+    end.
 
 mib(undefined) -> undefined;
 mib(Bytes) -> Bytes bsr 20.

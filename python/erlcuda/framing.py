@@ -25,18 +25,26 @@ class FrameError(Exception):
 
 
 class FrameReader:
-    """Reads frames from a file descriptor, one freshly allocated ``bytearray`` per frame.
+    """Reads frames from a file descriptor, each into a buffer of its own.
 
-    A fresh buffer per frame is deliberate: decoded binaries are memoryviews into it, and they
-    must stay valid while jobs hold them after the next frame has been read.
+    Decoded binaries are memoryviews into a frame's buffer and stay valid while jobs hold
+    them, so a buffer is never reused while any view of it lives. Small frames get a fresh
+    ``bytearray``; large ones come from a small pool of buffers whose pages are already
+    mapped (a fresh 128 MB buffer costs tens of thousands of page faults as it is filled).
     """
+
+    #: Frames at least this large use the pool.
+    POOL_MIN = 1 << 20
+    #: Pooled bytes kept at most, free or in use.
+    POOL_BYTES = 1 << 30
 
     def __init__(self, fd: int, *, max_frame: int = MAX_FRAME) -> None:
         # What open(fd, "rb", buffering=65536, closefd=False) builds, spelled out for typing.
         self._file = io.BufferedReader(io.FileIO(fd, "rb", closefd=False), buffer_size=65536)
         self._max_frame = max_frame
+        self._pool: list[bytearray] = []
 
-    def read(self) -> bytearray | None:
+    def read(self) -> bytearray | memoryview | None:
         """Return the next frame's body, or ``None`` on end of file between frames."""
         header = bytearray(4)
         got = self._fill(header)
@@ -47,13 +55,29 @@ class FrameReader:
         n = _header.unpack(header)[0]
         if n > self._max_frame:
             raise FrameError(f"frame of {n} bytes is over the {self._max_frame} byte limit")
-        body = bytearray(n)
+        body: bytearray | memoryview = bytearray(n) if n < self.POOL_MIN else self._pooled(n)
         got = self._fill(body)
         if got < n:
             raise FrameError(f"end of file inside a frame ({got} of {n} bytes)")
         return body
 
-    def _fill(self, buf: bytearray) -> int:
+    def _pooled(self, n: int) -> memoryview:
+        """A view of ``n`` bytes of a pooled buffer that no live view uses any more."""
+        for buf in self._pool:
+            if n <= len(buf) <= 2 * n and _unused(buf):
+                return memoryview(buf)[:n]
+        buf = bytearray(n)
+        if sum(map(len, self._pool)) + n > self.POOL_BYTES:
+            free = [b for b in self._pool if _unused(b)]
+            for b in sorted(free, key=len, reverse=True):
+                if sum(map(len, self._pool)) + n <= self.POOL_BYTES:
+                    break
+                self._pool.remove(b)
+        if sum(map(len, self._pool)) + n <= self.POOL_BYTES:
+            self._pool.append(buf)
+        return memoryview(buf)[:n]
+
+    def _fill(self, buf: bytearray | memoryview) -> int:
         """Read into ``buf`` until it is full or the file ends; return the bytes read."""
         got = 0
         with memoryview(buf) as view:
@@ -70,6 +94,16 @@ class FrameReader:
     def close(self) -> None:
         """Close the reader (the file descriptor itself stays open)."""
         self._file.close()
+
+
+def _unused(buf: bytearray) -> bool:
+    """Whether no memoryview of ``buf`` is alive: a bytearray with exports cannot resize."""
+    try:
+        buf.append(0)
+    except BufferError:
+        return False
+    del buf[-1]
+    return True
 
 
 def _iov_max() -> int:

@@ -89,8 +89,9 @@ def test_round_trips() -> None:
             got.append(frame)
         finish(thread)
     assert [bytes(f) for f in got[:4]] == [b"hello", b"", b"", b"abcdef"]
-    # One preallocated buffer of the exact size, not something grown by concatenation.
-    assert type(got[4]) is bytearray and len(got[4]) == len(big)
+    # One preallocated buffer (from the pool, for a large frame), never grown by concatenation.
+    assert type(got[4]) is memoryview and len(got[4]) == len(big)
+    assert type(got[4].obj) is bytearray
     assert got[4] == big
     assert len(got) == len(frames)
 
@@ -212,3 +213,22 @@ def test_read_allocates_the_frame_once() -> None:
         finish(thread)
     assert frame == body
     assert peak < len(body) + (1 << 20)
+
+
+def test_large_frame_buffers_are_reused_only_once_no_view_is_left() -> None:
+    size = FrameReader.POOL_MIN
+    with pipe() as p:
+        writer = FrameWriter(p.w)
+        thread = in_thread(lambda: [writer.write([bytes([i]) * size]) for i in range(3)])
+        reader = FrameReader(p.r)
+        first = reader.read()
+        second = reader.read()  # the first is still held: another buffer
+        assert first is not None and second is not None
+        assert first.obj is not second.obj  # type: ignore[union-attr]
+        assert bytes(first[:1]) == b"\x00" and bytes(second[:1]) == b"\x01"
+        held = first.obj  # type: ignore[union-attr]
+        del first
+        third = reader.read()  # the first buffer is free again and is refilled
+        assert third is not None and third.obj is held  # type: ignore[union-attr]
+        assert bytes(third[-1:]) == b"\x02" and bytes(second[-1:]) == b"\x01"
+        finish(thread)
