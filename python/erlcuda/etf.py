@@ -221,8 +221,43 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, int]:
     """
     tag = buf[pos]
     pos += 1
+    # The tags of a launch message first, commonest first: this is the worker's hot path.
+    if tag == SMALL_ATOM_UTF8_EXT or tag == ATOM_EXT:
+        if tag == ATOM_EXT:
+            n = _u16(buf, pos)[0]
+            pos += 2
+        else:
+            n = buf[pos]
+            pos += 1
+        end = pos + n
+        if end > len(buf):
+            raise CodecError("truncated atom")
+        atom = _ATOM_CACHE.get((tag == SMALL_ATOM_UTF8_EXT, buf[pos:end].tobytes()))
+        if atom is not None:
+            return atom, end
+        return _atom(buf, pos, n, tag == SMALL_ATOM_UTF8_EXT), end
+    if tag == SMALL_TUPLE_EXT:
+        n = buf[pos]
+        pos += 1
+        if n > len(buf) - pos:
+            raise CodecError(f"tuple arity {n} exceeds the input")
+        if depth <= 0:
+            raise CodecError("term nested too deeply")
+        depth -= 1
+        items: list[Any] = []
+        for _ in range(n):
+            item, pos = _dec(buf, pos, depth, key)
+            items.append(item)
+        return tuple(items), pos
     if tag == SMALL_INTEGER_EXT:
         return buf[pos], pos + 1
+    if tag == BINARY_EXT:
+        n = _u32(buf, pos)[0]
+        pos += 4
+        end = pos + n
+        if end > len(buf):
+            raise CodecError(f"binary size {n} exceeds the input")
+        return (bytes(buf[pos:end]) if key else buf[pos:end]), end
     if tag == INTEGER_EXT:
         return _i32(buf, pos)[0], pos + 4
     if tag == NEW_FLOAT_EXT:
@@ -230,12 +265,9 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, int]:
         if not math.isfinite(value):
             raise CodecError("non-finite float")
         return value, pos + 8
-    if tag == SMALL_ATOM_UTF8_EXT:
-        n = buf[pos]
-        return _atom(buf, pos + 1, n, True), pos + 1 + n
-    if tag == ATOM_EXT or tag == ATOM_UTF8_EXT:
+    if tag == ATOM_UTF8_EXT:
         n = _u16(buf, pos)[0]
-        return _atom(buf, pos + 2, n, tag == ATOM_UTF8_EXT), pos + 2 + n
+        return _atom(buf, pos + 2, n, True), pos + 2 + n
     if tag == SMALL_ATOM_EXT:
         n = buf[pos]
         return _atom(buf, pos + 1, n, False), pos + 1 + n
@@ -255,13 +287,6 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, int]:
             item, pos = _dec(buf, pos, depth - 1, key)
             items.append(item)
         return tuple(items), pos
-    if tag == BINARY_EXT:
-        n = _u32(buf, pos)[0]
-        pos += 4
-        end = pos + n
-        if end > len(buf):
-            raise CodecError(f"binary size {n} exceeds the input")
-        return (bytes(buf[pos:end]) if key else buf[pos:end]), end
     if tag == NIL_EXT:
         return [], pos
     if tag == LIST_EXT:
