@@ -400,7 +400,9 @@ config() ->
     Root = erlcuda_paths:root(),
     Args = ["-m", "erlcuda", "serve", "--backend", atom_to_list(Backend),
             "--cpu-devices", integer_to_list(CpuDevices),
-            "--max-batch", integer_to_list(MaxBatch)]
+            "--max-batch", integer_to_list(MaxBatch),
+            "--spin-us", integer_to_list(Env(spin_us))
+           | Env(worker_args)]
         ++ [ "--test-hooks" || application:get_env(erlcuda, test_hooks) =:= {ok, true}],
     {ok, #{python => erlcuda_paths:python(Root, Env(python)),
            args => Args,

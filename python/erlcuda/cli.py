@@ -44,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     backend_args(serve)
     serve.add_argument("--max-batch", type=int, default=256,
                        help="largest batch (1 turns batching off)")
+    serve.add_argument("--spin-us", type=int, default=0, metavar="US",
+                       help="device threads poll this long for more work before sleeping")
+    serve.add_argument("--switch-interval-us", type=int, default=0, metavar="US",
+                       help="the interpreter's thread switch interval (0: Python's default)")
     serve.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -111,8 +115,11 @@ def _serve(args: argparse.Namespace) -> int:
     writer = FrameWriter(4)
     logs.to_erlang(writer)
     logs.capture_std_streams()
+    if args.switch_interval_us:
+        sys.setswitchinterval(args.switch_interval_us / 1e6)
     options = Options(backend=args.backend, cpu_devices=args.cpu_devices,
-                      max_batch=args.max_batch, test_hooks=args.test_hooks)
+                      max_batch=args.max_batch, test_hooks=args.test_hooks,
+                      spin_us=args.spin_us)
     worker = Worker(FrameReader(3), writer, options)
     return worker.serve()
 

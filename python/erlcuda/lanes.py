@@ -70,6 +70,7 @@ class Lane(threading.Thread):
         max_elements: int,
         on_fatal: Callable[[str], None],
         unavailable: str | None = None,
+        spin_us: int = 0,
     ) -> None:
         super().__init__(name=f"erlcuda-device-{index}", daemon=True)
         self.index = index
@@ -79,6 +80,7 @@ class Lane(threading.Thread):
         self.max_elements = max_elements
         self.on_fatal = on_fatal
         self.unavailable = unavailable
+        self.spin_ns = spin_us * 1000
         self.stats = Stats()
         self.ready = threading.Event()
         self.device_info: dict[str, Any] = {}
@@ -134,7 +136,7 @@ class Lane(threading.Thread):
     def _take(self) -> list[Job] | Control | None:
         # SimpleQueue is C code with a cheap wake-up; what is already queued is drained
         # without blocking, and an item that does not fit this batch is held for the next.
-        first = self._held if self._held is not None else self._queue.get()
+        first = self._held if self._held is not None else self._next()
         self._held = None
         if first is _STOP:
             return None
@@ -154,6 +156,27 @@ class Lane(threading.Thread):
                 self._held = item
                 break
         return batch
+
+    def _next(self) -> Job | Control | object:
+        """The next item; for ``spin_ns`` after the last one, poll instead of sleeping.
+
+        A thread woken from a sleep costs tens of microseconds (more in a virtual machine),
+        so a lane that has just worked polls briefly, yielding the GIL at each turn.
+        """
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            pass
+        if self.spin_ns:
+            clock = time.perf_counter_ns
+            deadline = clock() + self.spin_ns
+            while clock() < deadline:
+                time.sleep(0)
+                try:
+                    return self._queue.get_nowait()
+                except queue.Empty:
+                    pass
+        return self._queue.get()
 
     def _control(self, item: Control, device: Device | None) -> None:
         try:

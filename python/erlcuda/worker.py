@@ -36,6 +36,7 @@ class Options:
     max_batch: int = 256
     max_batch_elements: int = 1 << 24
     test_hooks: bool = False
+    spin_us: int = 0
 
 
 class Worker:
@@ -60,7 +61,7 @@ class Worker:
         self.lanes = [
             Lane(i, self.backend, writer, max_batch=options.max_batch,
                  max_elements=options.max_batch_elements, on_fatal=self._fatal,
-                 unavailable=unavailable)
+                 unavailable=unavailable, spin_us=options.spin_us)
             for i in range(count)
         ]
         self._calls: queue.SimpleQueue[tuple[Any, Any, list[Any]] | None] = queue.SimpleQueue()
