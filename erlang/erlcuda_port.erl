@@ -401,7 +401,7 @@ config() ->
     Args = ["-m", "erlcuda", "serve", "--backend", atom_to_list(Backend),
             "--cpu-devices", integer_to_list(CpuDevices),
             "--max-batch", integer_to_list(MaxBatch),
-            "--spin-us", integer_to_list(Env(spin_us))
+            "--spin-us", case Env(spin_us) of auto -> "-1"; Us -> integer_to_list(Us) end
            | Env(worker_args)]
         ++ [ "--test-hooks" || application:get_env(erlcuda, test_hooks) =:= {ok, true}],
     {ok, #{python => erlcuda_paths:python(Root, Env(python)),

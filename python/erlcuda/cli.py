@@ -44,8 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     backend_args(serve)
     serve.add_argument("--max-batch", type=int, default=256,
                        help="largest batch (1 turns batching off)")
-    serve.add_argument("--spin-us", type=int, default=0, metavar="US",
-                       help="device threads poll this long for more work before sleeping")
+    serve.add_argument("--spin-us", type=int, default=-1, metavar="US",
+                       help="device threads poll this long for more work before sleeping "
+                            "(default: 300 on the cuda backend, 0 on cpu)")
     serve.add_argument("--switch-interval-us", type=int, default=0, metavar="US",
                        help="the interpreter's thread switch interval (0: Python's default)")
     serve.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)

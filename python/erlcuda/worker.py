@@ -27,6 +27,10 @@ log = logging.getLogger("erlcuda.worker")
 
 #: Exit status when a device's context is poisoned: Erlang restarts the worker.
 EXIT_FATAL = 70
+#: How long a GPU's thread polls for work before sleeping: waking a sleeping thread cost
+#: about 30 us a job on the H200 machine (bench/results/h200); the CPU backend's virtual
+#: devices share the cores with everything else, so they never poll.
+AUTO_SPIN_US = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +40,7 @@ class Options:
     max_batch: int = 256
     max_batch_elements: int = 1 << 24
     test_hooks: bool = False
-    spin_us: int = 0
+    spin_us: int = -1  # -1: AUTO_SPIN_US on a GPU, none on the CPU backend
 
 
 class Worker:
@@ -58,10 +62,13 @@ class Worker:
         self.backend_name = "cpu" if self.backend is None and options.backend == "cpu" else (
             self.backend.name if self.backend is not None else options.backend)
         log.info("%s", self.reason)
+        spin_us = options.spin_us
+        if spin_us < 0:
+            spin_us = AUTO_SPIN_US if self.backend_name == "cuda" else 0
         self.lanes = [
             Lane(i, self.backend, writer, max_batch=options.max_batch,
                  max_elements=options.max_batch_elements, on_fatal=self._fatal,
-                 unavailable=unavailable, spin_us=options.spin_us)
+                 unavailable=unavailable, spin_us=spin_us)
             for i in range(count)
         ]
         self._calls: queue.SimpleQueue[tuple[Any, Any, list[Any]] | None] = queue.SimpleQueue()
