@@ -237,18 +237,7 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, int]:
             return atom, end
         return _atom(buf, pos, n, tag == SMALL_ATOM_UTF8_EXT), end
     if tag == SMALL_TUPLE_EXT:
-        n = buf[pos]
-        pos += 1
-        if n > len(buf) - pos:
-            raise CodecError(f"tuple arity {n} exceeds the input")
-        if depth <= 0:
-            raise CodecError("term nested too deeply")
-        depth -= 1
-        items: list[Any] = []
-        for _ in range(n):
-            item, pos = _dec(buf, pos, depth, key)
-            items.append(item)
-        return tuple(items), pos
+        return _dec_tuple(buf, pos + 1, buf[pos], depth, key)
     if tag == SMALL_INTEGER_EXT:
         return buf[pos], pos + 1
     if tag == BINARY_EXT:
@@ -271,22 +260,8 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, int]:
     if tag == SMALL_ATOM_EXT:
         n = buf[pos]
         return _atom(buf, pos + 1, n, False), pos + 1 + n
-    if tag == SMALL_TUPLE_EXT or tag == LARGE_TUPLE_EXT:
-        if tag == SMALL_TUPLE_EXT:
-            n = buf[pos]
-            pos += 1
-        else:
-            n = _u32(buf, pos)[0]
-            pos += 4
-        if n > len(buf) - pos:
-            raise CodecError(f"tuple arity {n} exceeds the input")
-        if depth <= 0:
-            raise CodecError("term nested too deeply")
-        items: list[Any] = []
-        for _ in range(n):
-            item, pos = _dec(buf, pos, depth - 1, key)
-            items.append(item)
-        return tuple(items), pos
+    if tag == LARGE_TUPLE_EXT:
+        return _dec_tuple(buf, pos + 4, _u32(buf, pos)[0], depth, key)
     if tag == NIL_EXT:
         return [], pos
     if tag == LIST_EXT:
@@ -330,6 +305,18 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, int]:
         return value, end
     end = _opaque_end(buf, tag, pos, depth)
     return Opaque(bytes(buf[pos - 1 : end])), end
+
+
+def _dec_tuple(buf: memoryview, pos: int, n: int, depth: int, key: bool) -> tuple[Any, int]:
+    if n > len(buf) - pos:
+        raise CodecError(f"tuple arity {n} exceeds the input")
+    if depth <= 0:
+        raise CodecError("term nested too deeply")
+    items: list[Any] = []
+    for _ in range(n):
+        item, pos = _dec(buf, pos, depth - 1, key)
+        items.append(item)
+    return tuple(items), pos
 
 
 def _dec_list(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, int]:
