@@ -150,3 +150,31 @@ wait_empty(N) ->
         0 -> ok;
         _ -> timer:sleep(100), wait_empty(N - 1)
     end.
+
+%% backend = cuda asked for where it cannot start (no PyCUDA or no GPU, as in CI): the worker
+%% still runs and every launch answers backend_unavailable at once, with the reason.
+cuda_unavailable_test_() ->
+    with_app([{backend, cuda}], fun cuda_unavailable/0).
+
+cuda_unavailable() ->
+    case erlcuda:info() of
+        #{status := ok, backend := cuda} ->
+            ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]]));
+        Info ->
+            ?assertMatch(#{backend := cuda, status := {backend_unavailable, _}}, Info),
+            {error, {backend_unavailable, Why}} = erlcuda:launch(reduce, [[1.0]]),
+            ?assert(is_binary(Why) andalso byte_size(Why) > 0),
+            ?assertMatch({error, {backend_unavailable, _}},
+                         erlcuda:launch_sync(vector_add, [[1.0], [2.0]]))
+    end.
+
+paths_test() ->
+    Root = erlcuda_paths:root(),
+    ?assert(filelib:is_regular(filename:join([Root, "python", "erlcuda", "__init__.py"]))),
+    Saved = os:getenv("ERLCUDA_PYTHON"),
+    os:putenv("ERLCUDA_PYTHON", "/opt/python-of-choice"),
+    ?assertEqual("/opt/python-of-choice", erlcuda_paths:python(Root, default)),
+    os:unsetenv("ERLCUDA_PYTHON"),
+    ?assertEqual("/usr/bin/python9", erlcuda_paths:python(Root, "/usr/bin/python9")),
+    _ = [os:putenv("ERLCUDA_PYTHON", Saved) || is_list(Saved)],
+    ok.

@@ -272,3 +272,15 @@ def test_injected_fault_is_fatal_illegal_address() -> None:
     assert proc.returncode == 0, log
     assert "CODE illegal_address True" in proc.stdout, log
     assert "CLOSED" in proc.stdout, log
+
+
+def test_a_kernel_that_does_not_compile_is_backend_unavailable_with_nvccs_message(
+        tmp_path: Path) -> None:
+    from erlcuda.backends.base import BackendUnavailable
+    from erlcuda.backends.cuda import CudaBackend
+
+    (tmp_path / "broken.cu").write_text(
+        'extern "C" __global__ void broken(float* p) { p[0] = undeclared_name; }\n')
+    with pytest.raises(BackendUnavailable) as info:
+        CudaBackend(kernel_dir=tmp_path)
+    assert "undeclared_name" in info.value.message
