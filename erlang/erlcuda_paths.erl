@@ -11,8 +11,8 @@ root() ->
     Candidates = [code:lib_dir(erlcuda), source_root()],
     case [Dir || Dir <- Candidates, is_list(Dir),
                  filelib:is_regular(filename:join([Dir, "python", "erlcuda", "__init__.py"]))] of
-        [Dir | _] -> Dir;
-        [] -> source_root()
+        [Dir | _] -> filename:absname(Dir);
+        [] -> filename:absname(source_root())
     end.
 
 source_root() ->
