@@ -289,6 +289,7 @@ wait_hello(#st{port = Port} = St, #{start_timeout := Timeout}) ->
             worker_died({exit_status, Status}, St)
     after Timeout ->
         ?LOG_ERROR("erlcuda: the worker did not start within ~b ms", [Timeout]),
+        kill(St#st.os_pid),
         worker_died(start_timeout, St)
     end.
 
@@ -331,12 +332,17 @@ watchdog(#st{os_pid = OsPid, last_frame = Last, busy_since = Busy} = St) ->
                 Silent when Silent > Limit ->
                     ?LOG_ERROR("erlcuda: worker ~p made no progress for ~b ms with jobs "
                                "waiting; killing it", [OsPid, Silent]),
-                    _ = os:cmd("kill -9 " ++ integer_to_list(OsPid)),
+                    kill(OsPid),
                     worker_died({stuck, Silent}, St#st{busy_since = undefined});
                 _ ->
                     St
             end
     end.
+
+%% A live but unresponsive worker: closing the port alone would leave it running.
+kill(OsPid) ->
+    _ = os:cmd("kill -9 " ++ integer_to_list(OsPid)),
+    ok.
 
 worker_died(Why, #st{port = Port} = St) ->
     ?LOG_ERROR("erlcuda: worker ~p down: ~p", [St#st.os_pid, Why]),

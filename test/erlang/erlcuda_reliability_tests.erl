@@ -34,6 +34,13 @@ absurd_sizes_test_() ->
     with_app([], fun absurd_sizes/0).
 no_python_test_() ->
     with_app([{python, "/nonexistent/python3"}], {timeout, 30, fun no_python/0}).
+hanging_start_test_() ->
+    Dir = string:trim(os:cmd("mktemp -d")),
+    Script = filename:join(Dir, "hangs"),
+    ok = file:write_file(Script, ["#!/bin/sh\necho $$ > ", Dir, "/pid\nexec sleep 60\n"]),
+    ok = file:change_mode(Script, 8#755),
+    with_app([{python, Script}, {start_timeout, 300}],
+             {timeout, 30, fun() -> hanging_start(Dir) end}).
 worker_exits_at_once_test_() ->
     with_app([{python, "/bin/false"}], {timeout, 30, fun worker_exits_at_once/0}).
 
@@ -124,6 +131,16 @@ no_python() ->
     ?assertMatch({error, {worker_down, _}}, erlcuda:launch_sync(reduce, [[1.0]])),
     ?assert(erlang:monotonic_time(millisecond) - T0 < 100),
     ?assertMatch(#{worker_os_pid := undefined}, erlcuda:info()).
+
+%% A worker that never answers its hello is killed, not left behind, and launches fail fast.
+hanging_start(Dir) ->
+    ?assertMatch({error, {worker_down, _}}, erlcuda:launch(reduce, [[1.0]])),
+    {ok, Pid} = file:read_file(filename:join(Dir, "pid")),
+    timer:sleep(200),
+    ?assertNotEqual("alive", os:cmd("kill -0 " ++ string:trim(binary_to_list(Pid))
+                                     ++ " 2>/dev/null && printf alive")),
+    #{last_down_reason := Why} = erlcuda:info(),
+    ?assert(lists:member(Why, [start_timeout]) orelse element(1, Why) =:= exit_status).
 
 worker_exits_at_once() ->
     timer:sleep(1000),
