@@ -32,6 +32,8 @@ CALL_ERROR = Atom("e")
 LOG = Atom("L")
 LAUNCH = Atom("launch")
 LIST = Atom("list")
+FORMAT = Atom("format")
+TRACE = Atom("trace")
 BINARY = Atom("binary")
 
 BAD_ARGS = Atom("bad_args")

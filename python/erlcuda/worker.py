@@ -108,9 +108,9 @@ class Worker:
 
     def launch(self, job_id: Any, reply_to: Any, device: Any, kernel: Any, args: Any,
                opts: dict[Any, Any], recv: int) -> None:
-        fmt = protocol.BINARY if opts.get(etf.Atom("format")) == protocol.BINARY else protocol.LIST
+        fmt = protocol.BINARY if opts.get(protocol.FORMAT) == protocol.BINARY else protocol.LIST
         job = Job(job_id, reply_to, fmt)
-        if opts.get(etf.Atom("trace")) is True:
+        if opts.get(protocol.TRACE) is True:
             job.trace = {"recv": recv, "queued": time.perf_counter_ns()}
         if isinstance(device, bool) or not isinstance(device, int) or not (
                 0 <= device < max(len(self.lanes), 1)):
