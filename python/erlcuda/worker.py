@@ -59,8 +59,8 @@ class Worker:
             self.reason = f"{options.backend} backend unavailable: {exc.message}"
             self.status = (protocol.BACKEND_UNAVAILABLE, exc.message)
             count, unavailable = 0, exc.message
-        self.backend_name = "cpu" if self.backend is None and options.backend == "cpu" else (
-            self.backend.name if self.backend is not None else options.backend)
+        # the backend that runs, else the one asked for (cuda, when it could not start)
+        self.backend_name = self.backend.name if self.backend is not None else options.backend
         log.info("%s", self.reason)
         spin_us = options.spin_us
         if spin_us < 0:
