@@ -24,6 +24,7 @@
 -define(MAX_BACKOFF, 5000).
 %% A worker that lives this long is healthy: its next crash restarts it at once.
 -define(STABLE_MS, 10000).
+-define(INFO_WAIT, 2000).
 
 -record(st, {port :: port() | undefined,
              os_pid :: integer() | undefined,
@@ -162,7 +163,10 @@ init([]) ->
 handle_call(info, From, #st{port = undefined} = St) ->
     gen_server:reply(From, merge_info(#{}, St)),
     {noreply, St};
-handle_call(info, From, St) ->
+handle_call(info, From, #st{next_call = Id} = St) ->
+    %% A worker busy with a long control call must not leave info/0 waiting: past
+    %% ?INFO_WAIT the answer is this side's view and the counters from the worker's start.
+    _ = erlang:send_after(?INFO_WAIT, self(), {info_timeout, Id}),
     {noreply, send_call(info, [], {info, From}, St)};
 handle_call({call, _, _}, _From, #st{port = undefined, down_reason = Why} = St) ->
     {reply, {error, {worker_down, Why}}, St};
@@ -186,6 +190,14 @@ handle_info(restart_worker, #st{port = undefined} = St) ->
     {noreply, start_worker(St)};
 handle_info(watchdog, St) ->
     {noreply, watchdog(St)};
+handle_info({info_timeout, Id}, #st{calls = Calls} = St) ->
+    case maps:take(Id, Calls) of
+        {{info, From}, Rest} ->
+            gen_server:reply(From, (merge_info(St#st.info, St))#{worker_answered => false}),
+            {noreply, St#st{calls = Rest}};
+        _ ->
+            {noreply, St}
+    end;
 handle_info(_Other, St) ->
     {noreply, St}.
 

@@ -235,3 +235,18 @@ non_finite_test_() ->
                           erlcuda:launch_sync(vector_add, [Big, Big], [{format, binary}])),
              ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]]))
      end}.
+
+%% info/0 answers within its own bound even while the worker's control thread is busy.
+info_while_busy_test_() ->
+    {setup, fun setup/0, fun cleanup/1,
+     {timeout, 20, fun() ->
+         Self = self(),
+         spawn(fun() -> Self ! {stalled, erlcuda_port:call(stall, [0, 4000], 9000)} end),
+         timer:sleep(100),
+         T0 = erlang:monotonic_time(millisecond),
+         Info = erlcuda:info(),
+         ?assert(erlang:monotonic_time(millisecond) - T0 < 3000),
+         ?assertMatch(#{backend := cpu, worker_answered := false, devices := 2}, Info),
+         receive {stalled, _} -> ok after 9000 -> error(stall) end,
+         ?assertNot(maps:is_key(worker_answered, erlcuda:info()))
+     end}}.
