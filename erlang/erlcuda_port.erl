@@ -202,12 +202,24 @@ handle_info(_Other, St) ->
     {noreply, St}.
 
 -spec terminate(term(), #st{}) -> ok.
-terminate(Reason, #st{port = Port} = St) ->
+terminate(Reason, #st{port = Port, os_pid = OsPid} = St) ->
     set_state({down, stopping}),
     _ = (catch port_close(Port)),
     fail_calls({worker_down, stopping}, St),
     fail_all({server_stopped, Reason}),
-    ok.
+    %% The worker ends on its own once its input closes (popping its CUDA contexts); one
+    %% that does not within a few seconds is killed rather than left behind.
+    reap(OsPid, 40).
+
+reap(undefined, _) ->
+    ok;
+reap(OsPid, 0) ->
+    kill(OsPid);
+reap(OsPid, N) ->
+    case os:cmd("kill -0 " ++ integer_to_list(OsPid) ++ " 2>/dev/null || printf gone") of
+        "gone" -> ok;
+        _ -> timer:sleep(50), reap(OsPid, N - 1)
+    end.
 
 %% Internal.
 
