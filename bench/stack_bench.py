@@ -724,12 +724,20 @@ def tidy_log_axes(ax: Any, xs: Sequence[float], xlabels: Sequence[str]) -> None:
     ax.tick_params(axis="y", which="minor", labelsize=7)
 
 
-def plot_latency(plt: Any, summary: Json, tail: str) -> bool:
-    rows = summary["latency"]
+def kernel_axes(plt: Any, rows: list[Json], width: float) -> tuple[Any, Any, list[str]]:
+    """One subplot per kernel present in ``rows``: (figure, axes, kernels)."""
     kernels = [k for k in KERNELS if any(r["kernel"] == k for r in rows)]
     if not kernels:
+        return None, None, []
+    fig, axes = plt.subplots(1, len(kernels), figsize=(width * len(kernels), 4), squeeze=False)
+    return fig, axes, kernels
+
+
+def plot_latency(plt: Any, summary: Json, tail: str) -> bool:
+    rows = summary["latency"]
+    fig, axes, kernels = kernel_axes(plt, rows, 4.2)
+    if not kernels:
         return False
-    fig, axes = plt.subplots(1, len(kernels), figsize=(4.2 * len(kernels), 4), squeeze=False)
     for ax, k in zip(axes[0], kernels, strict=True):
         rs = sorted((r for r in rows if r["kernel"] == k), key=lambda r: r["size"])
         x = [r["size"] for r in rs]
@@ -755,10 +763,9 @@ def plot_latency(plt: Any, summary: Json, tail: str) -> bool:
 
 def plot_throughput(plt: Any, summary: Json, tail: str) -> bool:
     rows = summary["throughput"]
-    kernels = [k for k in KERNELS if any(r["kernel"] == k for r in rows)]
+    fig, axes, kernels = kernel_axes(plt, rows, 5)
     if not kernels:
         return False
-    fig, axes = plt.subplots(1, len(kernels), figsize=(5 * len(kernels), 4), squeeze=False)
     for ax, k in zip(axes[0], kernels, strict=True):
         for batching, style in ((True, "o-"), (False, "s--")):
             rs = sorted((r for r in rows if r["kernel"] == k and r["batching"] is batching),

@@ -307,15 +307,21 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, int]:
     return Opaque(bytes(buf[pos - 1 : end])), end
 
 
-def _dec_tuple(buf: memoryview, pos: int, n: int, depth: int, key: bool) -> tuple[Any, int]:
-    if n > len(buf) - pos:
-        raise CodecError(f"tuple arity {n} exceeds the input")
+def _dec_items(buf: memoryview, pos: int, n: int, depth: int, key: bool) -> tuple[list[Any], int]:
+    """The ``n`` terms of a tuple or list, one level deeper."""
     if depth <= 0:
         raise CodecError("term nested too deeply")
     items: list[Any] = []
     for _ in range(n):
         item, pos = _dec(buf, pos, depth - 1, key)
         items.append(item)
+    return items, pos
+
+
+def _dec_tuple(buf: memoryview, pos: int, n: int, depth: int, key: bool) -> tuple[Any, int]:
+    if n > len(buf) - pos:
+        raise CodecError(f"tuple arity {n} exceeds the input")
+    items, pos = _dec_items(buf, pos, n, depth, key)
     return tuple(items), pos
 
 
@@ -324,12 +330,7 @@ def _dec_list(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, in
     pos += 4
     if n >= len(buf) - pos:  # n elements and a tail, at least one byte each
         raise CodecError(f"list length {n} exceeds the input")
-    if depth <= 0:
-        raise CodecError("term nested too deeply")
-    items: list[Any] = []
-    for _ in range(n):
-        item, pos = _dec(buf, pos, depth - 1, key)
-        items.append(item)
+    items, pos = _dec_items(buf, pos, n, depth, key)
     tail, pos = _dec(buf, pos, depth - 1, key)
     # Erlang never writes these, but reads them: a list of no items is just its tail, and a
     # list or string tail still makes a proper list.
