@@ -288,12 +288,14 @@ start_worker(St0) ->
                    hide]) of
         Port ->
             {os_pid, OsPid} = erlang:port_info(Port, os_pid),
-            St1 = St#st{port = Port, os_pid = OsPid, last_frame = now_ms()},
-            %% Jobs may be written as soon as the port exists: the worker reads them after
-            %% the hello. The device count is the configured one until the hello says more.
-            Devices = maps:get(devices, St#st.info, maps:get(cpu_devices, Config)),
-            set_up(Port, Devices),
-            wait_hello(send_call(hello, [], hello, St1), Config)
+            %% The last worker's hello no longer counts; its device count serves until the
+            %% new one answers (jobs may be written as soon as the port exists: the worker
+            %% reads them after the hello).
+            Info = maps:remove(hello_done, St#st.info),
+            St1 = St#st{port = Port, os_pid = OsPid, last_frame = now_ms(), info = Info},
+            set_up(Port, maps:get(devices, Info, maps:get(cpu_devices, Config))),
+            Deadline = now_ms() + maps:get(start_timeout, Config),
+            wait_hello(send_call(hello, [], hello, St1), Deadline)
     catch
         error:Why ->
             ?LOG_ERROR("erlcuda: cannot start the worker ~ts: ~p", [Python, Why]),
@@ -301,18 +303,18 @@ start_worker(St0) ->
     end.
 
 %% The first answer, awaited here so that the application is ready when it has started.
-wait_hello(#st{port = Port} = St, #{start_timeout := Timeout}) ->
+wait_hello(#st{port = Port} = St, Deadline) ->
     receive
         {Port, {data, Data}} ->
             St1 = frame(Data, St),
             case maps:is_key(hello_done, St1#st.info) of
                 true -> St1;
-                false -> wait_hello(St1, #{start_timeout => Timeout})
+                false -> wait_hello(St1, Deadline)
             end;
         {Port, {exit_status, Status}} ->
             worker_died({exit_status, Status}, St)
-    after Timeout ->
-        ?LOG_ERROR("erlcuda: the worker did not start within ~b ms", [Timeout]),
+    after max(Deadline - now_ms(), 0) ->
+        ?LOG_ERROR("erlcuda: the worker did not answer its hello in time"),
         kill(St#st.os_pid),
         worker_died(start_timeout, St)
     end.
@@ -330,10 +332,15 @@ hello(Other, St) ->
     St#st{info = #{hello_done => true}}.
 
 set_up(Port, Devices) ->
-    {ok, MaxQueue} = application:get_env(erlcuda, max_queue),
-    Queues = atomics:new(max(Devices, 1), [{signed, true}]),
-    true = ets:insert(?STATE, {worker, up, Port, Devices, Queues, MaxQueue}),
-    ok.
+    case ets:lookup(?STATE, worker) of
+        [{worker, up, Port, Devices, _, _}] ->
+            ok;  % the hello confirmed the count: keep the counters of jobs already sent
+        _ ->
+            {ok, MaxQueue} = application:get_env(erlcuda, max_queue),
+            Queues = atomics:new(max(Devices, 1), [{signed, true}]),
+            true = ets:insert(?STATE, {worker, up, Port, Devices, Queues, MaxQueue}),
+            ok
+    end.
 
 set_state(Status) ->
     true = ets:insert(?STATE, {worker, Status, undefined, 0, undefined, 0}),
