@@ -157,6 +157,19 @@ class Lane(threading.Thread):
                 break
         return batch
 
+    def _encode_reply(self, job: Job, result: Any) -> list[bytes | memoryview]:
+        def encode(result: Any) -> list[bytes | memoryview]:
+            if job.trace is not None:
+                return etf.encode(protocol.traced_reply(job.reply_to, job.job_id, result,
+                                                        job.trace))
+            return etf.encode(protocol.reply(job.reply_to, job.job_id, result))
+
+        try:
+            return encode(result)
+        except etf.CodecError as exc:  # a result the codec refuses still gets its one reply
+            log.error("device %d: reply not encodable: %s", self.index, exc)
+            return encode(protocol.error((protocol.INTERNAL, f"reply not encodable: {exc}")))
+
     def _next(self) -> Job | Control | object:
         """The next item; for ``spin_ns`` after the last one, poll instead of sleeping.
 
@@ -198,11 +211,12 @@ class Lane(threading.Thread):
                 results[i] = protocol.error(job.error)
             elif device is None:
                 results[i] = protocol.error((protocol.BACKEND_UNAVAILABLE, self.unavailable or ""))
-            elif job.request.device_bytes > self.memory:  # type: ignore[union-attr]
-                results[i] = protocol.error(protocol.TOO_LARGE)
             else:
-                assert job.request is not None
-                groups.setdefault(job.request.key, []).append(i)
+                assert job.request is not None  # parse either set it or set job.error
+                if job.request.device_bytes > self.memory:
+                    results[i] = protocol.error(protocol.TOO_LARGE)
+                else:
+                    groups.setdefault(job.request.key, []).append(i)
         fatal: str | None = None
         t_run = now()
         last = len(groups) - 1
@@ -238,10 +252,7 @@ class Lane(threading.Thread):
                 self.stats.errors += 1
             if job.trace is not None:
                 job.trace.update(take=t_take, run=t_run, done=t_done, encode=now())
-                frames.append(etf.encode(protocol.traced_reply(job.reply_to, job.job_id,
-                                                               result, job.trace)))
-            else:
-                frames.append(etf.encode(protocol.reply(job.reply_to, job.job_id, result)))
+            frames.append(self._encode_reply(job, result))
         try:
             self.writer.write_many(frames)
         except FrameError:

@@ -26,6 +26,8 @@ class StagingDevice(Device):
         self.runs.append((kernel, len(requests)))
         if kernel == "dot_product" and requests[0].a.size == 13:
             raise BackendError("illegal_address", "boom", fatal=True)
+        if kernel == "vector_add" and requests[0].a.size == 7:
+            return [np.array([object()] * 7)]  # nothing the codec can encode
         out: list[Result] = []
         offset = 0
         for value in self.cpu.run(kernel, requests):
@@ -121,3 +123,16 @@ def test_a_job_larger_than_the_device_memory_is_too_large() -> None:
     lane.join(5)
     replies = {f[2][1]: f[2][2] for f in writer.frames}
     assert replies == {1: ("error", "too_large"), 2: ("ok", 10.0)}
+
+
+def test_a_result_the_codec_refuses_still_gets_one_reply() -> None:
+    lane, writer, _ = make_lane()
+    seven = np.ones(7, np.float32)  # StagingDevice answers this one with object dtype
+    lane.submit(Job(1, etf.Atom("c"), BINARY, kernels.parse("vector_add", [seven, seven])))
+    lane.submit(Job(2, etf.Atom("c"), LIST, kernels.parse("reduce", [seven[:3]])))
+    lane.start()
+    lane.stop()
+    lane.join(5)
+    replies = {f[2][1]: f[2][2] for f in writer.frames}
+    assert replies[1][0] == "error" and replies[1][1][0] == "internal"
+    assert replies[2] == ("ok", 3.0)
