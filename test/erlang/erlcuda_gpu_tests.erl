@@ -134,20 +134,13 @@ kill() ->
     ?assertMatch(#{wrong := 0, lost := 0, duplicated := 0}, R),
     #{jobs := Jobs, replies := Replies} = R,
     ?assertEqual(Jobs, Replies),
-    wait_restarted(Pid, 300),
+    erlcuda_test_util:wait_restarted(Pid, 300),
     ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{timeout, 30000}])).
 
 sticky_error() ->
     #{worker_os_pid := Pid} = erlcuda:info(),
     Reply = erlcuda_port:call(fault, [0], 30000),
     ?debugFmt("fault call answered: ~p", [Reply]),
-    wait_restarted(Pid, 300),
+    erlcuda_test_util:wait_restarted(Pid, 300),
     ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{timeout, 30000}])),
     #{backend := cuda, status := ok} = erlcuda:info().
-
-wait_restarted(_, 0) -> error(not_restarted);
-wait_restarted(OldPid, N) ->
-    case catch erlcuda:info() of
-        #{worker_os_pid := P, worker_status := up} when is_integer(P), P =/= OldPid -> ok;
-        _ -> timer:sleep(100), wait_restarted(OldPid, N - 1)
-    end.

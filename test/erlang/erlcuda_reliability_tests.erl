@@ -77,12 +77,12 @@ kill_under_load() ->
     ?assertEqual(Jobs, Replies),
     ?assertEqual(Jobs, Right + lists:sum(maps:values(Errors))),
     ?assert(maps:get(worker_down, Errors, 0) > 0),
-    wait_up(Pid, 100),
+    erlcuda_test_util:wait_restarted(Pid, 100),
     ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]])),
     ?assertEqual(0, ets:info(erlcuda_jobs, size)).
 
 overload() ->
-    stall(0, 500),
+    erlcuda_test_util:stall(0, 500),
     Results = [erlcuda:launch(reduce, [[1.0]], [{device, 0}]) || _ <- lists:seq(1, 8)],
     {Ok, Over} = lists:partition(fun(R) -> element(1, R) =:= ok end, Results),
     ?assertEqual(5, length(Ok)),
@@ -95,16 +95,16 @@ overload() ->
 
 stuck_worker() ->
     #{worker_os_pid := Pid} = erlcuda:info(),
-    stall(0, 20000),
+    erlcuda_test_util:stall(0, 20000),
     T0 = erlang:monotonic_time(millisecond),
     ?assertMatch({error, {worker_down, {stuck, _}}},
                  erlcuda:launch_sync(reduce, [[1.0]], [{timeout, 10000}])),
     ?debugFmt("stuck worker detected after ~b ms", [erlang:monotonic_time(millisecond) - T0]),
-    wait_up(Pid, 100),
+    erlcuda_test_util:wait_restarted(Pid, 100),
     ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]])).
 
 caller_dies() ->
-    stall(0, 300),
+    erlcuda_test_util:stall(0, 300),
     Caller = spawn(fun() ->
                            [{ok, _} = erlcuda:launch(reduce, [[1.0]], [{device, 0}])
                             || _ <- lists:seq(1, 100)],
@@ -156,18 +156,6 @@ worker_exits_at_once() ->
     #{restarts := Restarts} = erlcuda:info(),
     %% backing off: a few restarts in a second, not a spin
     ?assert(Restarts >= 1 andalso Restarts < 12).
-
-stall(Device, Ms) ->
-    Self = self(),
-    spawn(fun() -> Self ! {stalled, erlcuda_port:call(stall, [Device, Ms], Ms + 5000)} end),
-    timer:sleep(50).
-
-wait_up(_, 0) -> error(not_restarted);
-wait_up(OldPid, N) ->
-    case erlcuda:info() of
-        #{worker_os_pid := P, worker_status := up} when is_integer(P), P =/= OldPid -> ok;
-        _ -> timer:sleep(100), wait_up(OldPid, N - 1)
-    end.
 
 wait_empty(0) -> error(jobs_left);
 wait_empty(N) ->

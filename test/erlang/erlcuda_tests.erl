@@ -160,7 +160,7 @@ info() ->
      || D <- Devices].
 
 timeout_no_stray() ->
-    stall(0, 600),
+    erlcuda_test_util:stall(0, 600),
     ?assertEqual({error, timeout}, erlcuda:launch_sync(reduce, [[1.0]], [{timeout, 50}])),
     timer:sleep(1000),
     receive {erlcuda, _, _} = Stray -> error({stray, Stray}) after 0 -> ok end,
@@ -168,22 +168,15 @@ timeout_no_stray() ->
 
 killed_worker() ->
     #{worker_os_pid := Pid} = erlcuda:info(),
-    stall(0, 5000),
+    erlcuda_test_util:stall(0, 5000),
     Ids = [begin {ok, Id} = erlcuda:launch(reduce, [[1.0]]), Id end || _ <- lists:seq(1, 20)],
     os:cmd("kill -9 " ++ integer_to_list(Pid)),
     [receive {erlcuda, Id, R} -> ?assertMatch({error, {worker_down, _}}, R)
      after 5000 -> error({no_reply, Id})
      end || Id <- Ids],
-    wait_restarted(Pid, 50),
+    erlcuda_test_util:wait_restarted(Pid, 50),
     ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]])),
     receive {erlcuda, _, _} = Dup -> error({duplicate, Dup}) after 300 -> ok end.
-
-wait_restarted(_, 0) -> error(not_restarted);
-wait_restarted(OldPid, N) ->
-    case erlcuda:info() of
-        #{worker_os_pid := P, worker_status := up} when is_integer(P), P =/= OldPid -> ok;
-        _ -> timer:sleep(100), wait_restarted(OldPid, N - 1)
-    end.
 
 concurrent() ->
     Self = self(),
@@ -218,11 +211,6 @@ caller(C, Jobs) ->
 dev(Id, Launched) ->
     {Id, Dev, _} = lists:keyfind(Id, 1, Launched),
     Dev.
-
-stall(Device, Ms) ->
-    Self = self(),
-    spawn(fun() -> Self ! {stalled, erlcuda_port:call(stall, [Device, Ms], Ms + 5000)} end),
-    timer:sleep(50).
 
 non_finite_test_() ->
     {setup, fun setup/0, fun cleanup/1,

@@ -1,0 +1,19 @@
+%% Helpers shared by the eunit suites.
+-module(erlcuda_test_util).
+
+-export([wait_restarted/2, stall/2]).
+
+%% Wait (N tries, 100 ms apart) until a worker other than OldPid is up.
+wait_restarted(_, 0) -> error(not_restarted);
+wait_restarted(OldPid, N) ->
+    case catch erlcuda:info() of
+        #{worker_os_pid := P, worker_status := up} when is_integer(P), P =/= OldPid -> ok;
+        _ -> timer:sleep(100), wait_restarted(OldPid, N - 1)
+    end.
+
+%% Keep device Device's thread busy for Ms (a test hook of the worker); returns at once,
+%% and the caller later receives {stalled, Reply}.
+stall(Device, Ms) ->
+    Self = self(),
+    spawn(fun() -> Self ! {stalled, erlcuda_port:call(stall, [Device, Ms], Ms + 5000)} end),
+    timer:sleep(50).
