@@ -4,7 +4,8 @@
 -include_lib("eunit/include/eunit.hrl").
 
 -define(DEFAULTS, [{backend, cpu}, {cpu_devices, 4}, {test_hooks, true}, {max_queue, 10000},
-                   {watchdog_ms, 30000}, {python, default}]).
+                   {watchdog_ms, 30000}, {python, default}, {start_timeout, 120000}]).
+%% every key a test changes is listed above, so each test starts from the defaults
 
 with_app(Env, Test) ->
     {setup,
