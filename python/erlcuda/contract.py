@@ -1,0 +1,192 @@
+"""erlcuda's wire contract: the kernel catalogue, error codes and atoms, read from ``contract.json``.
+
+The JSON file is the one declaration. The worker reads it here; the Erlang side gets the
+module ``erlcuda_contract`` written from it at build time::
+
+    python3 python/erlcuda/contract.py --erlang erlang/erlcuda_contract.erl
+
+(rebar3 runs that before it compiles). This module imports nothing from the package, so the
+build can run it as a plain script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ATOMS",
+    "CUDA_CODES",
+    "ELEMENT_TYPES",
+    "KERNELS",
+    "LOG_LEVELS",
+    "MAX_ELEMENTS",
+    "MAX_FRAME",
+    "PROTOCOL",
+    "REASONS",
+    "KernelSpec",
+    "Param",
+    "erlang_module",
+]
+
+SOURCE = Path(__file__).with_name("contract.json")
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One argument: a ``vector`` of ``type`` or a ``dim`` (a non-negative integer).
+
+    ``length`` names the params whose product is the vector's length: a dim counts with its
+    value, a vector with its length; empty means any length.
+    """
+
+    name: str
+    kind: str
+    type: str | None = None
+    length: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    name: str
+    doc: str
+    params: tuple[Param, ...]
+    result: Param
+
+    @property
+    def arity(self) -> int:
+        return len(self.params)
+
+
+def _param(raw: dict[str, Any], name: str = "result") -> Param:
+    return Param(name=raw.get("name", name), kind=raw["kind"], type=raw.get("type"),
+                 length=tuple(raw.get("length", ())))
+
+
+def _load(path: Path = SOURCE) -> dict[str, Any]:
+    with path.open(encoding="utf-8") as f:
+        return json.load(f)
+
+
+_RAW = _load()
+
+PROTOCOL: int = _RAW["protocol"]
+MAX_FRAME: int = _RAW["max_frame"]
+MAX_ELEMENTS: int = _RAW["max_elements"]
+ELEMENT_TYPES: tuple[str, ...] = tuple(_RAW["element_types"])
+KERNELS: dict[str, KernelSpec] = {
+    k["name"]: KernelSpec(k["name"], k["doc"], tuple(_param(p) for p in k["params"]),
+                          _param(k["result"]))
+    for k in _RAW["kernels"]
+}
+CUDA_CODES: tuple[str, ...] = tuple(_RAW["cuda_codes"])
+REASONS: tuple[str, ...] = tuple(_RAW["reasons"])
+LOG_LEVELS: tuple[str, ...] = tuple(_RAW["log_levels"])
+#: Every atom the worker may send: Erlang decodes with ``binary_to_term(B, [safe])``, which
+#: refuses atoms the node does not know, and ``erlcuda_contract`` makes these exist.
+ATOMS: frozenset[str] = frozenset(
+    [*_RAW["wire_atoms"], *REASONS, *CUDA_CODES, *LOG_LEVELS, *_RAW["info_keys"], *KERNELS]
+)
+
+
+# -- the Erlang module -------------------------------------------------------------------------
+
+
+def _atom(name: str) -> str:
+    plain = name[:1].islower() and all(c.isalnum() or c == "_" for c in name)
+    return name if plain else "'" + name.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _binary(text: str) -> str:
+    return '<<"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"/utf8>>'
+
+
+def _erl_param(p: Param, with_name: bool = True) -> str:
+    fields = [f"kind => {_atom(p.kind)}"]
+    if with_name:
+        fields.insert(0, f"name => {_binary(p.name)}")
+    if p.type is not None:
+        fields.append(f"type => {_atom(p.type)}")
+    fields.append("length => [" + ", ".join(_binary(n) for n in p.length) + "]")
+    return "#{" + ", ".join(fields) + "}"
+
+
+def _union(names: Sequence[str]) -> str:
+    return " | ".join(_atom(n) for n in names)
+
+
+def erlang_module() -> str:
+    """The source of ``erlcuda_contract.erl``."""
+    kernels = ",\n     ".join(
+        f"#{{name => {_atom(k.name)},\n       doc => {_binary(k.doc)},\n"
+        f"       params => [" + ",\n                  ".join(_erl_param(p) for p in k.params)
+        + f"],\n       result => {_erl_param(k.result, with_name=False)}}}"
+        for k in KERNELS.values()
+    )
+    atoms = ", ".join(_atom(a) for a in sorted(ATOMS))
+    return f"""%% @private
+%% Generated from python/erlcuda/contract.json by python/erlcuda/contract.py at build time.
+%% Do not edit: change the JSON file, and both sides follow.
+-module(erlcuda_contract).
+
+-export([protocol/0, max_frame/0, max_elements/0, kernels/0, cuda_codes/0, reasons/0,
+         worker_atoms/0]).
+
+-export_type([builtin_kernel/0, cuda_code/0, element_type/0, spec/0, param/0]).
+
+-type builtin_kernel() :: {_union(list(KERNELS))}.
+-type cuda_code() :: {_union(CUDA_CODES)}.
+-type element_type() :: {_union(ELEMENT_TYPES)}.
+-type param() :: #{{name => binary(), kind := vector | dim | scalar,
+                   type => element_type(), length := [binary()]}}.
+-type spec() :: #{{name := atom(), doc := binary(), params := [param()], result := param()}}.
+
+%% @doc The version of the wire protocol; the worker must speak the same.
+-spec protocol() -> pos_integer().
+protocol() -> {PROTOCOL}.
+
+%% @doc The largest frame a 4-byte length prefix can describe.
+-spec max_frame() -> pos_integer().
+max_frame() -> {MAX_FRAME}.
+
+%% @doc The most elements one operand may have.
+-spec max_elements() -> pos_integer().
+max_elements() -> {MAX_ELEMENTS}.
+
+%% @doc The built-in kernels.
+-spec kernels() -> [spec()].
+kernels() ->
+    [{kernels}].
+
+%% @doc The codes a `{{cuda, Code, Message}}' error can carry.
+-spec cuda_codes() -> [cuda_code()].
+cuda_codes() -> [{", ".join(_atom(c) for c in CUDA_CODES)}].
+
+%% @doc The tags of the error reasons the worker sends.
+-spec reasons() -> [atom()].
+reasons() -> [{", ".join(_atom(r) for r in REASONS)}].
+
+%% @doc Every atom the worker may send (listing them makes them exist for `[safe]').
+-spec worker_atoms() -> [atom()].
+worker_atoms() ->
+    [{atoms}].
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="write erlcuda's contract for the Erlang side")
+    parser.add_argument("--erlang", required=True, type=Path, metavar="FILE.erl")
+    args = parser.parse_args(argv)
+    text = erlang_module()
+    # Rewritten only when it changes, so rebar3 recompiles it only then.
+    if not args.erlang.is_file() or args.erlang.read_text(encoding="utf-8") != text:
+        args.erlang.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
