@@ -4,12 +4,30 @@
 
 -export([start/2, stop/1]).
 
+%% A little beyond the worker's own start timeout, which ends its first start anyway.
+-define(AWAIT_MARGIN, 5000).
+
 -spec start(application:start_type(), term()) -> {ok, pid()} | {error, term()}.
 start(_Type, _Args) ->
-    %% Created here, the job tables belong to the application's own process and outlive
-    %% any restart of the port server.
-    ok = erlcuda_port:create_tables(),
-    erlcuda_sup:start_link().
+    case erlcuda_config:load() of
+        {ok, #{start_timeout := StartTimeout}} ->
+            %% Created here, the tables belong to the application's own process and outlive
+            %% any restart of the port owner.
+            ok = erlcuda_jobs:create(),
+            ok = erlcuda_status:create(),
+            ok = erlcuda_telemetry:init(),
+            case erlcuda_sup:start_link() of
+                {ok, Sup} ->
+                    %% The application is ready once the worker's first start has ended,
+                    %% answered or failed (a failed one is retried in the background).
+                    ok = erlcuda_worker:await_ready(StartTimeout + ?AWAIT_MARGIN),
+                    {ok, Sup};
+                Other ->
+                    Other
+            end;
+        {error, _} = Error ->
+            Error
+    end.
 
 -spec stop(term()) -> ok.
 stop(_State) ->

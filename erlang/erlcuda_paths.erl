@@ -1,33 +1,37 @@
 %% @private
-%% Where the worker's Python code and interpreter are, without hand-set paths: from the
-%% application's directory when erlcuda is a dependency, else from this module's source.
+%% Where the worker's Python code and interpreter are, without hand-set paths. The build
+%% copies the package into `priv/python' (see rebar.config), so a release finds it through
+%% `code:priv_dir/1' with the source tree out of reach.
 -module(erlcuda_paths).
 
--export([root/0, python/2]).
+-export([python_dir/0, python/1]).
 
-%% @doc The project's root: the directory holding `python/erlcuda'.
--spec root() -> file:filename().
-root() ->
-    Candidates = [code:lib_dir(erlcuda), source_root()],
-    case [Dir || Dir <- Candidates, is_list(Dir),
-                 filelib:is_regular(filename:join([Dir, "python", "erlcuda", "__init__.py"]))] of
+%% @doc The directory that holds the `erlcuda' Python package.
+-spec python_dir() -> file:filename().
+python_dir() ->
+    Candidates = [filename:join(Priv, "python") || Priv <- [code:priv_dir(erlcuda)],
+                                                    is_list(Priv)]
+        ++ [filename:join(source_root(), "python")],
+    case [Dir || Dir <- Candidates,
+                 filelib:is_regular(filename:join([Dir, "erlcuda", "__init__.py"]))] of
         [Dir | _] -> filename:absname(Dir);
-        [] -> filename:absname(source_root())
+        [] -> filename:absname(hd(Candidates))
     end.
 
+%% The checkout this module was compiled from, where there is one.
 source_root() ->
     Source = proplists:get_value(source, ?MODULE:module_info(compile), "."),
     filename:dirname(filename:dirname(Source)).
 
-%% @doc The interpreter: `$ERLCUDA_PYTHON', else the configured one, else the project's
-%% virtual environment where the set-up made one, else `python3' from the PATH.
--spec python(file:filename(), default | string()) -> file:filename().
-python(Root, Configured) ->
+%% @doc The interpreter: `$ERLCUDA_PYTHON', else the configured one, else the virtual
+%% environment that the checkout's set-up made (`make setup'), else `python3' on the PATH.
+-spec python(default | string()) -> file:filename().
+python(Configured) ->
     case os:getenv("ERLCUDA_PYTHON") of
         Env when is_list(Env), Env =/= "" -> executable(Env);
         _ when is_list(Configured) -> executable(Configured);
         _ ->
-            Venv = filename:join([Root, ".venv", "bin", "python"]),
+            Venv = filename:join([source_root(), ".venv", "bin", "python"]),
             case filelib:is_regular(Venv) of
                 true -> Venv;
                 false -> executable("python3")

@@ -8,16 +8,16 @@
 start_link() ->
     supervisor:start_link({local, ?MODULE}, ?MODULE, []).
 
-%% The port server restarts the worker process itself, with back-off, so a worker that
+%% The port owner restarts the worker process itself, with back-off, so a worker that
 %% cannot start never exhausts this supervisor. The intensity below only covers bugs in
 %% the server: five crashes in ten seconds stop the application rather than spin.
 -spec init([]) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
 init([]) ->
     Flags = #{strategy => one_for_one, intensity => 5, period => 10},
-    Port = #{id => erlcuda_port,
-             start => {erlcuda_port, start_link, []},
+    Port = #{id => erlcuda_worker,
+             start => {erlcuda_worker, start_link, []},
              restart => permanent,
              shutdown => 5000,
              type => worker,
-             modules => [erlcuda_port]},
+             modules => [erlcuda_worker]},
     {ok, {Flags, [Port]}}.

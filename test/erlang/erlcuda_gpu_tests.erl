@@ -139,7 +139,7 @@ kill() ->
 
 sticky_error() ->
     #{worker_os_pid := Pid} = erlcuda:info(),
-    Reply = erlcuda_port:call(fault, [0], 30000),
+    Reply = erlcuda_worker:call(fault, [0], 30000),
     ?debugFmt("fault call answered: ~p", [Reply]),
     erlcuda_test_util:wait_restarted(Pid, 300),
     ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{timeout, 30000}])),

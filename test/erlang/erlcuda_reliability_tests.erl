@@ -67,7 +67,7 @@ load() ->
     ?debugFmt("memory after round 1: ~p, after round 2: ~p", [A1, A2]),
     ?assert(maps:get(node, A2) < maps:get(node, A1) + 64 bsl 20),
     ?assert(maps:get(worker, A2) < maps:get(worker, A1) + 64 bsl 20),
-    ?assertEqual(0, ets:info(erlcuda_jobs, size)).
+    ?assertEqual(0, erlcuda_jobs:size()).
 
 kill_under_load() ->
     #{worker_os_pid := Pid} = erlcuda:info(),
@@ -80,7 +80,7 @@ kill_under_load() ->
     ?assert(maps:get(worker_down, Errors, 0) > 0),
     erlcuda_test_util:wait_restarted(Pid, 100),
     ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]])),
-    ?assertEqual(0, ets:info(erlcuda_jobs, size)).
+    ?assertEqual(0, erlcuda_jobs:size()).
 
 overload() ->
     erlcuda_test_util:stall(0, 500),
@@ -113,7 +113,7 @@ caller_dies() ->
                    end),
     Ref = monitor(process, Caller),
     receive {'DOWN', Ref, process, Caller, normal} -> ok after 5000 -> error(caller) end,
-    ?assert(ets:info(erlcuda_jobs, size) > 0),
+    ?assert(erlcuda_jobs:size() > 0),
     wait_empty(50),
     #{device_info := Devices} = erlcuda:info(),
     ?assertEqual([0, 0, 0, 0], [maps:get(in_flight, D) || D <- Devices]).
@@ -160,7 +160,7 @@ worker_exits_at_once() ->
 
 wait_empty(0) -> error(jobs_left);
 wait_empty(N) ->
-    case ets:info(erlcuda_jobs, size) of
+    case erlcuda_jobs:size() of
         0 -> ok;
         _ -> timer:sleep(100), wait_empty(N - 1)
     end.
@@ -183,12 +183,14 @@ cuda_unavailable() ->
     end.
 
 paths_test() ->
-    Root = erlcuda_paths:root(),
-    ?assert(filelib:is_regular(filename:join([Root, "python", "erlcuda", "__init__.py"]))),
+    %% the worker's code comes from the application's priv dir (a release has no checkout)
+    Dir = erlcuda_paths:python_dir(),
+    ?assertEqual(filename:absname(filename:join(code:priv_dir(erlcuda), "python")), Dir),
+    ?assert(filelib:is_regular(filename:join([Dir, "erlcuda", "__init__.py"]))),
     Saved = os:getenv("ERLCUDA_PYTHON"),
     os:putenv("ERLCUDA_PYTHON", "/opt/python-of-choice"),
-    ?assertEqual("/opt/python-of-choice", erlcuda_paths:python(Root, default)),
+    ?assertEqual("/opt/python-of-choice", erlcuda_paths:python(default)),
     os:unsetenv("ERLCUDA_PYTHON"),
-    ?assertEqual("/usr/bin/python9", erlcuda_paths:python(Root, "/usr/bin/python9")),
+    ?assertEqual("/usr/bin/python9", erlcuda_paths:python("/usr/bin/python9")),
     _ = [os:putenv("ERLCUDA_PYTHON", Saved) || is_list(Saved)],
     ok.

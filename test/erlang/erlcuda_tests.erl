@@ -229,7 +229,7 @@ info_while_busy_test_() ->
     {setup, fun setup/0, fun cleanup/1,
      {timeout, 20, fun() ->
          Self = self(),
-         spawn(fun() -> Self ! {stalled, erlcuda_port:call(stall, [0, 4000], 9000)} end),
+         spawn(fun() -> Self ! {stalled, erlcuda_worker:call(stall, [0, 4000], 9000)} end),
          timer:sleep(100),
          T0 = erlang:monotonic_time(millisecond),
          Info = erlcuda:info(),

@@ -1,0 +1,51 @@
+%% @private
+%% The application environment, checked: a bad value stops the application's start with a
+%% clear reason instead of a worker that restarts forever.
+-module(erlcuda_config).
+
+-export([load/0, keys/0]).
+
+-export_type([config/0]).
+
+-type config() :: #{backend := auto | cpu | cuda,
+                    cpu_devices := pos_integer(),
+                    python := default | string(),
+                    batching := boolean(),
+                    max_batch := pos_integer(),
+                    max_queue := pos_integer(),
+                    start_timeout := pos_integer(),
+                    watchdog_ms := pos_integer() | infinity,
+                    spin_us := auto | non_neg_integer(),
+                    worker_args := [string()],
+                    test_hooks := boolean(),
+                    bench_hooks := boolean()}.
+
+%% @doc Every key with its default; the `.app.src' documents the same ones.
+-spec keys() -> [{atom(), term()}].
+keys() ->
+    [{backend, auto}, {cpu_devices, 1}, {python, default}, {batching, true},
+     {max_batch, 256}, {max_queue, 10000}, {start_timeout, 120000}, {watchdog_ms, 30000},
+     {spin_us, auto}, {worker_args, []}, {test_hooks, false}, {bench_hooks, false}].
+
+%% @doc The checked configuration, or the first key whose value is wrong.
+-spec load() -> {ok, config()} | {error, {bad_config, atom(), term()}}.
+load() ->
+    lists:foldl(fun(_, {error, _} = E) -> E;
+                   ({Key, Default}, {ok, Acc}) ->
+                        Value = application:get_env(erlcuda, Key, Default),
+                        case valid(Key, Value) of
+                            true -> {ok, Acc#{Key => Value}};
+                            false -> {error, {bad_config, Key, Value}}
+                        end
+                end, {ok, #{}}, keys()).
+
+valid(backend, V) -> lists:member(V, [auto, cpu, cuda]);
+valid(python, default) -> true;
+valid(python, V) -> io_lib:printable_unicode_list(V) andalso V =/= [];
+valid(watchdog_ms, infinity) -> true;
+valid(spin_us, auto) -> true;
+valid(spin_us, V) -> is_integer(V) andalso V >= 0;
+valid(worker_args, V) ->
+    try lists:all(fun io_lib:printable_unicode_list/1, V) catch error:_ -> false end;
+valid(K, V) when K =:= batching; K =:= test_hooks; K =:= bench_hooks -> is_boolean(V);
+valid(_, V) -> is_integer(V) andalso V > 0.

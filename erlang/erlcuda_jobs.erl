@@ -1,0 +1,125 @@
+%% @private
+%% The table of jobs that are owed a reply. A job is registered before its frame is
+%% written; whoever takes its entry (the port owner with a result, the sweep after a worker
+%% death, the caller whose write failed, or the sweep of dead callers) owes the one reply,
+%% and `ets:take/2' makes sure only one of them gets it.
+-module(erlcuda_jobs).
+
+-export([create/0, register/1, complete/2, withdraw/1, fail_all/1, sweep_dead_callers/0,
+         size/0, counters/0]).
+
+-export_type([entry/0]).
+
+-define(TAB, erlcuda_jobs).
+-define(COUNTERS, {?MODULE, counters}).
+%% counters: submitted, answered ok, answered with an error, dropped (caller gone)
+-define(SUBMITTED, 1).
+-define(OK, 2).
+-define(ERROR, 3).
+-define(DROPPED, 4).
+
+-record(job, {id :: erlcuda:job_id(),
+              reply_to :: pid() | reference(),
+              caller :: pid(),
+              device :: non_neg_integer(),
+              queues :: erlcuda_status:queues(),
+              kernel :: atom(),
+              started :: integer()}).
+
+-type entry() :: #{id := erlcuda:job_id(), reply_to := pid() | reference(), caller := pid(),
+                   device := non_neg_integer(), queues := erlcuda_status:queues(),
+                   kernel := atom()}.
+
+%% @doc The table, created by the application's process so that it outlives the port owner.
+-spec create() -> ok.
+create() ->
+    ?TAB = ets:new(?TAB, [set, public, named_table, {keypos, #job.id},
+                          {write_concurrency, true}, {read_concurrency, true}]),
+    persistent_term:put(?COUNTERS, counters:new(4, [write_concurrency])),
+    ok.
+
+-spec register(entry()) -> ok.
+register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
+           queues := Queues, kernel := Kernel}) ->
+    Started = erlcuda_telemetry:job_start(Id, Kernel, Device),
+    true = ets:insert(?TAB, #job{id = Id, reply_to = ReplyTo, caller = Caller,
+                                 device = Device, queues = Queues, kernel = Kernel,
+                                 started = Started}),
+    counters:add(counters_ref(), ?SUBMITTED, 1).
+
+%% @doc Deliver `Message' (`{erlcuda, Id, Result}' or its traced form) to the job's caller,
+%% once; `none' when the job was already answered or dropped.
+-spec complete(erlcuda:job_id(), tuple()) -> ok | none.
+complete(Id, Message) ->
+    case ets:take(?TAB, Id) of
+        [Job] ->
+            finish(Job, element(3, Message)),
+            Job#job.reply_to ! Message,
+            ok;
+        [] ->
+            none
+    end.
+
+%% @doc Take back a job whose frame was never written; `false' when someone else already
+%% took it (and so answered it).
+-spec withdraw(erlcuda:job_id()) -> boolean().
+withdraw(Id) ->
+    case ets:take(?TAB, Id) of
+        [#job{queues = Queues, device = Device}] ->
+            erlcuda_status:dequeue(Queues, Device),
+            counters:sub(counters_ref(), ?SUBMITTED, 1),
+            true;
+        [] ->
+            false
+    end.
+
+%% @doc Answer every registered job with `{error, {worker_down, Why}}'.
+-spec fail_all(term()) -> ok.
+fail_all(Why) ->
+    Ids = ets:select(?TAB, [{#job{id = '$1', _ = '_'}, [], ['$1']}]),
+    lists:foreach(fun(Id) -> complete(Id, {erlcuda, Id, {error, {worker_down, Why}}}) end,
+                  Ids).
+
+%% @doc Drop the jobs of callers that died. A caller killed while suspended in
+%% `port_command' registered a job whose frame was never written: nothing would ever take
+%% its entry or give back its place in the device's queue.
+-spec sweep_dead_callers() -> non_neg_integer().
+sweep_dead_callers() ->
+    Jobs = ets:select(?TAB, [{#job{id = '$1', caller = '$2', _ = '_'}, [], [{{'$1', '$2'}}]}]),
+    length([Id || {Id, Caller} <- Jobs, not alive(Caller), drop(Id)]).
+
+-spec size() -> non_neg_integer().
+size() ->
+    ets:info(?TAB, size).
+
+%% @doc Jobs submitted, answered `ok', answered with an error, and dropped since the
+%% application started.
+-spec counters() -> #{submitted := integer(), ok := integer(), error := integer(),
+                      dropped := integer()}.
+counters() ->
+    C = counters_ref(),
+    #{submitted => counters:get(C, ?SUBMITTED), ok => counters:get(C, ?OK),
+      error => counters:get(C, ?ERROR), dropped => counters:get(C, ?DROPPED)}.
+
+drop(Id) ->
+    case ets:take(?TAB, Id) of
+        [#job{queues = Queues, device = Device}] ->
+            erlcuda_status:dequeue(Queues, Device),
+            counters:add(counters_ref(), ?DROPPED, 1),
+            true;
+        [] ->
+            false
+    end.
+
+finish(#job{id = Id, queues = Queues, device = Device, kernel = Kernel, started = Started},
+       Result) ->
+    erlcuda_status:dequeue(Queues, Device),
+    Outcome = case Result of {ok, _} -> ?OK; _ -> ?ERROR end,
+    counters:add(counters_ref(), Outcome, 1),
+    erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, Result).
+
+alive(Pid) when node(Pid) =:= node() -> is_process_alive(Pid);
+alive(_) -> true.
+
+counters_ref() ->
+    persistent_term:get(?COUNTERS).

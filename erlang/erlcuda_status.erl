@@ -1,0 +1,95 @@
+%% @private
+%% The worker's status as callers see it, and the per-device queue counters: one public ETS
+%% row read by every launch, written only by the port owner (`erlcuda_worker').
+-module(erlcuda_status).
+
+-export([create/0, set_up/3, set_down/1, set_unavailable/1, status/0, enqueue/2, dequeue/2,
+         in_flight/2, pick/2]).
+
+-export_type([status/0, queues/0]).
+
+-define(TAB, erlcuda_status).
+
+-type queues() :: atomics:atomics_ref().
+-type status() :: #{status := up, port := port(), devices := non_neg_integer(),
+                    queues := queues(), max_queue := pos_integer()}
+                | #{status := {down, term()} | {unavailable, binary()},
+                    queues := queues() | undefined}.
+
+%% @doc The table; created by the application's process so that it outlives the owner.
+-spec create() -> ok.
+create() ->
+    ?TAB = ets:new(?TAB, [set, public, named_table, {read_concurrency, true}]),
+    set_down(starting).
+
+%% @doc Launches go to `Port', spread over `Devices'. The counters of jobs already in
+%% flight are kept when the device count is unchanged (a hello confirming a restart).
+-spec set_up(port(), non_neg_integer(), pos_integer()) -> ok.
+set_up(Port, Devices, MaxQueue) ->
+    Queues = case status() of
+                 #{devices := Devices, queues := Q} -> Q;
+                 _ -> atomics:new(max(Devices, 1), [{signed, true}])
+             end,
+    store(#{status => up, port => Port, devices => Devices, queues => Queues,
+          max_queue => MaxQueue}).
+
+-spec set_down(term()) -> ok.
+set_down(Why) ->
+    store(#{status => {down, Why}, queues => queues()}).
+
+-spec set_unavailable(binary()) -> ok.
+set_unavailable(Why) ->
+    store(#{status => {unavailable, Why}, queues => queues()}).
+
+%% @doc The status; `{down, not_running}' when the application is not started.
+-spec status() -> status().
+status() ->
+    try ets:lookup(?TAB, worker) of
+        [{worker, Status}] -> Status;
+        [] -> #{status => {down, starting}, queues => undefined}
+    catch
+        error:badarg -> #{status => {down, not_running}, queues => undefined}
+    end.
+
+%% @doc Count a job in on `Device', unless `max_queue' are already in flight there.
+-spec enqueue(status(), non_neg_integer()) -> ok | overloaded.
+enqueue(#{queues := Queues, max_queue := Max}, Device) ->
+    case atomics:add_get(Queues, Device + 1, 1) of
+        Depth when Depth > Max -> dequeue(Queues, Device), overloaded;
+        _ -> ok
+    end.
+
+-spec dequeue(queues(), non_neg_integer()) -> ok.
+dequeue(Queues, Device) ->
+    atomics:sub(Queues, Device + 1, 1).
+
+-spec in_flight(queues() | undefined, non_neg_integer()) -> integer().
+in_flight(undefined, _) -> 0;
+in_flight(Queues, Device) ->
+    case Device < maps:get(size, atomics:info(Queues)) of
+        true -> atomics:get(Queues, Device + 1);
+        false -> 0
+    end.
+
+%% @doc The device for a launch: the one asked for, or for `any' the shortest queue.
+-spec pick(erlcuda:device(), status()) -> {ok, non_neg_integer()} | {error, {bad_device, term()}}.
+pick(any, #{devices := Devices, queues := Queues}) when Devices > 0 ->
+    {ok, shortest(Queues, Devices - 1, 0, atomics:get(Queues, 1))};
+pick(N, #{devices := Devices}) when is_integer(N), N >= 0, N < Devices ->
+    {ok, N};
+pick(N, _) ->
+    {error, {bad_device, N}}.
+
+shortest(_, 0, Best, _) -> Best;
+shortest(Queues, I, Best, BestDepth) ->
+    case atomics:get(Queues, I + 1) of
+        D when D < BestDepth -> shortest(Queues, I - 1, I, D);
+        _ -> shortest(Queues, I - 1, Best, BestDepth)
+    end.
+
+queues() ->
+    maps:get(queues, status(), undefined).
+
+store(Status) ->
+    true = ets:insert(?TAB, {worker, Status}),
+    ok.

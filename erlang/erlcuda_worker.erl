@@ -1,0 +1,346 @@
+%% @private
+%% The port owner: the life cycle of the Python worker process as a state machine.
+%%
+%%   backing_off --(timer)--> starting --(hello answered)--> ready
+%%        ^                      |                             |
+%%        +------ worker exits, hello times out, stuck --------+
+%%
+%% Launches never pass through this process (see `erlcuda_submit'). It forwards each
+%% result to its caller (a port's output goes to its owner), answers control calls, and when
+%% the worker dies it answers every job still registered with `{worker_down, Why}' and
+%% starts a new worker, backing off while starts keep failing. The hello is one more event:
+%% nothing here waits in a receive, so `info/0' answers in every state.
+-module(erlcuda_worker).
+-behaviour(gen_statem).
+
+%% API.
+-export([start_link/0, await_ready/1, info/0, call/3]).
+
+%% gen_statem.
+-export([init/1, callback_mode/0, handle_event/4, terminate/3]).
+
+-include_lib("kernel/include/logger.hrl").
+
+-define(MIN_BACKOFF, 100).
+-define(MAX_BACKOFF, 5000).
+%% A worker that lives this long is healthy: its next crash restarts it at once.
+-define(STABLE_MS, 10000).
+%% How long info/0 waits for a busy worker before answering with this side's view.
+-define(INFO_WAIT, 2000).
+%% How often dead callers' jobs are swept, at most.
+-define(SWEEP_MS, 1000).
+%% How long a worker may take to exit once its input is closed, before it is killed.
+-define(REAP_MS, 2000).
+
+-type state() :: starting | ready | backing_off.
+-type caller() :: {info, gen_statem:from()} | {plain, gen_statem:from()} | hello.
+
+-record(data, {config :: erlcuda_config:config(),
+               port :: port() | undefined,
+               os_pid :: integer() | undefined,
+               started = 0 :: integer(),
+               calls = #{} :: #{pos_integer() => caller()},
+               next_call = 1 :: pos_integer(),
+               hello = #{} :: map(),
+               restarts = 0 :: non_neg_integer(),
+               backoff = 0 :: non_neg_integer(),
+               down_reason :: term(),
+               last_frame = 0 :: integer(),
+               busy_since :: integer() | undefined,
+               waiting = [] :: [gen_statem:from()]}).
+
+%% API.
+
+-spec start_link() -> gen_statem:start_ret().
+start_link() ->
+    gen_statem:start_link({local, ?MODULE}, ?MODULE, [], []).
+
+%% @doc Return once the first start of the worker has ended, answered or failed.
+-spec await_ready(timeout()) -> ok.
+await_ready(Timeout) ->
+    gen_statem:call(?MODULE, await_ready, Timeout).
+
+%% @doc The worker's report merged with this side's view of it.
+-spec info() -> map().
+info() ->
+    gen_statem:call(?MODULE, info, ?INFO_WAIT * 5).
+
+%% @doc A control call into the worker (`Fun' is one of its control functions).
+-spec call(atom(), list(), timeout()) -> {ok, term()} | {error, term()}.
+call(Fun, Args, Timeout) ->
+    gen_statem:call(?MODULE, {call, Fun, Args}, Timeout).
+
+%% gen_statem.
+
+-spec callback_mode() -> gen_statem:callback_mode_result().
+callback_mode() ->
+    handle_event_function.
+
+-spec init([]) -> gen_statem:init_result(state()).
+init([]) ->
+    process_flag(trap_exit, true),
+    ok = erlcuda_protocol:load_atoms(),
+    %% Jobs left by a crashed predecessor have no worker any more.
+    ok = erlcuda_jobs:fail_all(server_restarted),
+    {ok, Config} = erlcuda_config:load(),
+    self() ! tick,
+    {ok, backing_off, #data{config = Config}, [{next_event, internal, start}]}.
+
+-spec handle_event(gen_statem:event_type(), term(), state(), #data{}) ->
+    gen_statem:event_handler_result(state()).
+%% The worker process.
+handle_event(internal, start, backing_off, D) ->
+    start_worker(D);
+handle_event(state_timeout, restart, backing_off, D) ->
+    start_worker(D);
+handle_event(state_timeout, hello_timeout, starting, #data{os_pid = OsPid} = D) ->
+    ?LOG_ERROR("erlcuda: the worker ~p did not answer its hello in time; killing it",
+               [OsPid]),
+    kill(OsPid),
+    worker_died(start_timeout, D);
+handle_event(info, {Port, {data, Frame}}, State, #data{port = Port} = D) ->
+    frame(erlcuda_protocol:decode(Frame), State, D#data{last_frame = now_ms()});
+handle_event(info, {Port, {exit_status, Status}}, _, #data{port = Port} = D) ->
+    worker_died({exit_status, Status}, D);
+handle_event(info, {'EXIT', Port, Why}, _, #data{port = Port} = D) ->
+    worker_died({port_exit, Why}, D);
+handle_event(info, tick, State, D) ->
+    _ = erlcuda_jobs:sweep_dead_callers(),
+    _ = erlang:send_after(tick_ms(D), self(), tick),
+    watchdog(State, D);
+%% Callers.
+handle_event({call, From}, await_ready, starting, D) ->
+    {keep_state, D#data{waiting = [From | D#data.waiting]}};
+handle_event({call, From}, await_ready, _, _) ->
+    {keep_state_and_data, [{reply, From, ok}]};
+handle_event({call, From}, info, ready, #data{port = Port} = D) when Port =/= undefined ->
+    %% A worker busy with a long control call must not leave info/0 waiting: past
+    %% ?INFO_WAIT the answer is this side's view and the counters of the worker's hello.
+    Id = D#data.next_call,
+    _ = erlang:send_after(?INFO_WAIT, self(), {info_timeout, Id}),
+    {keep_state, send_call(info, [], {info, From}, D)};
+handle_event({call, From}, info, State, D) ->
+    {keep_state_and_data, [{reply, From, merge_info(#{}, State, D)}]};
+handle_event({call, From}, {call, Fun, Args}, State, #data{port = Port} = D)
+  when Port =/= undefined, State =/= backing_off ->
+    {keep_state, send_call(Fun, Args, {plain, From}, D)};
+handle_event({call, From}, {call, _, _}, _, #data{down_reason = Why}) ->
+    {keep_state_and_data, [{reply, From, {error, {worker_down, Why}}}]};
+handle_event({call, From}, _, _, _) ->
+    {keep_state_and_data, [{reply, From, {error, unknown_call}}]};
+handle_event(info, {info_timeout, Id}, State, #data{calls = Calls} = D) ->
+    case maps:take(Id, Calls) of
+        {{info, From}, Rest} ->
+            Info = (merge_info(D#data.hello, State, D))#{worker_answered => false},
+            {keep_state, D#data{calls = Rest}, [{reply, From, Info}]};
+        _ ->
+            keep_state_and_data
+    end;
+handle_event(_, _, _, _) ->
+    %% Late messages of a closed port, replies of `kill', stray messages.
+    keep_state_and_data.
+
+-spec terminate(term(), state(), #data{}) -> ok.
+terminate(Reason, _State, #data{port = Port, os_pid = OsPid} = D) ->
+    ok = erlcuda_status:set_down(stopping),
+    _ = [catch port_close(Port) || Port =/= undefined],
+    fail_calls({worker_down, stopping}, D),
+    ok = erlcuda_jobs:fail_all({server_stopped, Reason}),
+    %% The worker ends on its own once its input closes (popping its CUDA contexts); one
+    %% that does not is killed rather than left behind.
+    reap(OsPid, ?REAP_MS div 50).
+
+%% The worker's frames.
+
+frame({result, JobId, Message}, _, D) ->
+    _ = erlcuda_jobs:complete(JobId, Message),
+    {keep_state, D};
+frame({answer, Id, Reply}, State, #data{calls = Calls} = D) ->
+    case maps:take(Id, Calls) of
+        {{info, From}, Rest} ->
+            Info = case Reply of {ok, M} when is_map(M) -> M; _ -> #{} end,
+            {keep_state, D#data{calls = Rest}, [{reply, From, merge_info(Info, State, D)}]};
+        {{plain, From}, Rest} ->
+            {keep_state, D#data{calls = Rest}, [{reply, From, Reply}]};
+        {hello, Rest} ->
+            hello(Reply, D#data{calls = Rest});
+        error ->
+            keep_state_and_data
+    end;
+frame({log, Level, Text}, _, _) ->
+    logger:log(Level, "erlcuda worker: ~ts", [Text], #{domain => [erlcuda]}),
+    keep_state_and_data;
+frame({unexpected, Term}, _, _) ->
+    ?LOG_ERROR("erlcuda: unexpected frame from the worker: ~0P", [Term, 20]),
+    keep_state_and_data;
+frame({undecodable, Size}, _, _) ->
+    ?LOG_ERROR("erlcuda: undecodable frame of ~b bytes from the worker", [Size]),
+    keep_state_and_data.
+
+hello({ok, Info}, #data{port = Port, os_pid = OsPid, config = Config} = D) ->
+    case erlcuda_protocol:check_hello(Info) of
+        ok ->
+            ?LOG_NOTICE("erlcuda: worker ~p started: ~ts", [OsPid, maps:get(reason, Info, "")]),
+            ok = erlcuda_status:set_up(Port, maps:get(devices, Info),
+                                       maps:get(max_queue, Config)),
+            ready(D#data{hello = Info});
+        {unavailable, Why} ->
+            ?LOG_ERROR("erlcuda: worker ~p cannot run jobs: ~ts", [OsPid, Why]),
+            ok = erlcuda_status:set_unavailable(Why),
+            ready(D#data{hello = Info});
+        {failed, Other} ->
+            hello_failed(Other, D)
+    end;
+hello(Other, D) ->
+    hello_failed(Other, D).
+
+hello_failed(Other, #data{os_pid = OsPid} = D) ->
+    ?LOG_ERROR("erlcuda: the worker's hello failed: ~0P", [Other, 20]),
+    kill(OsPid),
+    worker_died({hello_failed, Other}, D).
+
+ready(#data{waiting = Waiting} = D) ->
+    {next_state, ready, D#data{waiting = []}, [{reply, From, ok} || From <- Waiting]}.
+
+%% Starting and stopping the worker.
+
+start_worker(D0) ->
+    {ok, Config} = erlcuda_config:load(),
+    D = D0#data{started = now_ms(), config = Config},
+    #{python := Python, args := Args, env := Env} = erlcuda_protocol:worker_command(Config),
+    try open_port({spawn_executable, Python},
+                  [{args, Args}, {env, Env}, {packet, 4}, binary, exit_status, nouse_stdio,
+                   hide]) of
+        Port ->
+            {os_pid, OsPid} = erlang:port_info(Port, os_pid),
+            %% Jobs may be written as soon as the port exists (the worker reads them after
+            %% its hello): until the hello says otherwise, the last worker's device count
+            %% serves, or the configured one.
+            Devices = maps:get(devices, D#data.hello, provisional_devices(Config)),
+            ok = erlcuda_status:set_up(Port, Devices, maps:get(max_queue, Config)),
+            D1 = send_call(hello, erlcuda_protocol:hello_args(), hello,
+                           D#data{port = Port, os_pid = OsPid, last_frame = now_ms()}),
+            {next_state, starting, D1,
+             [{state_timeout, maps:get(start_timeout, Config), hello_timeout}]}
+    catch
+        error:Why ->
+            ?LOG_ERROR("erlcuda: cannot start the worker ~ts: ~p", [Python, Why]),
+            back_off({spawn_failed, Why}, D)
+    end.
+
+provisional_devices(#{backend := cpu, cpu_devices := N}) -> N;
+provisional_devices(_) -> 1.
+
+worker_died(Why, #data{port = Port, os_pid = OsPid} = D) ->
+    ?LOG_ERROR("erlcuda: worker ~p down: ~p", [OsPid, Why]),
+    ok = erlcuda_status:set_down(Why),
+    _ = [catch port_close(Port) || Port =/= undefined],
+    fail_calls({worker_down, Why}, D),
+    ok = erlcuda_jobs:fail_all(Why),
+    back_off(Why, D#data{port = undefined, os_pid = undefined, calls = #{},
+                         busy_since = undefined}).
+
+back_off(Why, #data{restarts = N, backoff = Backoff, started = Started, waiting = W} = D) ->
+    ok = erlcuda_status:set_down(Why),
+    Delay = case now_ms() - Started > ?STABLE_MS of
+                true -> 0;
+                false -> min(max(Backoff * 2, ?MIN_BACKOFF), ?MAX_BACKOFF)
+            end,
+    {next_state, backing_off,
+     D#data{restarts = N + 1, backoff = Delay, down_reason = Why, waiting = []},
+     [{state_timeout, Delay, restart} | [{reply, From, ok} || From <- W]]}.
+
+%% A worker that is alive but answers nothing while jobs wait is stuck (a hung driver call,
+%% a kernel that never ends): kill it, so its jobs get an error and a new worker starts.
+watchdog(backing_off, _) ->
+    keep_state_and_data;
+watchdog(_, #data{config = #{watchdog_ms := infinity}}) ->
+    keep_state_and_data;
+watchdog(_, #data{config = #{watchdog_ms := Limit}, os_pid = OsPid, last_frame = Last,
+                  busy_since = Busy} = D) ->
+    Now = now_ms(),
+    case erlcuda_jobs:size() of
+        0 ->
+            {keep_state, D#data{busy_since = undefined}};
+        _ when Busy =:= undefined ->
+            {keep_state, D#data{busy_since = Now}};
+        _ ->
+            case Now - max(Last, Busy) of
+                Silent when Silent > Limit ->
+                    ?LOG_ERROR("erlcuda: worker ~p made no progress for ~b ms with jobs "
+                               "waiting; killing it", [OsPid, Silent]),
+                    kill(OsPid),
+                    worker_died({stuck, Silent}, D);
+                _ ->
+                    keep_state_and_data
+            end
+    end.
+
+tick_ms(#data{config = #{watchdog_ms := infinity}}) -> ?SWEEP_MS;
+tick_ms(#data{config = #{watchdog_ms := Limit}}) -> max(min(Limit div 4, ?SWEEP_MS), 10).
+
+send_call(Fun, Args, Caller, #data{port = Port, next_call = Id, calls = Calls} = D) ->
+    true = port_command(Port, erlcuda_protocol:encode_call(Id, Fun, Args)),
+    D#data{calls = Calls#{Id => Caller}, next_call = Id + 1}.
+
+fail_calls(Why, #data{calls = Calls}) ->
+    _ = [gen_statem:reply(From, {error, Why}) || {_, From} <- maps:values(Calls)],
+    ok.
+
+merge_info(Worker, State, #data{os_pid = OsPid, restarts = Restarts, down_reason = Down,
+                                hello = Hello}) ->
+    Status = erlcuda_status:status(),
+    Queues = maps:get(queues, Status),
+    Devices = maps:get(device_info, Worker, maps:get(device_info, Hello, [])),
+    PerDevice = [Dev#{in_flight => erlcuda_status:in_flight(Queues, I)}
+                 || {I, Dev} <- lists:zip(lists:seq(0, length(Devices) - 1), Devices)],
+    WorkerStatus = case {State, maps:get(status, Status)} of
+                       {starting, _} -> starting;
+                       {_, S} -> S
+                   end,
+    (maps:merge(maps:without([device_info, os_pid], Hello),
+                maps:without([device_info, os_pid], Worker)))#{
+        backend => maps:get(backend, Worker, maps:get(backend, Hello, undefined)),
+        devices => maps:get(devices, Worker, maps:get(devices, Hello, 0)),
+        device_info => PerDevice,
+        worker_os_pid => OsPid,
+        worker_status => WorkerStatus,
+        restarts => Restarts,
+        last_down_reason => Down,
+        jobs => erlcuda_jobs:counters()}.
+
+%% OS processes, without a shell.
+
+kill(undefined) ->
+    ok;
+kill(OsPid) ->
+    case os:find_executable("kill") of
+        false ->
+            _ = os:cmd("kill -9 " ++ integer_to_list(OsPid)),
+            ok;
+        Kill ->
+            %% Its exit status comes back as a message, ignored by handle_event/4.
+            _ = open_port({spawn_executable, Kill},
+                          [{args, ["-9", integer_to_list(OsPid)]}, exit_status, hide]),
+            ok
+    end.
+
+reap(undefined, _) ->
+    ok;
+reap(OsPid, 0) ->
+    kill(OsPid);
+reap(OsPid, N) ->
+    case alive(OsPid) of
+        false -> ok;
+        _ -> timer:sleep(50), reap(OsPid, N - 1)
+    end.
+
+%% Where there is no /proc, the worker is given its time and then killed.
+alive(OsPid) ->
+    case filelib:is_dir("/proc/self") of
+        true -> filelib:is_dir("/proc/" ++ integer_to_list(OsPid));
+        false -> unknown
+    end.
+
+now_ms() ->
+    erlang:monotonic_time(millisecond).
