@@ -1,0 +1,39 @@
+#!/usr/bin/env escript
+%% Build step (rebar.config's post_hooks): the modules' EDoc as EEP-48 doc chunks, put
+%% into each compiled module's "Docs" chunk. code:get_doc/1 reads that chunk first, so
+%% `h(erlcuda)' in the Erlang shell and `h :erlcuda.launch_sync' in iex show the docs,
+%% in a release too (which carries ebin/ but no doc/ directory).
+-mode(compile).
+
+main([SrcDir]) ->
+    Ebin = ebin(),
+    Tmp = filename:join(Ebin, ".doc_chunks"),
+    Todo = [{Src, Beam} || Src <- filelib:wildcard(filename:join(SrcDir, "*.erl")),
+                           Beam <- [filename:join(Ebin, filename:basename(Src, ".erl") ++ ".beam")],
+                           filelib:is_regular(Beam), not has_docs(Beam)],
+    _ = [embed(Src, Beam, Tmp) || {Src, Beam} <- Todo],
+    _ = file:del_dir_r(Tmp),
+    ok.
+
+%% Where rebar3 put the modules: mix names it; rebar3 builds under its build dir.
+ebin() ->
+    case os:getenv("REBAR_BARE_COMPILER_OUTPUT_DIR") of
+        Out when is_list(Out), Out =/= "" -> filename:join(Out, "ebin");
+        _ -> filename:join([os:getenv("REBAR_BUILD_DIR"), "lib", "erlcuda", "ebin"])
+    end.
+
+has_docs(Beam) ->
+    case beam_lib:chunks(Beam, ["Docs"]) of
+        {ok, _} -> true;
+        _ -> false
+    end.
+
+embed(Src, Beam, Tmp) ->
+    Mod = filename:basename(Src, ".erl"),
+    ok = edoc:files([Src], [{doclet, edoc_doclet_chunks}, {layout, edoc_layout_chunks},
+                            {dir, Tmp}, {preprocess, true},
+                            {includes, [filename:dirname(Src)]}]),
+    {ok, Docs} = file:read_file(filename:join([Tmp, "chunks", Mod ++ ".chunk"])),
+    {ok, _, Chunks} = beam_lib:all_chunks(Beam),
+    {ok, Module} = beam_lib:build_module(Chunks ++ [{"Docs", Docs}]),
+    ok = file:write_file(Beam, Module).

@@ -1,0 +1,2 @@
+import Config
+config :erlcuda, backend: :cpu
