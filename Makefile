@@ -1,26 +1,32 @@
 # erlcuda: `make demo` sets up and runs the four kernels from Erlang; `make test` sets up and
 # runs every test. Set-up installs only what is missing: Erlang/OTP, rebar3 and Elixir from the
-# OS packages, and numpy, pytest and hypothesis into .venv where python3 lacks them.
+# OS packages, and numpy, pytest, hypothesis and ruff into .venv (which sees the machine's own
+# Python packages) where python3 lacks them.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 REBAR ?= rebar3
 VENV := .venv
-PY = $(shell [ -x $(VENV)/bin/python ] && echo $(VENV)/bin/python || echo python3)
+PY = $(VENV)/bin/python
 
-.PHONY: demo test test-gpu test-python test-erlang test-elixir lint bench bench-quick soak \
-        setup setup-erlang setup-elixir setup-python compile clean
+.PHONY: demo test test-gpu test-python test-erlang test-elixir test-release lint bench bench-quick soak \
+        setup setup-erlang setup-elixir setup-python setup-bench compile clean
 
+# The demo module is not part of the application: compiled into a scratch folder.
 demo: setup compile
-	erl -noshell -pa _build/default/lib/erlcuda/ebin -eval 'erlcuda_demo:main(), halt().'
+	@mkdir -p _build/demo
+	erlc -o _build/demo -pa _build/default/lib/erlcuda/ebin test/demo/erlcuda_demo.erl
+	erl -noshell -pa _build/default/lib/erlcuda/ebin -pa _build/demo \
+	  -eval 'erlcuda_demo:main(), halt().'
 
-test: setup setup-elixir compile lint test-python test-erlang test-elixir
+test: setup setup-elixir compile lint test-python test-erlang test-elixir test-release
 
 # On the GPU machine (`. .gpu-kit/setup.sh` first): the gpu-marked pytest tests and the
 # eunit group that runs with backend = cuda; the CPU tests run too.
+GPU_PY ?= python3
 test-gpu: setup-erlang compile
-	ERLCUDA_TEST_GPU=1 $(PY) -m pytest -m gpu -v test/python
-	ERLCUDA_TEST_GPU=1 ERLCUDA_PYTHON=$$(command -v $(PY)) $(REBAR) eunit --module=erlcuda_gpu_tests
+	ERLCUDA_TEST_GPU=1 $(GPU_PY) -m pytest -m gpu -v test/python
+	ERLCUDA_TEST_GPU=1 ERLCUDA_PYTHON=$$(command -v $(GPU_PY)) $(REBAR) eunit --module=erlcuda_gpu_tests
 
 setup: setup-erlang setup-python
 
@@ -32,12 +38,15 @@ setup-erlang:
 setup-elixir: setup-erlang
 	@command -v elixir >/dev/null || $(call apt_install,elixir)
 
-# The machine's python3 where it already has numpy, pytest and hypothesis (a GPU machine
-# with its own PyCUDA, say); else a virtual environment in .venv with them installed.
+# .venv, made with the machine's packages visible (PyCUDA, numpy where installed), and the
+# Python tools that are missing installed into it: never into the machine's python.
 setup-python:
-	@if [ ! -x $(VENV)/bin/python ] && ! python3 -c 'import numpy, pytest, hypothesis' 2>/dev/null; then \
-	  echo "creating $(VENV) with numpy, pytest and hypothesis"; \
-	  python3 -m venv $(VENV) && $(VENV)/bin/python -m pip install -q numpy pytest hypothesis; fi
+	@if [ ! -x $(VENV)/bin/python ]; then \
+	  echo "creating $(VENV) (it sees the machine's packages)"; \
+	  python3 -m venv --system-site-packages $(VENV); fi
+	@$(VENV)/bin/python -c 'import numpy, pytest, hypothesis, ruff' 2>/dev/null || { \
+	  echo "installing numpy, pytest, hypothesis and ruff into $(VENV)"; \
+	  $(VENV)/bin/python -m pip install -q numpy pytest hypothesis ruff; }
 
 apt_install = { echo "installing $(1) from the OS packages"; \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && \
@@ -47,7 +56,6 @@ compile:
 	$(REBAR) compile
 
 lint:
-	@$(PY) -m ruff --version >/dev/null 2>&1 || $(PY) -m pip install -q ruff
 	$(PY) -m ruff check python test/python bench
 	$(REBAR) as test xref
 	$(REBAR) dialyzer
@@ -61,15 +69,26 @@ test-erlang:
 test-elixir:
 	elixir -pa _build/default/lib/erlcuda/ebin test/elixir/erlcuda_test.exs
 
-bench: setup compile
-	$(PY) -c 'import matplotlib, tqdm' 2>/dev/null || $(PY) -m pip install -q matplotlib tqdm \
-	  || echo "bench: matplotlib/tqdm not installed: no plots, a plain progress counter"
-	BENCH_PYTHON=$(PY) bench/run --full
+# rebar3 and mix releases of small apps that depend on erlcuda, run without the sources.
+test-release:
+	test/release/run $(PY)
 
-bench-quick: setup compile
-	$(PY) -c 'import matplotlib, tqdm' 2>/dev/null || $(PY) -m pip install -q matplotlib tqdm \
-	  || echo "bench: matplotlib/tqdm not installed: no plots, a plain progress counter"
-	BENCH_PYTHON=$(PY) bench/run --quick
+# The benchmarks run under .venv's python, bench script and worker alike (bench/run starts the
+# worker with its own interpreter), and write to a new folder under _build/bench/runs/ unless
+# told otherwise: `make bench BENCH_ARGS="--out bench/results/h200 --backend cuda"`.
+BENCH_ARGS ?=
+
+bench: setup compile setup-bench
+	BENCH_PYTHON=$(VENV)/bin/python bench/run --full $(BENCH_ARGS)
+
+bench-quick: setup compile setup-bench
+	BENCH_PYTHON=$(VENV)/bin/python bench/run --quick $(BENCH_ARGS)
+
+# matplotlib and tqdm (the plots and progress bars) into .venv, never the machine's python.
+setup-bench: setup-python
+	@$(VENV)/bin/python -c 'import numpy, matplotlib, tqdm' 2>/dev/null || { \
+	  echo "installing numpy, matplotlib and tqdm into $(VENV)"; \
+	  $(VENV)/bin/python -m pip install -q numpy matplotlib tqdm; }
 
 soak: setup compile
 	bench/soak $${SOAK_SECONDS:-120}

@@ -1,16 +1,18 @@
 %% The benchmark node of `bench/run': one long-lived Erlang node with the worker attached.
 %%
 %% `main(ConfigFile)' reads one map (written by bench/run with `file:consult/1' syntax),
-%% starts erlcuda with the application env it names, runs the sections and writes one JSON
-%% object a line on stdout: `{"event":"phase",...}', `{"event":"progress","done":N,
-%% "total":M}', `{"event":"result","section":...}', `{"event":"info",...}', and at the end
+%% starts erlcuda with the application env it names (with `bench_hooks' true, for the
+%% worker's `pure' and `echo' calls, and `python', the interpreter bench/run itself runs
+%% under), runs the sections and writes one JSON object a line on stdout:
+%% `{"event":"phase",...}', `{"event":"progress","done":N,"total":M}',
+%% `{"event":"result","section":...}', `{"event":"info",...}', and at the end
 %% `{"event":"done"}' (or `{"event":"error",...}'). Logs go to stderr, so stdout carries
 %% nothing else. Times are `erlang:monotonic_time(nanosecond)'; the worker's stamps are its
 %% own `perf_counter_ns' and only their differences are used.
 %%
 %% Sections:
 %%   latency     per kernel and size, the full stack (`erlcuda:launch_sync/3') and the pure
-%%               backend call timed in the worker (`erlcuda_port:call(pure, ...)'), job by
+%%               backend call timed in the worker (`erlcuda_worker:call(pure, ...)'), job by
 %%               job, both kinds and all sizes shuffled into one random order;
 %%   stages      traced jobs (`{trace, true}'): where one job's time goes, plus an echo of
 %%               the same input bytes as the bare transport;
@@ -71,10 +73,13 @@ section(_, _) -> ok.
 
 start_app(Cfg, Batching) ->
     _ = application:load(erlcuda),
+    %% bench_hooks: the worker answers the benchmark calls (pure, echo) only with it.
     Env = [{backend, maps:get(backend, Cfg, auto)},
            {cpu_devices, 1},
            {max_queue, maps:get(max_queue, Cfg, 100000)},
-           {batching, Batching}],
+           {batching, Batching},
+           {bench_hooks, true}
+           | [{python, P} || P <- [maps:get(python, Cfg, default)], is_list(P)]],
     [ok = application:set_env(erlcuda, K, V) || {K, V} <- Env],
     {ok, _} = application:ensure_all_started(erlcuda),
     case erlcuda:info() of
@@ -93,8 +98,8 @@ info_event(Cfg) ->
                [#{name := N} | _] -> N;
                _ -> <<"unknown">>
            end,
-    {ok, Configured} = application:get_env(erlcuda, python),
-    Python = erlcuda_paths:python(erlcuda_paths:root(), Configured),
+    %% bench/run names the interpreter and sets ERLCUDA_PYTHON to it as well.
+    Python = maps:get(python, Cfg, os:getenv("ERLCUDA_PYTHON", "python3")),
     #{event => info,
       requested_backend => maps:get(backend, Cfg, auto),
       backend => maps:get(backend, Info),
@@ -159,14 +164,14 @@ full(K, Args) ->
     end.
 
 pure(K, Args, Repeat) ->
-    case erlcuda_port:call(pure, [0, K, Args, Repeat], ?TIMEOUT) of
+    case erlcuda_worker:call(pure, [0, K, Args, Repeat], ?TIMEOUT) of
         {ok, Ns} when is_list(Ns) -> Ns;
         Other -> error({pure_failed, K, Other})
     end.
 
 echo(Bin) ->
     T0 = now_ns(),
-    case erlcuda_port:call(echo, [Bin], ?TIMEOUT) of
+    case erlcuda_worker:call(echo, [Bin], ?TIMEOUT) of
         {ok, Back} when byte_size(Back) =:= byte_size(Bin) -> now_ns() - T0;
         Other -> error({echo_failed, byte_size(Bin), Other})
     end.
@@ -275,8 +280,8 @@ traced(K, Args, Offset) ->
     %% Checking and encoding the launch, timed alone (launch/3 does the same, then writes).
     E0 = now_ns(),
     {ok, Job} = erlcuda_job:validate(K, Args, Opts),
-    Frame = erlcuda_job:encode_launch(1, self(), 0, K, maps:get(args, Job),
-                                      #{format => binary, trace => true}),
+    {ok, Frame} = erlcuda_protocol:encode_launch(1, self(), 0, K, maps:get(args, Job),
+                                                 #{format => binary, trace => true}),
     E1 = now_ns(),
     _ = iolist_size(Frame),
     T0 = now_ns(),

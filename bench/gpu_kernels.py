@@ -1,6 +1,6 @@
 """Kernel-only timings of erlcuda's CUDA kernels beside CuPy on the same GPU, in one run.
 
-    PYTHONPATH=python python3 bench/gpu_kernels.py [--quick] [--out DIR]
+    PYTHONPATH=python python3 bench/gpu_kernels.py [--quick] [--out DIR] [--device N]
 
 Measures, with CUDA events around the launches alone (no transfers, no Python staging):
 matmul 4096^3 (TFLOP/s, against CuPy's a @ b, i.e. cuBLAS SGEMM), reduce and dot_product
@@ -10,8 +10,11 @@ median of the timed launches after warm-up launches, on random data. Every one o
 results is checked against a float64 reference computed on the GPU.
 
 Our kernels are launched through ``CudaDevice.launch_*``, the same functions, compiled
-cubins and launch configurations the worker uses. Writes ``<out>/kernels.md`` (the tables)
-and ``<out>/kernels.json`` (every timing).
+cubins and launch configurations the worker uses, on a ``CudaDevice`` made on the GPU's
+primary context (``PrimaryContextDevice`` below). Writes ``<out>/kernels.md`` (the tables)
+and ``<out>/kernels.json`` (every timing); ``<out>`` is a new folder
+``_build/bench/kernels-<UTC date>-<time>`` unless ``--out`` names one (the committed figures
+are in ``bench/results/h200/``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,38 @@ BIG = 256 * 2**20  # elements of the bandwidth benchmarks
 MATMUL = 4096
 VARIANTS = (1024, 2048, 4000, 4096, 4097, 8192)
 TARGETS = {"matmul": 0.75, "reduce": 0.90, "dot_product": 0.90, "vector_add": 0.90}
+
+
+class PrimaryContextDevice(CudaDevice):
+    """A ``CudaDevice`` on the device's primary context, the one the CUDA runtime (CuPy)
+    uses, instead of a context of its own.
+
+    Our kernels then read CuPy's arrays directly, and CuPy's runtime calls, which make the
+    primary context current, never switch PyCUDA's context from under us. The worker itself
+    always makes a context of its own. ``close`` (``_release_context``) pops the context
+    and releases this hold on it.
+    """
+
+    def __init__(self, index: int, cubins: Mapping[str, bytes]) -> None:
+        self.index = index
+        self._closed = False
+        self._dev = cuda.Device(index)
+        self._ctx = self._dev.retain_primary_context()
+        self._ctx.push()
+        try:
+            self._setup(cubins)
+        except BaseException:
+            self._release_context()
+            raise
+
+
+def open_primary(backend: CudaBackend, index: int) -> PrimaryContextDevice:
+    """Device ``index`` on its primary context, with the cubins the backend compiled for
+    its compute capability (what ``CudaBackend.open`` gives the worker's devices)."""
+    if not 0 <= index < backend.device_count():
+        raise SystemExit(f"no CUDA device {index} ({backend.device_count()} found)")
+    cubins = backend._cubins[backend._capabilities[index]]
+    return PrimaryContextDevice(index, cubins)
 
 
 def time_ours(dev: CudaDevice, launch: Callable[[], None], warmup: int, repeat: int) -> list[float]:
@@ -302,18 +337,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="fewer launches and no matmul variants beyond 4096"
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu-kernels")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where to write kernels.md and kernels.json (default: a new folder "
+        "_build/bench/kernels-<UTC date>-<time>)",
+    )
     parser.add_argument("--device", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        args.out = ROOT / "_build" / "bench" / f"kernels-{stamp}"
     warmup, repeat = (3, 20) if args.quick else (5, 50)
 
     cp.cuda.Device(args.device).use()
     backend = CudaBackend()
-    # Our device runs on the GPU's primary context, the one CuPy (the CUDA runtime) uses, so
-    # our kernels read CuPy's arrays directly and CuPy's runtime calls, which make the
-    # primary context current, never switch PyCUDA's context from under it. The worker
-    # itself uses a context of its own (CudaBackend.open without primary_context).
-    dev = backend.open(args.device, primary_context=True)
+    # Our device runs on the GPU's primary context, the one CuPy uses (see
+    # PrimaryContextDevice); the worker itself uses a context of its own.
+    dev = open_primary(backend, args.device)
     try:
         info = dev.info()
         env = {

@@ -1,10 +1,14 @@
 """erlcuda's benchmark suite: the full stack from Erlang against the bare backend call.
 
     bench/run --quick | --full  [--backend auto|cpu|cuda] [--out DIR] [--only SECTION ...]
+    bench/run --plots-from RESULTS_JSON [--out DIR]
+    bench/run --report-only DIR [--out DIR]
 
 One Erlang node (``bench/erlcuda_bench.erl``) with the worker attached runs every section
 and streams JSON lines; this script starts it, shows the progress, and writes under the
-output directory (default ``bench/results/<machine>``):
+output directory (default: a new scratch folder ``_build/bench/runs/<machine>-<UTC time>``;
+the committed figures in ``bench/results/<machine>`` change only when ``--out`` names
+that folder):
 
 - ``report.md``: tables (latency p50/p90/p99 of the full stack, of the pure backend call
   and of the overhead, with a bootstrap 95% CI of the median overhead; a per-stage
@@ -14,7 +18,10 @@ output directory (default ``bench/results/<machine>``):
 - ``results.json``: the same figures as data; ``raw/samples.json``: every sample;
 - ``latency.png``, ``throughput.png``, ``bandwidth.png``, ``stages.png`` (with matplotlib).
 
-The report's tables are printed on stdout at the end.
+The report's tables are printed on stdout at the end. The worker runs under the same Python
+interpreter as this script (``bench/run`` picks ``$BENCH_PYTHON``, else ``.venv/bin/python``,
+else ``python3``; ``make bench`` uses ``.venv``), so that the numpy (or PyCUDA) of the
+figures is the one the report names.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "_build" / "bench"
+#: Where a run writes unless ``--out`` says otherwise: a new folder for each run.
+RUNS = BUILD / "runs"
 EBIN = ROOT / "_build" / "default" / "lib" / "erlcuda" / "ebin"
 
 Json = dict[str, Any]
@@ -93,8 +102,15 @@ def groups(sizes: Sequence[int], matmul: Sequence[int]) -> list[tuple[str, int]]
     return [(k, n) for k in KERNELS[:3] for n in sizes] + [("matmul", n) for n in matmul]
 
 
+class ErlString(str):
+    """A ``str`` that ``erl_term`` writes as an Erlang string (a list), not an atom."""
+
+
 def erl_term(value: Any) -> str:
-    """An Erlang term in ``file:consult`` syntax: str -> atom, dict -> map, tuple -> tuple."""
+    """An Erlang term in ``file:consult`` syntax: str -> atom (``ErlString`` -> string),
+    dict -> map, tuple -> tuple."""
+    if isinstance(value, ErlString):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -206,15 +222,21 @@ class Progress:
 def run_node(ebin: Path, config: Json, backend: str, seed: int) -> tuple[Json, list[Json]]:
     """Run the benchmark node; return its info event and its result events."""
     cfg_file = BUILD / "config.eterm"
-    term = {"backend": backend, "seed": seed, "max_queue": 100_000, **config}
+    # The worker runs under this interpreter: the application env `python', and
+    # ERLCUDA_PYTHON (which would override it) set to the same.
+    python = sys.executable
+    term = {"backend": backend, "seed": seed, "max_queue": 100_000,
+            "python": ErlString(python), **config}
     cfg_file.write_text(erl_term(term) + ".\n")
     cmd = ["erl", "-noshell", "-noinput", "-pa", str(ebin), "-pa", str(BUILD),
            "-eval", f'erlcuda_bench:main("{cfg_file}")']
+    env = {**os.environ, "ERLCUDA_PYTHON": python}
     progress = Progress()
     info: Json = {}
     results: list[Json] = []
     finished = False
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, bufsize=1)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, bufsize=1,
+                            env=env)
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
@@ -687,7 +709,8 @@ def make_plots(summary: Json, out: Path) -> tuple[list[str], str | None]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return [], "matplotlib is not installed (pip install matplotlib)"
+        return [], (f"matplotlib is not installed for {sys.executable} (`make setup-bench` "
+                    "puts it and tqdm into .venv)")
     made: list[str] = []
     backend = summary["machine"]["backend"]
     title_tail = f" — {summary['machine_name']}, {backend} backend"
@@ -709,8 +732,10 @@ def compact(value: float) -> str:
     return f"{value:g}"
 
 
-def tidy_log_axes(ax: Any, xs: Sequence[float], xlabels: Sequence[str]) -> None:
-    """Ticks at the measured x values; y labels as 2, 5, 10, 20k... instead of 2x10^4."""
+def tidy_log_axes(ax: Any, xs: Sequence[float], xlabels: Sequence[str], *,
+                  ylog: bool = True) -> None:
+    """Ticks at the measured x values; y labels as 2, 5, 10, 20k... instead of 2x10^4
+    (``ylog`` False: a symlog y axis, decades labelled, no minor labels)."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     def minor(value: float, _pos: int) -> str:
@@ -720,8 +745,99 @@ def tidy_log_axes(ax: Any, xs: Sequence[float], xlabels: Sequence[str]) -> None:
     ax.set_xticks(list(xs), list(xlabels))
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: compact(v)))
-    ax.yaxis.set_minor_formatter(FuncFormatter(minor))
-    ax.tick_params(axis="y", which="minor", labelsize=7)
+    if ylog:
+        ax.yaxis.set_minor_formatter(FuncFormatter(minor))
+        ax.tick_params(axis="y", which="minor", labelsize=7)
+    else:
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def drawable(value: float) -> bool:
+    """Whether a log axis can show ``value``."""
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def log_series(ax: Any, x: Sequence[float], y: Sequence[float], style: str, *, label: str,
+               color: str | None = None) -> int:
+    """``ax.plot`` for a log y axis, where a value of zero or less (or none) would vanish
+    without a word: those are marked with a hollow triangle on the axis' foot, in the
+    series' colour, with a legend entry of their own. Returns how many were marked."""
+    good = [(a, b) for a, b in zip(x, y, strict=True) if drawable(b)]
+    bad = [a for a, b in zip(x, y, strict=True) if not drawable(b)]
+    (line,) = ax.plot([a for a, _ in good], [b for _, b in good], style, color=color,
+                      label=label)
+    if bad:
+        ax.plot(bad, [0.0] * len(bad), "v", mfc="none", color=line.get_color(),
+                transform=ax.get_xaxis_transform(), clip_on=False,
+                label=f"{label}: zero or none (off the log scale)")
+    return len(bad)
+
+
+#: The overhead plot's y axis is logarithmic beyond ±this (µs) and linear within it, so that
+#: an overhead of zero or less (the pure call at least as slow as the whole stack, within
+#: noise) is drawn where it is instead of vanishing from a log axis.
+OVERHEAD_LINEAR_US = 10.0
+
+
+def plot_latency(plt: Any, summary: Json, tail: str) -> bool:
+    """Per kernel: the full stack and the pure backend call (log-log, p50 line, p50-p99
+    band) above, and their difference, the overhead, below (symlog: it may be negative)."""
+    rows = summary["latency"]
+    kernels = [k for k in KERNELS if any(r["kernel"] == k for r in rows)]
+    if not kernels:
+        return False
+    fig, axes = plt.subplots(2, len(kernels), figsize=(4.2 * len(kernels), 7.2), squeeze=False,
+                             sharex="col", gridspec_kw={"height_ratios": [3, 2]})
+    for col, k in enumerate(kernels):
+        top, bottom = axes[0][col], axes[1][col]
+        rs = sorted((r for r in rows if r["kernel"] == k), key=lambda r: r["size"])
+        x = [r["size"] for r in rs]
+        labels = [size_label(k, n) for n in x]
+        marked = 0
+        for key, label, color in (("full_us", "full stack", "C0"),
+                                  ("pure_us", "pure backend", "C1")):
+            p50 = [r[key]["p50"] for r in rs]
+            p99 = [r[key]["p99"] for r in rs]
+            marked += log_series(top, x, p50, "o-", label=f"{label} p50", color=color)
+            top.fill_between(x, p50, p99, where=[drawable(v) for v in p50], color=color,
+                             alpha=0.15, label=f"{label} p50-p99")
+        if marked and col > 0:  # the first panel has the legend anyway
+            top.legend(fontsize=7)
+        top.set_xscale("log")
+        top.set_yscale("log")
+        tidy_log_axes(top, x, labels)
+        top.set_title(k)
+        top.grid(True, which="both", alpha=0.3)
+
+        over = [r["overhead_us"]["p50"] for r in rs]
+        lo = [r["overhead_p50_ci95_us"][0] for r in rs]
+        hi = [r["overhead_p50_ci95_us"][1] for r in rs]
+        bottom.axhline(0.0, color="black", lw=0.8)
+        bottom.vlines(x, lo, hi, color="C2", lw=4, alpha=0.35,
+                      label="95% CI of the median difference")
+        bottom.plot(x, over, "s:", color="C2", label="overhead p50 = full p50 - pure p50")
+        shown = [v for v in (*over, *lo, *hi) if math.isfinite(v)]
+        if k == "vector_add":
+            bottom.axhline(TARGET_OVERHEAD_P50_US, color="grey", ls="--", lw=1,
+                           label=f"target ≤ {TARGET_OVERHEAD_P50_US:g} µs at 1e3 (H200)")
+            shown.append(TARGET_OVERHEAD_P50_US)
+        bottom.set_xscale("log")
+        bottom.set_yscale("symlog", linthresh=OVERHEAD_LINEAR_US)
+        # Symlog's autoscale pads as far below zero as above it: fit the data instead,
+        # zero always in view, with half a decade or so to spare at either end.
+        low, high = min([0.0, *shown]), max([0.0, *shown])
+        bottom.set_ylim(3 * low if low < 0 else -OVERHEAD_LINEAR_US / 2,
+                        3 * high if high > 0 else OVERHEAD_LINEAR_US / 2)
+        tidy_log_axes(bottom, x, labels, ylog=False)
+        bottom.set_xlabel("matrix side n (nxn)" if k == "matmul" else "elements")
+        bottom.grid(True, which="major", alpha=0.3)
+    axes[0][0].set_ylabel("latency (µs)")
+    axes[0][0].legend(fontsize=7)
+    axes[1][0].set_ylabel(f"overhead (µs)\nlog scale; linear within ±{OVERHEAD_LINEAR_US:g}")
+    axes[1][0].legend(fontsize=7, loc="best")
+    fig.suptitle("Latency: full stack vs pure backend call, and the difference" + tail)
+    fig.tight_layout()
+    return True
 
 
 def kernel_axes(plt: Any, rows: list[Json], width: float) -> tuple[Any, Any, list[str]]:
@@ -731,34 +847,6 @@ def kernel_axes(plt: Any, rows: list[Json], width: float) -> tuple[Any, Any, lis
         return None, None, []
     fig, axes = plt.subplots(1, len(kernels), figsize=(width * len(kernels), 4), squeeze=False)
     return fig, axes, kernels
-
-
-def plot_latency(plt: Any, summary: Json, tail: str) -> bool:
-    rows = summary["latency"]
-    fig, axes, kernels = kernel_axes(plt, rows, 4.2)
-    if not kernels:
-        return False
-    for ax, k in zip(axes[0], kernels, strict=True):
-        rs = sorted((r for r in rows if r["kernel"] == k), key=lambda r: r["size"])
-        x = [r["size"] for r in rs]
-        for key, label, color in (("full_us", "full stack", "C0"), ("pure_us", "pure backend",
-                                                                      "C1")):
-            p50 = [r[key]["p50"] for r in rs]
-            ax.plot(x, p50, "o-", color=color, label=f"{label} p50")
-            ax.fill_between(x, p50, [r[key]["p99"] for r in rs], color=color, alpha=0.15,
-                            label=f"{label} p50-p99")
-        ax.plot(x, [max(r["overhead_us"]["p50"], 1e-3) for r in rs], "s:", color="C2",
-                label="overhead p50")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        tidy_log_axes(ax, x, [size_label(k, n) for n in x])
-        ax.set_xlabel("matrix side n (nxn)" if k == "matmul" else "elements")
-        ax.set_title(k)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("latency (µs)")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle("Latency: full stack vs pure backend call" + tail)
-    return True
 
 
 def plot_throughput(plt: Any, summary: Json, tail: str) -> bool:
@@ -771,10 +859,11 @@ def plot_throughput(plt: Any, summary: Json, tail: str) -> bool:
             rs = sorted((r for r in rows if r["kernel"] == k and r["batching"] is batching),
                         key=lambda r: r["callers"])
             if rs:
-                ax.plot([r["callers"] for r in rs], [r["jobs_per_s"] for r in rs], style,
-                        label=f"batching {'on' if batching else 'off'}")
+                log_series(ax, [r["callers"] for r in rs], [r["jobs_per_s"] for r in rs],
+                           style, label=f"batching {'on' if batching else 'off'}")
         if k == "vector_add":
-            ax.axhline(TARGET_JOBS_PER_S, color="grey", ls=":", label="target (H200)")
+            ax.axhline(TARGET_JOBS_PER_S, color="grey", ls=":",
+                       label=f"target at {TARGET_CALLERS} callers (H200)")
         ax.set_xscale("log")
         ax.set_yscale("log")
         callers = sorted({r["callers"] for r in rows})
@@ -794,10 +883,12 @@ def plot_bandwidth(plt: Any, summary: Json, tail: str) -> bool:
         return False
     _fig, ax = plt.subplots(figsize=(6, 4))
     x = [r["size"] for r in rows]
-    ax.plot(x, [r["full_gbs"] for r in rows], "o-", label="vector_add end to end")
-    ax.plot(x, [r["echo_gbs"] for r in rows], "s--", label="echo, same bytes (transport)")
-    ax.plot(x, [r["pure_gbs"] for r in rows], "^:", label="backend call alone")
-    ax.axhline(TARGET_BANDWIDTH_GBS, color="grey", ls=":", label="target (H200)")
+    log_series(ax, x, [r["full_gbs"] for r in rows], "o-", label="vector_add end to end")
+    log_series(ax, x, [r["echo_gbs"] for r in rows], "s--",
+               label="echo, same bytes (transport)")
+    log_series(ax, x, [r["pure_gbs"] for r in rows], "^:", label="backend call alone")
+    ax.axhline(TARGET_BANDWIDTH_GBS, color="grey", ls=":",
+               label=f"target at {sci(TARGET_BANDWIDTH_SIZE)} (H200)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     tidy_log_axes(ax, x, [sci(n) for n in x])
@@ -810,6 +901,9 @@ def plot_bandwidth(plt: Any, summary: Json, tail: str) -> bool:
 
 
 def plot_stages(plt: Any, summary: Json, tail: str) -> bool:
+    """Each traced job's stage p50s as shares of their sum, one bar per kernel and size, in
+    the report's order from the top. A stage whose p50 is negative (a hop timed across the
+    two clocks) is drawn as zero, and the axis label says which."""
     rows = summary["stages"]
     if not rows:
         return False
@@ -819,18 +913,27 @@ def plot_stages(plt: Any, summary: Json, tail: str) -> bool:
              and not (split and s[0] == "transit")]
     _fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * len(rows)))
     labels = [f"{r['kernel']} {size_label(r['kernel'], r['size'])}" for r in rows]
-    for i, r in enumerate(rows):
+    negative: list[str] = []
+    for i, (r, row_label) in enumerate(zip(rows, labels, strict=True)):
         total = max(sum(max(r["stages_us"][k]["p50"], 0.0) for k, _, _ in parts), 1e-9)
         left = 0.0
         for j, (key, label, _) in enumerate(parts):
-            share = 100.0 * max(r["stages_us"][key]["p50"], 0.0) / total
+            value = r["stages_us"][key]["p50"]
+            if value < 0:
+                negative.append(f"{key.replace('_', ' ')} of {row_label} ({fnum(value)} µs)")
+            share = 100.0 * max(value, 0.0) / total
             ax.barh(i, share, left=left, color=f"C{j}", label=label if i == 0 else None)
             left += share
         ax.text(101, i, f"{r['stages_us']['total']['p50']:,.0f} µs", va="center", fontsize=8)
     ax.set_yticks(range(len(rows)), labels)
+    ax.invert_yaxis()
     ax.set_xlim(0, 115)
-    ax.set_xlabel("share of the job's time (stage p50s, %)")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)
+    xlabel = "share of the job's time (stage p50s, %); right: the total's p50"
+    if negative:
+        xlabel += "\nnegative p50, drawn as 0: " + "; ".join(negative)
+    ax.set_xlabel(xlabel)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3 if negative else -0.25),
+              ncol=3)
     ax.set_title("Where one job's time goes" + tail, fontsize=10)
     return True
 
@@ -838,26 +941,74 @@ def plot_stages(plt: Any, summary: Json, tail: str) -> bool:
 # -- main ------------------------------------------------------------------------------------
 
 
+EPILOG = """\
+output:
+  Each run writes report.md, results.json, the plots and raw/samples.json to a new folder,
+  _build/bench/runs/<machine>-<UTC date>-<time>/, unless --out names one. The committed
+  figures (bench/results/<machine>/) change only with --out bench/results/<machine>.
+
+interpreter:
+  bench/run runs this script under $BENCH_PYTHON, else .venv/bin/python, else python3, and
+  the worker under the same interpreter. `make bench` and `make bench-quick` use .venv, into
+  which `make setup-bench` puts numpy, matplotlib and tqdm (never into the system python);
+  without matplotlib there are no plots, without tqdm a plain progress counter.
+
+examples:
+  bench/run --quick                                  # about a minute, into _build/bench/runs/
+  bench/run --full --backend cuda --out bench/results/h200
+  bench/run --plots-from bench/results/h200/results.json --out /tmp/plots
+"""
+
+
+def default_out(name: str) -> Path:
+    """A new scratch folder for one run: ``_build/bench/runs/<name>-<UTC date>-<time>``."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return RUNS / f"{name}-{stamp}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n")[0],
+                                     epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="about a minute (the default)")
     mode.add_argument("--full", action="store_true", help="every size, stable p99")
     parser.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--out", type=Path, help="default: bench/results/<machine>")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="write here (made if missing; its files are replaced) instead of "
+                             "a new folder _build/bench/runs/<machine>-<UTC date>-<time>")
     parser.add_argument("--only", choices=SECTIONS, action="append",
                         help="run only this section (repeatable)")
     parser.add_argument("--seed", type=int, default=20240601)
-    parser.add_argument("--report-only", type=Path, metavar="DIR",
-                        help="run nothing: rewrite DIR's report, results.json and plots from "
-                             "DIR/raw/samples.json")
+    offline = parser.add_mutually_exclusive_group()
+    offline.add_argument("--report-only", type=Path, metavar="DIR",
+                         help="run nothing: rewrite the report, results.json and plots from "
+                              "DIR/raw/samples.json, into DIR itself unless --out is given")
+    offline.add_argument("--plots-from", type=Path, metavar="RESULTS_JSON",
+                         help="run nothing: draw the plots from a results.json (such as "
+                              "bench/results/h200/results.json) into --out, else a new folder "
+                              "_build/bench/runs/<machine>-plots-<UTC date>-<time>")
     args = parser.parse_args(argv)
     args.quick = not args.full
 
+    if args.plots_from is not None:
+        summary = json.loads(args.plots_from.read_text())
+        out = args.out or default_out(f"{summary['machine_name']}-plots")
+        out.mkdir(parents=True, exist_ok=True)
+        plots, note = make_plots(summary, out)
+        if not plots:
+            raise SystemExit(f"bench: no plots: {note or 'nothing to plot'}")
+        say(sys.stdout, f"bench: wrote {', '.join(plots)} to {display(out)}")
+        return 0
+
     if args.report_only is not None:
         raw = json.loads((args.report_only / "raw" / "samples.json").read_text())
-        write_outputs(args.report_only, raw["info"], raw["results"], raw["machine"],
-                      raw["config"], raw.get("seed", args.seed))
+        out = args.out or args.report_only
+        if out.resolve() != args.report_only.resolve():
+            (out / "raw").mkdir(parents=True, exist_ok=True)
+            write_json(out / "raw" / "samples.json", raw)
+        write_outputs(out, raw["info"], raw["results"], raw["machine"], raw["config"],
+                      raw.get("seed", args.seed))
         return 0
 
     started = time.monotonic()
@@ -868,7 +1019,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config["sections"] = list(args.only or SECTIONS)
     info, results = run_node(ebin, config, args.backend, args.seed)
     machine = describe_machine(info, args, time.monotonic() - started, load_start)
-    out: Path = args.out or ROOT / "bench" / "results" / machine_name(info)
+    out: Path = args.out or default_out(machine_name(info))
     (out / "raw").mkdir(parents=True, exist_ok=True)
     write_json(out / "raw" / "samples.json", {"info": info, "results": results,
                                               "machine": machine, "config": config,

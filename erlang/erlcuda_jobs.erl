@@ -76,7 +76,7 @@ withdraw(Id) ->
 %% @doc Answer every registered job with `{error, {worker_down, Why}}'.
 -spec fail_all(term()) -> ok.
 fail_all(Why) ->
-    Ids = ets:select(?TAB, [{#job{id = '$1', _ = '_'}, [], ['$1']}]),
+    Ids = ets:select(?TAB, [{pattern([{#job.id, '$1'}]), [], ['$1']}]),
     lists:foreach(fun(Id) -> complete(Id, {erlcuda, Id, {error, {worker_down, Why}}}) end,
                   Ids).
 
@@ -85,7 +85,8 @@ fail_all(Why) ->
 %% its entry or give back its place in the device's queue.
 -spec sweep_dead_callers() -> non_neg_integer().
 sweep_dead_callers() ->
-    Jobs = ets:select(?TAB, [{#job{id = '$1', caller = '$2', _ = '_'}, [], [{{'$1', '$2'}}]}]),
+    Jobs = ets:select(?TAB, [{pattern([{#job.id, '$1'}, {#job.caller, '$2'}]), [],
+                              [{{'$1', '$2'}}]}]),
     length([Id || {Id, Caller} <- Jobs, not alive(Caller), drop(Id)]).
 
 -spec size() -> non_neg_integer().
@@ -117,6 +118,10 @@ finish(#job{id = Id, queues = Queues, device = Device, kernel = Kernel, started 
     Outcome = case Result of {ok, _} -> ?OK; _ -> ?ERROR end,
     counters:add(counters_ref(), Outcome, 1),
     erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, Result).
+
+%% A match pattern for #job{}: the record's fields typed for dialyzer cannot hold '_'.
+pattern(Fields) ->
+    erlang:make_tuple(record_info(size, job), '_', [{1, job} | Fields]).
 
 alive(Pid) when node(Pid) =:= node() -> is_process_alive(Pid);
 alive(_) -> true.

@@ -11,9 +11,10 @@ wait_restarted(OldPid, N) ->
         _ -> timer:sleep(100), wait_restarted(OldPid, N - 1)
     end.
 
-%% Keep device Device's thread busy for Ms (a test hook of the worker); returns at once,
-%% and the caller later receives {stalled, Reply}.
+%% Keep device Device's thread busy for Ms (a test hook of the worker: the application env
+%% test_hooks must be true); returns at once, and the caller later receives
+%% {stalled, Reply}, Reply being erlcuda_worker:call/3's {ok, _} | {error, _}.
 stall(Device, Ms) ->
     Self = self(),
-    spawn(fun() -> Self ! {stalled, erlcuda_port:call(stall, [Device, Ms], Ms + 5000)} end),
+    spawn(fun() -> Self ! {stalled, erlcuda_worker:call(stall, [Device, Ms], Ms + 5000)} end),
     timer:sleep(50).

@@ -1,8 +1,10 @@
 %% @doc Load and fault generator: many processes launching mixed jobs, every reply checked.
 %%
-%% Used by the reliability tests and by `make soak'. Each job's inputs are vectors of one
-%% small integer value, so its exact result is known without computing it; a reply is
-%% `right' when it equals that result, and every job must get exactly one reply.
+%% Used by the reliability tests (the test profile compiles test/erlang) and by `make soak'
+%% (bench/soak compiles it into _build/soak); not part of the application. Each job's inputs
+%% are vectors of one small integer value, so its exact result is known without computing
+%% it; a reply is `right' when it equals that result, and every job must get exactly one
+%% reply.
 -module(erlcuda_load).
 
 -export([run/1, soak/1, print/1]).

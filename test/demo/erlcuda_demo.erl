@@ -1,5 +1,5 @@
-%% @private
 %% `make demo': the four kernels launched from Erlang, with their results and the backend.
+%% Not part of the application: the Makefile's demo target compiles it into _build/demo.
 -module(erlcuda_demo).
 
 -export([main/0]).
