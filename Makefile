@@ -44,9 +44,9 @@ setup-python:
 	@if [ ! -x $(VENV)/bin/python ]; then \
 	  echo "creating $(VENV) (it sees the machine's packages)"; \
 	  python3 -m venv --system-site-packages $(VENV); fi
-	@$(VENV)/bin/python -c 'import numpy, pytest, hypothesis, ruff' 2>/dev/null || { \
-	  echo "installing numpy, pytest, hypothesis and ruff into $(VENV)"; \
-	  $(VENV)/bin/python -m pip install -q numpy pytest hypothesis ruff; }
+	@$(VENV)/bin/python -c 'import numpy, pytest, hypothesis, ruff, matplotlib' 2>/dev/null || { \
+	  echo "installing numpy, pytest, hypothesis, ruff and matplotlib into $(VENV)"; \
+	  $(VENV)/bin/python -m pip install -q numpy pytest hypothesis ruff matplotlib; }
 
 apt_install = { echo "installing $(1) from the OS packages"; \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && \
