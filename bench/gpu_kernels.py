@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,26 +54,23 @@ class PrimaryContextDevice(CudaDevice):
     and releases this hold on it.
     """
 
-    def __init__(self, index: int, cubins: Mapping[str, bytes]) -> None:
-        self.index = index
-        self._closed = False
-        self._dev = cuda.Device(index)
-        self._ctx = self._dev.retain_primary_context()
-        self._ctx.push()
-        try:
-            self._setup(cubins)
-        except BaseException:
-            self._release_context()
-            raise
+    def _make_context(self) -> cuda.Context:
+        ctx = self._dev.retain_primary_context()
+        ctx.push()
+        return ctx
 
 
-def open_primary(backend: CudaBackend, index: int) -> PrimaryContextDevice:
-    """Device ``index`` on its primary context, with the cubins the backend compiled for
-    its compute capability (what ``CudaBackend.open`` gives the worker's devices)."""
+class PrimaryContextBackend(CudaBackend):
+    """The kernels compiled as for the worker, opened on primary contexts."""
+
+    device_type = PrimaryContextDevice
+
+
+def open_primary(backend: CudaBackend, index: int) -> CudaDevice:
+    """Device ``index`` of ``backend`` (a ``PrimaryContextBackend``), or exit saying why."""
     if not 0 <= index < backend.device_count():
         raise SystemExit(f"no CUDA device {index} ({backend.device_count()} found)")
-    cubins = backend._cubins[backend._capabilities[index]]
-    return PrimaryContextDevice(index, cubins)
+    return backend.open(index)
 
 
 def time_ours(dev: CudaDevice, launch: Callable[[], None], warmup: int, repeat: int) -> list[float]:
@@ -351,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup, repeat = (3, 20) if args.quick else (5, 50)
 
     cp.cuda.Device(args.device).use()
-    backend = CudaBackend()
+    backend = PrimaryContextBackend()
     # Our device runs on the GPU's primary context, the one CuPy uses (see
     # PrimaryContextDevice); the worker itself uses a context of its own.
     dev = open_primary(backend, args.device)

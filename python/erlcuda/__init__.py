@@ -2,11 +2,15 @@
 
 Layers, each with its own exception type:
 
+- ``contract`` the wire contract, read from ``contract.json``
 - ``etf``      Erlang External Term Format codec              -> ``CodecError``
 - ``framing``  4-byte length-prefixed frames on fds 3/4       -> ``FrameError``
-- ``kernels``  the kernel catalogue and argument checking     -> ``BadArgs``
+- ``protocol`` erlcuda's messages to and from ETF             -> ``ProtocolError``
+- ``kernels``  argument checking against the catalogue        -> ``BadArgs``
 - ``backends`` cpu (numpy) and cuda (PyCUDA) devices          -> ``BackendError``
-- ``worker``   the port protocol, device threads and batching
+- ``lanes``    one thread per device, batching
+- ``worker``   routing, control calls
+- ``portenv``  what serve needs of its process (fds, parent)  -> ``PortEnvError``
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

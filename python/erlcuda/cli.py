@@ -2,7 +2,11 @@
 
     python -m erlcuda devices [--backend auto|cpu|cuda]
     python -m erlcuda run vector_add --size 1000 [--backend cpu|cuda] [--device 0]
-    python -m erlcuda serve [--backend ...] [--cpu-devices N] [--max-batch N]
+    python -m erlcuda serve [--backend ...] [--cpu-devices N] [--max-batch N] [--bench-hooks]
+    python -m erlcuda --version
+
+``serve`` is what Erlang starts (a port with nouse_stdio: frames on fds 3 and 4); from a
+shell it says so and exits with status 2.
 """
 
 from __future__ import annotations
@@ -16,16 +20,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import kernels, logs
+from . import __version__, contract, kernels, logs, portenv
 from .backends import select
 from .backends.base import BackendError, BackendUnavailable
 from .framing import FrameReader, FrameWriter
 from .worker import Options, Worker
 
+#: Exit status of ``serve`` outside an Erlang port (and of a command-line mistake).
+EXIT_USAGE = 2
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m erlcuda", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"erlcuda {__version__} (protocol {contract.PROTOCOL})")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def backend_args(p: argparse.ArgumentParser) -> None:
@@ -50,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--switch-interval-us", type=int, default=0, metavar="US",
                        help="the interpreter's thread switch interval (0: Python's default)")
     serve.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
+    serve.add_argument("--bench-hooks", action="store_true",
+                       help="answer the benchmarks' calls echo and pure")
     return parser
 
 
@@ -72,7 +83,7 @@ def _run(args: argparse.Namespace) -> int:
     if not 0 <= args.device < backend.device_count():
         print(f"error: no device {args.device} ({backend.device_count()} present)",
               file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     rng = np.random.default_rng(0)
     n = args.size
     if args.kernel == "matmul":
@@ -112,6 +123,13 @@ def _widen_pipes(size: int = 1 << 20) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # Before anything makes a file descriptor: the first new ones would be fds 3 and 4.
+    try:
+        portenv.check_port_fds()
+    except portenv.PortEnvError as exc:
+        print(f"erlcuda serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    portenv.die_with_parent()
     _widen_pipes()
     writer = FrameWriter(4)
     logs.to_erlang(writer)
@@ -120,7 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
         sys.setswitchinterval(args.switch_interval_us / 1e6)
     options = Options(backend=args.backend, cpu_devices=args.cpu_devices,
                       max_batch=args.max_batch, test_hooks=args.test_hooks,
-                      spin_us=args.spin_us)
+                      bench_hooks=args.bench_hooks, spin_us=args.spin_us)
     worker = Worker(FrameReader(3), writer, options)
     return worker.serve()
 

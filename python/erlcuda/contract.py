@@ -1,4 +1,4 @@
-"""erlcuda's wire contract: the kernel catalogue, error codes and atoms, read from ``contract.json``.
+"""erlcuda's wire contract: kernel catalogue, error codes and atoms, read from ``contract.json``.
 
 The JSON file is the one declaration. The worker reads it here; the Erlang side gets the
 module ``erlcuda_contract`` written from it at build time::
@@ -28,6 +28,7 @@ __all__ = [
     "MAX_FRAME",
     "PROTOCOL",
     "REASONS",
+    "STATUS_REASONS",
     "KernelSpec",
     "Param",
     "erlang_module",
@@ -84,12 +85,16 @@ KERNELS: dict[str, KernelSpec] = {
     for k in _RAW["kernels"]
 }
 CUDA_CODES: tuple[str, ...] = tuple(_RAW["cuda_codes"])
+#: The tags of ``{error, Reason}`` in a job's reply (each one in erlcuda's ``reason()`` type).
 REASONS: tuple[str, ...] = tuple(_RAW["reasons"])
+#: The tags of a worker's ``status`` other than ``ok``, in its hello and info.
+STATUS_REASONS: tuple[str, ...] = tuple(_RAW["status_reasons"])
 LOG_LEVELS: tuple[str, ...] = tuple(_RAW["log_levels"])
 #: Every atom the worker may send: Erlang decodes with ``binary_to_term(B, [safe])``, which
 #: refuses atoms the node does not know, and ``erlcuda_contract`` makes these exist.
 ATOMS: frozenset[str] = frozenset(
-    [*_RAW["wire_atoms"], *REASONS, *CUDA_CODES, *LOG_LEVELS, *_RAW["info_keys"], *KERNELS]
+    [*_RAW["wire_atoms"], *REASONS, *STATUS_REASONS, *CUDA_CODES, *LOG_LEVELS,
+     *_RAW["info_keys"], *KERNELS]
 )
 
 
@@ -166,7 +171,7 @@ kernels() ->
 -spec cuda_codes() -> [cuda_code()].
 cuda_codes() -> [{", ".join(_atom(c) for c in CUDA_CODES)}].
 
-%% @doc The tags of the error reasons the worker sends.
+%% @doc The tags of the error reasons the worker sends in a job's reply.
 -spec reasons() -> [atom()].
 reasons() -> [{", ".join(_atom(r) for r in REASONS)}].
 

@@ -12,7 +12,8 @@ Mapping (decode -> Python -> encode):
 - ``FloatList`` encodes a float array as an Erlang list of floats
 
 ``decode`` treats its input as hostile: every length is checked against the bytes left before
-anything is allocated, nesting is bounded, and the only exception it raises is ``CodecError``.
+anything is allocated, nesting is bounded, what the decoded objects may cost is bounded by the
+input's size (``DECODE_COST_FACTOR``), and the only exception it raises is ``CodecError``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,30 @@ MAX_BIG_BYTES = 1 << 20
 MAX_DEFLATE_RATIO = 1032
 #: Payloads at least this long travel as their own chunk instead of being copied.
 SMALL_PAYLOAD = 256
+
+#: ``decode`` builds Python objects of at most this many bytes per input byte, plus
+#: ``DECODE_COST_BASE``: past that it raises ``CodecError``. Each byte can become far more
+#: (a one-byte ``[]`` is a 56-byte list plus its 8-byte slot), so a frame of 67 MB of empty
+#: lists would take 4.7 GB. 8 keeps what erlcuda carries: a float in a list costs 32 bytes
+#: for its 9, an INTEGER_EXT 36 for its 5, a binary 192 bytes however long it is.
+DECODE_COST_FACTOR = 8
+DECODE_COST_BASE = 1 << 20
+
+# Approximate sizes of what decode builds (CPython, 64-bit), charged before building it.
+# Slots in a container are charged with the container; cached objects (small ints, known
+# atoms, True/False) cost nothing more.
+_SLOT = 8
+_LIST = 56
+_TUPLE = 40
+_DICT = 224
+_DICT_ENTRY = 40
+_FLOAT = 24
+_INT = 32
+_VIEW = 184  # a memoryview, whatever its length
+_BYTES = 33
+_ATOM = 100
+_OPAQUE = 48 + _BYTES
+_IMPROPER = 48 + _LIST
 
 
 class CodecError(ValueError):
@@ -147,10 +172,13 @@ _ATOM_CACHE: dict[tuple[bool, bytes], Any] = {
 _ATOM_CACHE_MAX = 4096
 
 
-def decode(data: bytes | bytearray | memoryview, *, max_depth: int = 64) -> Any:
+def decode(data: bytes | bytearray | memoryview, *, max_depth: int = 64,
+           max_cost: int | None = None) -> Any:
     """Decode exactly one term (starting with the version byte 131) from ``data``.
 
     Binaries in the result are memoryviews into ``data`` (or into the decompressed buffer).
+    ``max_cost`` bounds the approximate bytes of the Python objects built; by default
+    ``DECODE_COST_FACTOR`` per input byte (decompressed) plus ``DECODE_COST_BASE``.
     """
     try:
         buf = memoryview(data)
@@ -165,7 +193,9 @@ def decode(data: bytes | bytearray | memoryview, *, max_depth: int = 64) -> Any:
             pos = 0
         else:
             pos = 1
-        term, pos = _dec(buf, pos, max_depth, False)
+        if max_cost is None:
+            max_cost = DECODE_COST_FACTOR * len(buf) + DECODE_COST_BASE
+        term, pos = _dec(buf, pos, max_depth, False, [max_cost])
         if pos != len(buf):
             raise CodecError(f"{len(buf) - pos} trailing bytes after the term")
         return term
@@ -197,7 +227,13 @@ def _decompress(buf: memoryview) -> memoryview:
     return memoryview(out)
 
 
-def _atom(buf: memoryview, pos: int, n: int, utf8: bool) -> Any:
+def _over() -> None:
+    # Charges are inlined (budget[0] -= cost; check): a call per object costs more than the check.
+    raise CodecError("the term would take too much memory for its size "
+                     f"(over {DECODE_COST_FACTOR} bytes of objects per input byte)")
+
+
+def _atom(buf: memoryview, pos: int, n: int, utf8: bool, budget: list[int]) -> Any:
     end = pos + n
     if end > len(buf):
         raise CodecError("truncated atom")
@@ -205,6 +241,9 @@ def _atom(buf: memoryview, pos: int, n: int, utf8: bool) -> Any:
     key = (utf8, raw)
     atom = _ATOM_CACHE.get(key)
     if atom is None:
+        budget[0] -= _ATOM + n
+        if budget[0] < 0:
+            _over()
         atom = Atom(raw.decode("utf-8" if utf8 else "latin-1"))
         if len(atom) > 255:
             raise CodecError(f"atom of {len(atom)} characters is over Erlang's 255 limit")
@@ -213,11 +252,12 @@ def _atom(buf: memoryview, pos: int, n: int, utf8: bool) -> Any:
     return atom
 
 
-def _dec(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, int]:
+def _dec(buf: memoryview, pos: int, depth: int, key: bool, budget: list[int]) -> tuple[Any, int]:
     """Decode the term at ``pos``; return it and the position after it.
 
     ``depth`` is how many more levels of nesting are allowed; ``key`` is set inside map keys,
-    where binaries become ``bytes`` so that the key is hashable.
+    where binaries become ``bytes`` so that the key is hashable. ``budget[0]`` is what the
+    objects still to be built may cost; each is charged before it is built.
     """
     tag = buf[pos]
     pos += 1
@@ -235,9 +275,9 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, int]:
         atom = _ATOM_CACHE.get((tag == SMALL_ATOM_UTF8_EXT, buf[pos:end].tobytes()))
         if atom is not None:
             return atom, end
-        return _atom(buf, pos, n, tag == SMALL_ATOM_UTF8_EXT), end
+        return _atom(buf, pos, n, tag == SMALL_ATOM_UTF8_EXT, budget), end
     if tag == SMALL_TUPLE_EXT:
-        return _dec_tuple(buf, pos + 1, buf[pos], depth, key)
+        return _dec_tuple(buf, pos + 1, buf[pos], depth, key, budget)
     if tag == SMALL_INTEGER_EXT:
         return buf[pos], pos + 1
     if tag == BINARY_EXT:
@@ -246,33 +286,53 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, int]:
         end = pos + n
         if end > len(buf):
             raise CodecError(f"binary size {n} exceeds the input")
-        return (bytes(buf[pos:end]) if key else buf[pos:end]), end
+        if key:
+            budget[0] -= _BYTES + n
+            if budget[0] < 0:
+                _over()
+            return bytes(buf[pos:end]), end
+        budget[0] -= _VIEW
+        if budget[0] < 0:
+            _over()
+        return buf[pos:end], end
     if tag == INTEGER_EXT:
+        budget[0] -= _INT
+        if budget[0] < 0:
+            _over()
         return _i32(buf, pos)[0], pos + 4
     if tag == NEW_FLOAT_EXT:
+        budget[0] -= _FLOAT
+        if budget[0] < 0:
+            _over()
         value = _f64(buf, pos)[0]
         if not math.isfinite(value):
             raise CodecError("non-finite float")
         return value, pos + 8
     if tag == ATOM_UTF8_EXT:
         n = _u16(buf, pos)[0]
-        return _atom(buf, pos + 2, n, True), pos + 2 + n
+        return _atom(buf, pos + 2, n, True, budget), pos + 2 + n
     if tag == SMALL_ATOM_EXT:
         n = buf[pos]
-        return _atom(buf, pos + 1, n, False), pos + 1 + n
+        return _atom(buf, pos + 1, n, False, budget), pos + 1 + n
     if tag == LARGE_TUPLE_EXT:
-        return _dec_tuple(buf, pos + 4, _u32(buf, pos)[0], depth, key)
+        return _dec_tuple(buf, pos + 4, _u32(buf, pos)[0], depth, key, budget)
     if tag == NIL_EXT:
+        budget[0] -= _LIST
+        if budget[0] < 0:
+            _over()
         return [], pos
     if tag == LIST_EXT:
-        return _dec_list(buf, pos, depth, key)
+        return _dec_list(buf, pos, depth, key, budget)
     if tag == MAP_EXT:
-        return _dec_map(buf, pos, depth)
+        return _dec_map(buf, pos, depth, budget)
     if tag == STRING_EXT:
         n = _u16(buf, pos)[0]
         pos += 2
         if n > len(buf) - pos:
             raise CodecError(f"string length {n} exceeds the input")
+        budget[0] -= _LIST + _SLOT * n
+        if budget[0] < 0:
+            _over()
         return list(buf[pos : pos + n]), pos + n
     if tag == SMALL_BIG_EXT or tag == LARGE_BIG_EXT:
         if tag == SMALL_BIG_EXT:
@@ -290,12 +350,18 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, int]:
             raise CodecError("truncated big integer")
         if sign > 1:
             raise CodecError(f"bad big integer sign byte {sign}")
+        budget[0] -= _INT + n
+        if budget[0] < 0:
+            _over()
         value = int.from_bytes(buf[pos:end], "little")
         return (-value if sign else value), end
     if tag == FLOAT_EXT:
         end = pos + 31
         if end > len(buf):
             raise CodecError("truncated FLOAT_EXT")
+        budget[0] -= _FLOAT
+        if budget[0] < 0:
+            _over()
         text = bytes(buf[pos:end]).split(b"\0", 1)[0]
         if not _FLOAT_TEXT.fullmatch(text):
             raise CodecError(f"bad FLOAT_EXT text {text!r}")
@@ -303,35 +369,47 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, int]:
         if not math.isfinite(value):
             raise CodecError("non-finite float")
         return value, end
-    end = _opaque_end(buf, tag, pos, depth)
+    end = _opaque_end(buf, tag, pos, depth, budget)
+    budget[0] -= _OPAQUE + end - pos
+    if budget[0] < 0:
+        _over()
     return Opaque(bytes(buf[pos - 1 : end])), end
 
 
-def _dec_items(buf: memoryview, pos: int, n: int, depth: int, key: bool) -> tuple[list[Any], int]:
+def _dec_items(buf: memoryview, pos: int, n: int, depth: int, key: bool,
+               budget: list[int]) -> tuple[list[Any], int]:
     """The ``n`` terms of a tuple or list, one level deeper."""
     if depth <= 0:
         raise CodecError("term nested too deeply")
     items: list[Any] = []
     for _ in range(n):
-        item, pos = _dec(buf, pos, depth - 1, key)
+        item, pos = _dec(buf, pos, depth - 1, key, budget)
         items.append(item)
     return items, pos
 
 
-def _dec_tuple(buf: memoryview, pos: int, n: int, depth: int, key: bool) -> tuple[Any, int]:
+def _dec_tuple(buf: memoryview, pos: int, n: int, depth: int, key: bool,
+               budget: list[int]) -> tuple[Any, int]:
     if n > len(buf) - pos:
         raise CodecError(f"tuple arity {n} exceeds the input")
-    items, pos = _dec_items(buf, pos, n, depth, key)
+    budget[0] -= _TUPLE + _SLOT * n
+    if budget[0] < 0:
+        _over()
+    items, pos = _dec_items(buf, pos, n, depth, key, budget)
     return tuple(items), pos
 
 
-def _dec_list(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, int]:
+def _dec_list(buf: memoryview, pos: int, depth: int, key: bool,
+              budget: list[int]) -> tuple[Any, int]:
     n = _u32(buf, pos)[0]
     pos += 4
     if n >= len(buf) - pos:  # n elements and a tail, at least one byte each
         raise CodecError(f"list length {n} exceeds the input")
-    items, pos = _dec_items(buf, pos, n, depth, key)
-    tail, pos = _dec(buf, pos, depth - 1, key)
+    budget[0] -= _LIST + _SLOT * n
+    if budget[0] < 0:
+        _over()
+    items, pos = _dec_items(buf, pos, n, depth, key, budget)
+    tail, pos = _dec(buf, pos, depth - 1, key, budget)
     # Erlang never writes these, but reads them: a list of no items is just its tail, and a
     # list or string tail still makes a proper list.
     if not items:
@@ -340,21 +418,31 @@ def _dec_list(buf: memoryview, pos: int, depth: int, key: bool) -> tuple[Any, in
         items.extend(tail)
         return items, pos
     if type(tail) is ImproperList:
+        budget[0] -= _IMPROPER + _SLOT * len(tail.items)
+        if budget[0] < 0:
+            _over()
         return ImproperList(items + tail.items, tail.tail), pos
+    budget[0] -= _IMPROPER
+    if budget[0] < 0:
+        _over()
     return ImproperList(items, tail), pos
 
 
-def _dec_map(buf: memoryview, pos: int, depth: int) -> tuple[dict[Any, Any], int]:
+def _dec_map(buf: memoryview, pos: int, depth: int,
+             budget: list[int]) -> tuple[dict[Any, Any], int]:
     n = _u32(buf, pos)[0]
     pos += 4
     if n > (len(buf) - pos) // 2:
         raise CodecError(f"map arity {n} exceeds the input")
     if depth <= 0:
         raise CodecError("term nested too deeply")
+    budget[0] -= _DICT + _DICT_ENTRY * n
+    if budget[0] < 0:
+        _over()
     result: dict[Any, Any] = {}
     for _ in range(n):
-        k, pos = _dec(buf, pos, depth - 1, True)
-        v, pos = _dec(buf, pos, depth - 1, False)
+        k, pos = _dec(buf, pos, depth - 1, True, budget)
+        v, pos = _dec(buf, pos, depth - 1, False, budget)
         try:
             result[k] = v
         except TypeError as e:
@@ -379,7 +467,7 @@ def _atom_end(buf: memoryview, pos: int) -> int:
     return end
 
 
-def _opaque_end(buf: memoryview, tag: int, pos: int, depth: int) -> int:
+def _opaque_end(buf: memoryview, tag: int, pos: int, depth: int, budget: list[int]) -> int:
     """Return where the opaque term whose body starts at ``pos`` ends."""
     if tag == NEW_PID_EXT:
         end = _atom_end(buf, pos) + 12
@@ -403,7 +491,7 @@ def _opaque_end(buf: memoryview, tag: int, pos: int, depth: int) -> int:
             raise CodecError("export arity is not a small integer")
         end += 2
     elif tag == NEW_FUN_EXT:
-        end = _fun_end(buf, pos, depth)
+        end = _fun_end(buf, pos, depth, budget)
     elif tag == BIT_BINARY_EXT:
         n = _u32(buf, pos)[0]
         bits = buf[pos + 4]
@@ -419,7 +507,7 @@ def _opaque_end(buf: memoryview, tag: int, pos: int, depth: int) -> int:
     return end
 
 
-def _fun_end(buf: memoryview, pos: int, depth: int) -> int:
+def _fun_end(buf: memoryview, pos: int, depth: int, budget: list[int]) -> int:
     # Size Arity Uniq[16] Index NumFree Module OldIndex OldUniq Pid FreeVars...; Size counts
     # itself. Walk the fields anyway so that a wrong Size cannot pass unnoticed.
     size: int = _u32(buf, pos)[0]
@@ -433,7 +521,7 @@ def _fun_end(buf: memoryview, pos: int, depth: int) -> int:
         raise CodecError("term nested too deeply")
     p = _atom_end(buf, pos + 29)
     for _ in range(3 + num_free):  # OldIndex, OldUniq, Pid, free variables
-        _, p = _dec(buf, p, depth - 1, False)
+        _, p = _dec(buf, p, depth - 1, False, budget)
     if p != end:
         raise CodecError("NEW_FUN_EXT size does not match its contents")
     return end

@@ -1,6 +1,7 @@
 """Frames on the port's pipes: a 4-byte big-endian length, then that many bytes.
 
-This is what an Erlang port opened with ``{packet, 4}`` reads and writes.
+This is what an Erlang port opened with ``{packet, 4}`` reads and writes. Both ends take a
+``max_frame`` limit (default ``contract.MAX_FRAME``, what 4 length bytes can say).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import struct
 import threading
 from collections.abc import Sequence
 
-__all__ = ["MAX_FRAME", "FrameError", "FrameReader", "FrameWriter"]
+from . import contract
+
+__all__ = ["MAX_FRAME", "FrameError", "FrameReader", "FrameWriter", "frame_size"]
 
 #: The largest frame ``{packet, 4}`` can describe.
-MAX_FRAME = (1 << 32) - 1
+MAX_FRAME = contract.MAX_FRAME
 
 _header = struct.Struct(">I")
 
@@ -28,21 +31,27 @@ class FrameReader:
     """Reads frames from a file descriptor, each into a buffer of its own.
 
     Decoded binaries are memoryviews into a frame's buffer and stay valid while jobs hold
-    them, so a buffer is never reused while any view of it lives. Small frames get a fresh
-    ``bytearray``; large ones come from a small pool of buffers whose pages are already
-    mapped (a fresh 128 MB buffer costs tens of thousands of page faults as it is filled).
+    them, so a buffer is never reused while any view of it lives. A header only announces a
+    size: memory is committed as the bytes arrive, never up front (a lone ``FF FF FF FF``
+    would otherwise cost 4 GiB before one byte of the body). Small frames get a ``bytearray``
+    of their size; a large one is read into a free pooled buffer, or else into one that grows
+    as its bytes come and then joins the pool, whose pages are already mapped when it is
+    reused (a fresh 128 MB buffer costs tens of thousands of page faults as it is filled).
     """
 
-    #: Frames at least this large use the pool.
+    #: Frames at least this large use the pool; smaller ones are allocated at their size.
     POOL_MIN = 1 << 20
     #: Pooled bytes kept at most, free or in use.
     POOL_BYTES = 1 << 30
+    #: A growing frame's bytes are read through a scratch buffer of this size.
+    CHUNK = 1 << 20
 
     def __init__(self, fd: int, *, max_frame: int = MAX_FRAME) -> None:
         # What open(fd, "rb", buffering=65536, closefd=False) builds, spelled out for typing.
         self._file = io.BufferedReader(io.FileIO(fd, "rb", closefd=False), buffer_size=65536)
         self._max_frame = max_frame
         self._pool: list[bytearray] = []
+        self._scratch: bytearray | None = None
 
     def read(self) -> bytearray | memoryview | None:
         """Return the next frame's body, or ``None`` on end of file between frames."""
@@ -55,18 +64,49 @@ class FrameReader:
         n = _header.unpack(header)[0]
         if n > self._max_frame:
             raise FrameError(f"frame of {n} bytes is over the {self._max_frame} byte limit")
-        body: bytearray | memoryview = bytearray(n) if n < self.POOL_MIN else self._pooled(n)
-        got = self._fill(body)
+        if n < self.POOL_MIN:
+            body: bytearray | memoryview = bytearray(n)
+            got = self._fill(body)
+        else:
+            pooled = self._free_pooled(n)
+            if pooled is not None:
+                body = pooled
+                got = self._fill(body)
+            else:
+                grown = self._grow(n)
+                body, got = memoryview(grown), len(grown)
         if got < n:
             raise FrameError(f"end of file inside a frame ({got} of {n} bytes)")
         return body
 
-    def _pooled(self, n: int) -> memoryview:
+    def _free_pooled(self, n: int) -> memoryview | None:
         """A view of ``n`` bytes of a pooled buffer that no live view uses any more."""
         for buf in self._pool:
             if n <= len(buf) <= 2 * n and _unused(buf):
                 return memoryview(buf)[:n]
-        buf = bytearray(n)
+        return None
+
+    def _grow(self, n: int) -> bytearray:
+        """Up to ``n`` bytes read into a buffer that grows with what arrives."""
+        if self._scratch is None:
+            self._scratch = bytearray(self.CHUNK)
+        buf = bytearray()
+        with memoryview(self._scratch) as scratch:
+            while len(buf) < n:
+                want = min(n - len(buf), len(scratch))
+                k = self._fill(scratch[:want])
+                # A bytearray grows its storage geometrically (realloc), so what this copies
+                # adds up to about the frame's size, once.
+                buf += scratch[:k]
+                if k < want:
+                    break  # end of file
+        if len(buf) == n:
+            self._adopt(buf)
+        return buf
+
+    def _adopt(self, buf: bytearray) -> None:
+        """Keep ``buf`` in the pool, dropping free buffers to stay within ``POOL_BYTES``."""
+        n = len(buf)
         if sum(map(len, self._pool)) + n > self.POOL_BYTES:
             free = [b for b in self._pool if _unused(b)]
             for b in sorted(free, key=len, reverse=True):
@@ -75,7 +115,6 @@ class FrameReader:
                 self._pool.remove(b)
         if sum(map(len, self._pool)) + n <= self.POOL_BYTES:
             self._pool.append(buf)
-        return memoryview(buf)[:n]
 
     def _fill(self, buf: bytearray | memoryview) -> int:
         """Read into ``buf`` until it is full or the file ends; return the bytes read."""
@@ -106,6 +145,11 @@ def _unused(buf: bytearray) -> bool:
     return True
 
 
+def frame_size(chunks: Sequence[bytes | memoryview]) -> int:
+    """The length of the frame body made of ``chunks``."""
+    return sum(len(c) if type(c) is bytes else memoryview(c).nbytes for c in chunks)
+
+
 def _iov_max() -> int:
     try:
         n = os.sysconf("SC_IOV_MAX")
@@ -115,10 +159,16 @@ def _iov_max() -> int:
 
 
 class FrameWriter:
-    """Writes frames to a file descriptor with ``os.writev``; safe to share between threads."""
+    """Writes frames to a file descriptor with ``os.writev``; safe to share between threads.
 
-    def __init__(self, fd: int) -> None:
+    ``max_frame`` is the largest body written (at most ``MAX_FRAME``, what the header holds).
+    """
+
+    def __init__(self, fd: int, *, max_frame: int = MAX_FRAME) -> None:
+        if not 0 <= max_frame <= MAX_FRAME:
+            raise ValueError(f"max_frame must be within 0..{MAX_FRAME}")
         self._fd = fd
+        self.max_frame = max_frame
         self._lock = threading.Lock()
         self._iov_max = _iov_max()
 
@@ -127,10 +177,16 @@ class FrameWriter:
         self.write_many((chunks,))
 
     def write_many(self, frames: Sequence[Sequence[bytes | memoryview]]) -> None:
-        """Write several frames, in order and together, in as few system calls as possible."""
+        """Write several frames, in order and together, in as few system calls as possible.
+
+        Each frame is checked on its own: one over ``max_frame`` is left out, every other
+        frame is written, and then ``FrameError`` names what was left out. Callers that owe
+        a reply for each frame check ``frame_size`` against ``max_frame`` first.
+        """
         bufs: list[bytes | memoryview] = []
         sizes: list[int] = []
-        for chunks in frames:
+        oversized: list[str] = []
+        for index, chunks in enumerate(frames):
             at = len(bufs)
             bufs.append(b"")  # the header, filled in once the body's length is known
             sizes.append(4)
@@ -145,11 +201,16 @@ class FrameWriter:
                     bufs.append(chunk)
                     sizes.append(n)
                     total += n
-            if total > MAX_FRAME:
-                raise FrameError(f"frame of {total} bytes does not fit a 4-byte length")
+            if total > self.max_frame:
+                del bufs[at:], sizes[at:]
+                oversized.append(f"frame {index} of {total} bytes")
+                continue
             bufs[at] = _header.pack(total)
         with self._lock:
             self._writev_all(bufs, sizes)
+        if oversized:
+            raise FrameError(f"over the {self.max_frame} byte limit, not written: "
+                             + ", ".join(oversized))
 
     def _writev_all(self, bufs: list[bytes | memoryview], sizes: list[int]) -> None:
         i = 0

@@ -3,7 +3,9 @@
 A lane takes everything already queued (up to ``max_batch`` jobs and ``max_elements``
 input elements; it never waits for more, so a lone job pays no added latency), groups the
 jobs by batch key, runs one backend call per group, and writes every reply in the order the
-jobs arrived, so one caller's jobs to one device are answered in the order launched.
+jobs arrived, so one caller's jobs to one device are answered in the order launched. Each job
+gets its one reply whatever happens to the others: a reply the codec refuses becomes
+``{internal, _}`` and one over the writer's frame limit ``too_large``, for that job alone.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from . import etf, protocol
+from . import protocol
 from .backends.base import Backend, BackendError, Device
-from .framing import FrameError, FrameWriter
+from .framing import FrameError, FrameWriter, frame_size
 from .kernels import Request
+from .protocol import Failure, ProtocolError, Result
 
 log = logging.getLogger("erlcuda.lane")
 
@@ -33,9 +36,9 @@ _STOP = object()  # queued by stop(): the lane ends once it reaches it
 class Job:
     job_id: Any
     reply_to: Any
-    fmt: etf.Atom
+    binary: bool = False  # a vector result as an f32 binary instead of a list of floats
     request: Request | None = None
-    error: Any = None  # a reason decided before the job reached the device
+    error: Failure | None = None  # decided before the job reached the device
     trace: dict[str, int] | None = None
 
     @property
@@ -49,6 +52,33 @@ class Control:
 
     fn: Callable[[Device | None], Any]
     future: Future[Any] = field(default_factory=Future)
+
+
+def reply_frame(job: Job, result: Result, max_frame: int) -> tuple[list[bytes | memoryview], bool]:
+    """The frame of ``job``'s one reply, and whether it is an error.
+
+    A result the codec refuses becomes ``{internal, _}``, and one whose frame would be over
+    ``max_frame`` becomes ``too_large``: only that job loses its result.
+    """
+
+    def encode(result: Result) -> list[bytes | memoryview]:
+        if job.trace is not None:
+            return protocol.encode_traced_reply(job.reply_to, job.job_id, result, job.trace)
+        return protocol.encode_reply(job.reply_to, job.job_id, result)
+
+    try:
+        frame = encode(result)
+    except ProtocolError as exc:
+        log.error("job %.80r: reply not encodable: %s", job.job_id, exc)
+        result = protocol.internal(f"reply not encodable: {exc}")
+        frame = encode(result)
+    size = frame_size(frame)
+    if size > max_frame:
+        log.error("job %.80r: a reply of %d bytes is over the %d byte frame limit",
+                  job.job_id, size, max_frame)
+        result = protocol.TOO_LARGE
+        frame = encode(result)
+    return frame, isinstance(result, Failure)
 
 
 @dataclass(slots=True)
@@ -157,19 +187,6 @@ class Lane(threading.Thread):
                 break
         return batch
 
-    def _encode_reply(self, job: Job, result: Any) -> list[bytes | memoryview]:
-        def encode(result: Any) -> list[bytes | memoryview]:
-            if job.trace is not None:
-                return etf.encode(protocol.traced_reply(job.reply_to, job.job_id, result,
-                                                        job.trace))
-            return etf.encode(protocol.reply(job.reply_to, job.job_id, result))
-
-        try:
-            return encode(result)
-        except etf.CodecError as exc:  # a result the codec refuses still gets its one reply
-            log.error("device %d: reply not encodable: %s", self.index, exc)
-            return encode(protocol.error((protocol.INTERNAL, f"reply not encodable: {exc}")))
-
     def _next(self) -> Job | Control | object:
         """The next item; for ``spin_ns`` after the last one, poll instead of sleeping.
 
@@ -205,16 +222,16 @@ class Lane(threading.Thread):
         now = time.perf_counter_ns
         t_take = now()
         groups: dict[tuple[Any, ...], list[int]] = {}
-        results: list[Any] = [None] * len(batch)
+        results: list[Result | None] = [None] * len(batch)
         for i, job in enumerate(batch):
             if job.error is not None:
-                results[i] = protocol.error(job.error)
+                results[i] = job.error
             elif device is None:
-                results[i] = protocol.error((protocol.BACKEND_UNAVAILABLE, self.unavailable or ""))
+                results[i] = protocol.backend_unavailable(self.unavailable or "")
             else:
                 assert job.request is not None  # parse either set it or set job.error
                 if job.request.device_bytes > self.memory:
-                    results[i] = protocol.error(protocol.TOO_LARGE)
+                    results[i] = protocol.TOO_LARGE
                 else:
                     groups.setdefault(job.request.key, []).append(i)
         fatal: str | None = None
@@ -232,27 +249,28 @@ class Lane(threading.Thread):
                     # its next run: keep a copy where another group runs before the write.
                     if g < last and isinstance(value, np.ndarray):
                         value = value.copy()
-                    results[i] = protocol.encode_result(value, batch[i].fmt)
+                    results[i] = protocol.result(value, binary=batch[i].binary)
             except BackendError as exc:
-                reason = protocol.error((protocol.CUDA, etf.Atom(exc.code), exc.message))
+                failure = protocol.cuda_error(exc.code, exc.message)
                 for i in indices:
-                    results[i] = reason
+                    results[i] = failure
                 if exc.fatal:
                     fatal = f"device {self.index}: {exc.code}: {exc.message}"
             except Exception as exc:
                 log.exception("device %d: %s failed", self.index, kernel)
-                reason = protocol.error((protocol.INTERNAL, f"{type(exc).__name__}: {exc}"))
+                failure = protocol.internal(f"{type(exc).__name__}: {exc}")
                 for i in indices:
-                    results[i] = reason
+                    results[i] = failure
         t_done = now()
         self.stats.jobs += len(batch)
         frames = []
         for job, result in zip(batch, results, strict=True):
-            if result[0] is protocol.ERROR:
-                self.stats.errors += 1
+            assert result is not None  # every job was answered above
             if job.trace is not None:
                 job.trace.update(take=t_take, run=t_run, done=t_done, encode=now())
-            frames.append(self._encode_reply(job, result))
+            frame, failed = reply_frame(job, result, self.writer.max_frame)
+            self.stats.errors += failed
+            frames.append(frame)
         try:
             self.writer.write_many(frames)
         except FrameError:

@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 
-from . import etf, protocol
+from . import protocol
 from .framing import FrameError, FrameWriter
 
 _LEVELS = (
@@ -32,7 +32,7 @@ class FrameLogHandler(logging.Handler):
         level = next(name for floor, name in _LEVELS if record.levelno >= floor)
         try:
             text = self.format(record)
-            self.writer.write(etf.encode((protocol.LOG, protocol.LEVELS[level], text)))
+            self.writer.write(protocol.encode_log(level, text))
         except FrameError:
             pass  # Erlang is gone; nobody to tell
         except Exception:

@@ -2,7 +2,12 @@
 
 The reading thread only decodes and routes; each device lane runs its jobs and writes its
 own replies (frames are written under one lock, never interleaved). Control calls run on a
-separate thread so that a slow one never stalls the reading of jobs.
+separate thread so that a slow one never stalls the reading of jobs; each is a handler in a
+table (``hello``, ``info``; the test and benchmark hooks only when the worker is started
+with them), so a call that is not in the table is refused, not run.
+
+``hello`` carries Erlang's version and protocol: a worker of another version (a stale copy
+in priv/, another checkout on the path) says so in its answer and refuses every job.
 """
 
 from __future__ import annotations
@@ -15,13 +20,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from . import etf, kernels, protocol
+from . import __version__, contract, kernels, protocol
 from .backends import select
 from .backends.base import Backend, BackendUnavailable, Device
-from .framing import FrameError, FrameReader, FrameWriter
-from .lanes import Control, Job, Lane
+from .framing import FrameError, FrameReader, FrameWriter, frame_size
+from .lanes import Control, Job, Lane, reply_frame
+from .protocol import Call, Failure, Launch, ProtocolError
 
 log = logging.getLogger("erlcuda.worker")
 
@@ -32,6 +39,12 @@ EXIT_FATAL = 70
 #: devices share the cores with everything else, so they never poll.
 AUTO_SPIN_US = 300
 
+#: Calls that exist only with ``--test-hooks`` / ``--bench-hooks``.
+TEST_HOOKS = ("fault", "print", "stall")
+BENCH_HOOKS = ("echo", "pure")
+
+Handler = Callable[[list[Any]], Any]
+
 
 @dataclass(frozen=True, slots=True)
 class Options:
@@ -40,6 +53,7 @@ class Options:
     max_batch: int = 256
     max_batch_elements: int = 1 << 24
     test_hooks: bool = False
+    bench_hooks: bool = False
     spin_us: int = -1  # -1: AUTO_SPIN_US on a GPU, none on the CPU backend
 
 
@@ -49,7 +63,11 @@ class Worker:
         self.writer = writer
         self.options = options
         self.backend: Backend | None = None
-        self.status: Any = protocol.OK
+        # What info reports as the status (None: ok); why the backend never started; and
+        # the reason every job is refused with once hello found another version.
+        self.status: Failure | None = None
+        self.unavailable: Failure | None = None
+        self.refusal: Failure | None = None
         try:
             self.backend, self.reason = select(options.backend, cpu_devices=options.cpu_devices,
                                                test_hooks=options.test_hooks)
@@ -57,7 +75,7 @@ class Worker:
             unavailable = None
         except BackendUnavailable as exc:
             self.reason = f"{options.backend} backend unavailable: {exc.message}"
-            self.status = (protocol.BACKEND_UNAVAILABLE, exc.message)
+            self.status = self.unavailable = protocol.backend_unavailable(exc.message)
             count, unavailable = 0, exc.message
         # the backend that runs, else the one asked for (cuda, when it could not start)
         self.backend_name = self.backend.name if self.backend is not None else options.backend
@@ -71,7 +89,8 @@ class Worker:
                  unavailable=unavailable, spin_us=spin_us)
             for i in range(count)
         ]
-        self._calls: queue.SimpleQueue[tuple[Any, Any, list[Any]] | None] = queue.SimpleQueue()
+        self.handlers = self._handlers()
+        self._calls: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
         self._control = threading.Thread(target=self._serve_calls, name="erlcuda-control",
                                          daemon=True)
 
@@ -87,78 +106,150 @@ class Worker:
                     return self.shutdown(0)
                 recv = time.perf_counter_ns()
                 try:
-                    message = etf.decode(frame)
-                except etf.CodecError as exc:
-                    log.error("undecodable frame of %d bytes dropped: %s", len(frame), exc)
+                    message = protocol.decode(frame)
+                except ProtocolError as exc:
+                    log.error("frame of %d bytes dropped: %s", len(frame), exc)
                     continue
                 self.dispatch(message, recv)
         except FrameError as exc:
             log.error("port closed: %s", exc)
             return self.shutdown(1)
 
-    def dispatch(self, message: Any, recv: int = 0) -> None:
-        match message:
-            case (protocol.MESSAGE, (protocol.LAUNCH, job_id, reply_to, device, kernel, args,
-                                     dict() as opts)):
-                self.launch(job_id, reply_to, device, kernel, args, opts, recv)
-            case (protocol.CALL, call_id, _module, function, list() as args):
-                self._calls.put((call_id, function, args))
-            case _:
-                log.error("unexpected message dropped: %.200r", message)
+    def dispatch(self, message: Launch | Call, recv: int = 0) -> None:
+        if isinstance(message, Launch):
+            self.launch(message, recv)
+        else:
+            self._calls.put(message)
 
-    def launch(self, job_id: Any, reply_to: Any, device: Any, kernel: Any, args: Any,
-               opts: dict[Any, Any], recv: int) -> None:
-        fmt = protocol.BINARY if opts.get(protocol.FORMAT) == protocol.BINARY else protocol.LIST
-        job = Job(job_id, reply_to, fmt)
-        if opts.get(protocol.TRACE) is True:
+    def launch(self, message: Launch, recv: int = 0) -> None:
+        job = Job(message.job_id, message.reply_to, message.binary)
+        if message.trace:
             job.trace = {"recv": recv, "queued": time.perf_counter_ns()}
+        if self.refusal is not None:
+            return self._reply_now(job, self.refusal)
+        device = message.device
         if isinstance(device, bool) or not isinstance(device, int) or not (
                 0 <= device < max(len(self.lanes), 1)):
-            return self._reply_now(job, (protocol.BAD_DEVICE, device))
-        if not isinstance(kernel, etf.Atom) or kernel not in kernels.KERNELS:
-            job.error = (protocol.UNKNOWN_KERNEL, kernel)
+            return self._reply_now(job, protocol.bad_device(device))
+        kernel = message.kernel_name
+        if kernel is None or kernel not in kernels.KERNELS:
+            job.error = protocol.unknown_kernel(message.kernel)
         else:
             try:
-                job.request = kernels.parse(kernel, args)
+                job.request = kernels.parse(kernel, message.args)
             except kernels.BadArgs as exc:
-                job.error = (protocol.BAD_ARGS, str(exc))
+                job.error = protocol.bad_args(str(exc))
         if not self.lanes:  # the backend never started: answer at once
-            return self._reply_now(job, job.error or self.status)
+            return self._reply_now(
+                job, job.error or self.unavailable or protocol.backend_unavailable("no device"))
         self.lanes[device].submit(job)
 
-    def _reply_now(self, job: Job, reason: Any) -> None:
-        self.writer.write(etf.encode(protocol.reply(job.reply_to, job.job_id,
-                                                    protocol.error(reason))))
+    def _reply_now(self, job: Job, failure: Failure) -> None:
+        frame, _ = reply_frame(job, failure, self.writer.max_frame)
+        self.writer.write(frame)
 
     # -- control calls ---------------------------------------------------------------------
+    def _handlers(self) -> dict[str, Handler]:
+        handlers: dict[str, Handler] = {"hello": self.hello, "info": self.info_call}
+        if self.options.test_hooks:
+            handlers.update(fault=self.fault, print=self.print_hook, stall=self.stall)
+        if self.options.bench_hooks:
+            handlers.update(echo=self.echo, pure=self.pure_call)
+        return handlers
+
     def _serve_calls(self) -> None:
-        while (item := self._calls.get()) is not None:
-            call_id, function, args = item
+        while (call := self._calls.get()) is not None:
+            frame = self.answer(call)
             try:
-                answer = (protocol.RESULT, call_id, self.call(str(function), args))
-            except Exception as exc:
-                answer = (protocol.CALL_ERROR, call_id, f"{type(exc).__name__}: {exc}")
-            try:
-                self.writer.write(etf.encode(answer))
+                self.writer.write(frame)
             except FrameError:
                 return
 
-    def call(self, function: str, args: list[Any]) -> Any:
-        if function in ("hello", "info"):
-            return self.info()
-        if function == "echo":  # the bare transport, for the benchmarks
-            return args[0]
-        if function == "pure":
-            return self.pure(*args)
-        if function == "fault" and self.options.test_hooks:
-            return self.on_device(args[0], lambda d: d.inject_fault())  # type: ignore[attr-defined]
-        if function == "print" and self.options.test_hooks:
-            os.write(1, bytes(args[0]) + b"\n")
-            os.write(2, bytes(args[1]) + b"\n")
-            return None
-        if function == "stall" and self.options.test_hooks:
-            return self.on_device(args[0], lambda _d: time.sleep(args[1] / 1000))
-        raise ValueError(f"unknown call {function}")
+    def answer(self, call: Call) -> list[bytes | memoryview]:
+        """The frame answering ``call``: ``{'r', Id, Answer}`` or ``{'e', Id, Text}``."""
+        handler = self.handlers.get(call.function)
+        if handler is None:
+            return protocol.encode_call_error(call.call_id, self._refused(call.function))
+        try:
+            frame = protocol.encode_answer(call.call_id, handler(call.args))
+        except Exception as exc:
+            return protocol.encode_call_error(call.call_id, f"{type(exc).__name__}: {exc}")
+        size = frame_size(frame)
+        if size > self.writer.max_frame:
+            return protocol.encode_call_error(
+                call.call_id, f"the answer of {size} bytes is over the frame limit")
+        return frame
+
+    @staticmethod
+    def _refused(function: str) -> str:
+        if function in TEST_HOOKS:
+            return f"call {function} is disabled: the worker runs without --test-hooks"
+        if function in BENCH_HOOKS:
+            return f"call {function} is disabled: the worker runs without --bench-hooks"
+        return f"unknown call {function:.80}"
+
+    def hello(self, args: list[Any]) -> dict[Any, Any]:
+        """The info map with the worker's version and protocol. ``args`` is ``[]`` (nothing
+        checked) or ``[Version, Protocol]``, Erlang's: another version or protocol than the
+        worker's sets the status to ``{version_mismatch, Text}`` and refuses every job."""
+        match args:
+            case []:
+                pass
+            case [bytes() | bytearray() | memoryview() as raw, int() as theirs] if (
+                    not isinstance(theirs, bool)):
+                version = bytes(raw).decode("utf-8", "replace")
+                if version != __version__ or theirs != contract.PROTOCOL:
+                    self._mismatch(version, theirs)
+            case _:
+                raise ValueError("hello takes [] or [Version :: binary(), Protocol :: integer()]")
+        return protocol.encode_info(
+            {**self.info(), "version": __version__, "protocol": contract.PROTOCOL})
+
+    def _mismatch(self, version: str, theirs: int) -> None:
+        text = (f"version mismatch: the erlcuda application is {version:.40} (protocol "
+                f"{theirs}) but its worker is {__version__} (protocol {contract.PROTOCOL}), "
+                f"loaded from {Path(__file__).resolve().parent}; every job is refused until "
+                "both come from the same build")
+        log.error("%s", text)
+        self.refusal = protocol.backend_unavailable(text)
+        self.status = protocol.version_mismatch(text)
+
+    def info_call(self, args: list[Any]) -> dict[Any, Any]:
+        return protocol.encode_info(self.info())
+
+    def info(self) -> dict[str, Any]:
+        for lane in self.lanes:
+            lane.ready.wait()
+        devices = []
+        for lane in self.lanes:
+            entry: dict[str, Any] = {
+                "jobs": lane.stats.jobs,
+                "launches": lane.stats.launches,
+                "max_batch": lane.stats.max_batch,
+                "errors": lane.stats.errors,
+                "queue": lane.depth(),
+            }
+            if lane.unavailable:
+                entry["unavailable"] = lane.unavailable
+            entry.update(lane.device_info)
+            if "free_memory" in entry and lane.unavailable is None:
+                try:
+                    entry["free_memory"] = self.on_device(
+                        lane.index, lambda d: d.info()["free_memory"], timeout=1.0)
+                except Exception:
+                    pass  # a busy device keeps its last reading
+            devices.append(entry)
+        return {
+            "backend": protocol.atom(self.backend_name),
+            "status": self.status or protocol.OK,
+            "reason": self.reason,
+            "devices": len(self.lanes),
+            "os_pid": os.getpid(),
+            "python": sys.version.split()[0],
+            "batching": self.options.max_batch > 1,
+            "hooks": [name for name in (*TEST_HOOKS, *BENCH_HOOKS) if name in self.handlers],
+            "device_info": devices,
+        }
 
     def on_device(self, index: int, fn: Callable[[Device | None], Any],
                   timeout: float | None = None) -> Any:
@@ -166,7 +257,32 @@ class Worker:
         self.lanes[index].submit(item)
         return item.future.result(timeout)
 
-    def pure(self, index: int, kernel: etf.Atom, args: list[Any], repeat: int) -> list[int]:
+    # -- test hooks ------------------------------------------------------------------------
+    def fault(self, args: list[Any]) -> Any:
+        """Launch the kernel that faults on device ``args[0]`` (a sticky CUDA error)."""
+        return self.on_device(args[0], lambda d: d.inject_fault())  # type: ignore[union-attr]
+
+    def print_hook(self, args: list[Any]) -> Any:
+        """Write ``args[0]`` to fd 1 and ``args[1]`` to fd 2, as native code would."""
+        os.write(1, bytes(args[0]) + b"\n")
+        os.write(2, bytes(args[1]) + b"\n")
+        return protocol.OK
+
+    def stall(self, args: list[Any]) -> Any:
+        """Keep device ``args[0]``'s thread busy for ``args[1]`` ms."""
+        device, ms = args
+        self.on_device(device, lambda _d: time.sleep(ms / 1000))
+        return protocol.OK
+
+    # -- benchmark hooks -------------------------------------------------------------------
+    def echo(self, args: list[Any]) -> Any:
+        """``args[0]`` back: the bare transport."""
+        return args[0]
+
+    def pure_call(self, args: list[Any]) -> list[int]:
+        return self.pure(*args)
+
+    def pure(self, index: int, kernel: Any, args: list[Any], repeat: int) -> list[int]:
         """Time the bare backend call for one job, ``repeat`` times, on the device's thread."""
         request = kernels.parse(str(kernel), args)
 
@@ -181,40 +297,6 @@ class Worker:
             return times
 
         return self.on_device(index, timed)
-
-    def info(self) -> dict[etf.Atom, Any]:
-        for lane in self.lanes:
-            lane.ready.wait()
-        devices = []
-        for lane in self.lanes:
-            entry: dict[Any, Any] = {
-                etf.Atom("jobs"): lane.stats.jobs,
-                etf.Atom("launches"): lane.stats.launches,
-                etf.Atom("max_batch"): lane.stats.max_batch,
-                etf.Atom("errors"): lane.stats.errors,
-                etf.Atom("queue"): lane.depth(),
-            }
-            if lane.unavailable:
-                entry[etf.Atom("unavailable")] = lane.unavailable
-            for key, value in lane.device_info.items():
-                entry[etf.Atom(key)] = list(value) if isinstance(value, tuple) else value
-            if etf.Atom("free_memory") in entry and lane.unavailable is None:
-                try:
-                    entry[etf.Atom("free_memory")] = self.on_device(
-                        lane.index, lambda d: d.info()["free_memory"], timeout=1.0)
-                except Exception:
-                    pass  # a busy device keeps its last reading
-            devices.append(entry)
-        return {
-            etf.Atom("backend"): etf.Atom(self.backend_name),
-            etf.Atom("status"): self.status,
-            etf.Atom("reason"): self.reason,
-            etf.Atom("devices"): len(self.lanes),
-            etf.Atom("os_pid"): os.getpid(),
-            etf.Atom("python"): sys.version.split()[0],
-            etf.Atom("batching"): self.options.max_batch > 1,
-            etf.Atom("device_info"): devices,
-        }
 
     # -- ending ----------------------------------------------------------------------------
     def _fatal(self, why: str) -> None:

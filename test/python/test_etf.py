@@ -18,6 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from erlcuda.etf import (
+    DECODE_COST_BASE,
+    DECODE_COST_FACTOR,
     Atom,
     CodecError,
     FloatList,
@@ -576,3 +578,69 @@ def mutated(draw: st.DrawFn) -> bytes:
 @given(mutated())
 def test_mutated_encodings(data: bytes) -> None:
     decode_or_codec_error(data)
+
+
+# --------------------------------------------------------------------------------------------
+# what a decoded term may cost
+
+
+def list_of(item: bytes, n: int) -> bytes:
+    return b"\x83l" + struct.pack(">I", n) + item * n + b"j"
+
+
+def test_a_list_of_empty_lists_is_refused_at_once() -> None:
+    # 67 MB of [] decoded to 4.7 GB: each byte a 56-byte list and its 8-byte slot.
+    data = list_of(b"j", 67_000_000)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CodecError, match="too much memory"):
+            decode(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * DECODE_COST_BASE
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        list_of(b"t\x00\x00\x00\x00", 200_000),  # empty maps: 232 bytes for 5
+        list_of(b"m\x00\x00\x00\x00", 200_000),  # empty binaries: a memoryview each
+        list_of(b"h\x01j", 300_000),  # {[]}: 112 bytes for 3
+        b"\x83h\x02" + list_of(b"j", 200_000)[1:] * 2,  # in a tuple, two of them
+    ],
+    ids=["maps", "binaries", "tuples", "nested"],
+)
+def test_terms_that_cost_far_more_than_their_bytes_are_refused(data: bytes) -> None:
+    tracemalloc.start()
+    try:
+        with pytest.raises(CodecError, match="too much memory"):
+            decode(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # The model is approximate (lists over-allocate as they grow): a quarter of slack.
+    assert peak < 1.25 * (DECODE_COST_FACTOR * len(data) + DECODE_COST_BASE)
+
+
+def test_what_erlcuda_carries_is_within_the_budget() -> None:
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((2, 10_000_000), dtype=np.float32)
+    launch = (Atom("M"), (Atom("launch"), 1, PID, 0, Atom("vector_add"), [a, b],
+                          {Atom("format"): Atom("binary"), Atom("trace"): False}))
+    term = decode(encode_bytes(launch))
+    assert bytes(term[1][5][1][-4:]) == b[-1:].tobytes()
+    floats = rng.standard_normal(1_000_000).tolist()
+    assert decode(encode_bytes(floats)) == floats
+    ints = list(range(-(2**31), -(2**31) + 1_000_000))  # INTEGER_EXT: 5 bytes, 36 in Python
+    assert decode(encode_bytes(ints)) == ints
+    small = [i % 256 for i in range(200_000)]  # STRING_EXT chunks of lists of small ints
+    assert decode(encode_bytes(small)) == small
+    assert decode(encode_bytes([[1.5, 2.5]] * 50_000)) == [[1.5, 2.5]] * 50_000
+
+
+def test_the_budget_can_be_set() -> None:
+    data = encode_bytes([1.0] * 1000)
+    assert decode(data, max_cost=33_000) == [1.0] * 1000
+    with pytest.raises(CodecError, match="too much memory"):
+        decode(data, max_cost=30_000)

@@ -199,20 +199,56 @@ def test_frame_longer_than_32_bits() -> None:
         FrameWriter(p.w).write([mib] * 4097)  # the same MiB, 4097 times: over 4 GiB
 
 
-def test_read_allocates_the_frame_once() -> None:
+def test_a_large_frame_costs_about_its_size_and_its_buffer_is_reused() -> None:
     body = os.urandom(1 << 20) * 16
     with pipe() as p:
-        thread = in_thread(lambda: FrameWriter(p.w).write([body]))
+        thread = in_thread(lambda: FrameWriter(p.w).write_many([[body], [body]]))
         reader = FrameReader(p.r)
         tracemalloc.start()
         try:
             frame = reader.read()
-            peak = tracemalloc.get_traced_memory()[1]
+            first_peak = tracemalloc.get_traced_memory()[1]
+            assert frame == body
+            del frame
+            tracemalloc.reset_peak()
+            again = reader.read()  # the first frame's buffer, already grown, is free again
+            second_peak = tracemalloc.get_traced_memory()[1] - tracemalloc.get_traced_memory()[0]
         finally:
             tracemalloc.stop()
         finish(thread)
-    assert frame == body
-    assert peak < len(body) + (1 << 20)
+    assert again == body
+    # Grown as the bytes came: the buffer's spare capacity (an eighth) and one read chunk.
+    assert first_peak < len(body) * 9 // 8 + 2 * FrameReader.CHUNK
+    assert second_peak < 64 << 10
+
+
+@pytest.mark.parametrize("announced", [0xFFFFFFFF, 1 << 30, FrameReader.POOL_MIN - 1])
+def test_a_header_alone_commits_no_memory(announced: int) -> None:
+    # A lone header made the reader allocate the announced size (4 GiB) before any byte came.
+    with pipe() as p:
+        os.write(p.w, struct.pack(">I", announced) + b"only this")
+        p.close(p.w)
+        reader = FrameReader(p.r)  # the default limit: what 4 bytes can say
+        tracemalloc.start()
+        try:
+            with pytest.raises(FrameError, match="end of file inside a frame"):
+                reader.read()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < 2 * FrameReader.CHUNK + (64 << 10)
+
+
+def test_the_writer_checks_each_frame_on_its_own() -> None:
+    with pipe() as p:
+        writer = FrameWriter(p.w, max_frame=100)
+        with pytest.raises(FrameError, match=r"frame 1 of 101 bytes"):
+            writer.write_many([[b"first"], [b"x" * 60, b"y" * 41], [b"z" * 100]])
+        p.close(p.w)
+        reader = FrameReader(p.r)
+        assert reader.read() == b"first"
+        assert reader.read() == b"z" * 100
+        assert reader.read() is None
 
 
 def test_large_frame_buffers_are_reused_only_once_no_view_is_left() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from erlcuda import kernels
+from erlcuda import contract, kernels
+from erlcuda.contract import KernelSpec, Param
 from erlcuda.kernels import BadArgs, parse
 
 ONE = np.ones(1, np.float32).tobytes()
@@ -54,3 +55,39 @@ def test_batch_keys() -> None:
     assert parse("reduce", [ONE]).key == parse("reduce", [TWO]).key
     assert parse("matmul", [ONE, ONE, 1, 1, 1]).key != parse("matmul", [TWO, ONE, 2, 1, 1]).key
     assert kernels.KERNELS == ("vector_add", "reduce", "dot_product", "matmul")
+
+
+def test_the_catalogue_is_the_contracts() -> None:
+    assert kernels.KERNELS == tuple(contract.KERNELS)
+    for spec in contract.KERNELS.values():
+        with pytest.raises(BadArgs, match=f"{spec.name} takes {spec.arity} arguments"):
+            parse(spec.name, [ONE] * (spec.arity + 1))
+
+
+def test_a_kernel_declared_in_the_contract_is_checked_without_code(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # y = A * s for a vector A of N elements tied to a dim, and a result of N*R elements.
+    spec = KernelSpec(
+        "scale", "test", (Param("A", "vector", "f32", ("N",)), Param("X", "vector", "f32", ("A",)),
+                          Param("N", "dim"), Param("R", "dim")),
+        Param("result", "vector", "f32", ("N", "R")))
+    monkeypatch.setitem(contract.KERNELS, "scale", spec)
+    request = parse("scale", [TWO, TWO, 2, 3])
+    assert request.a.size == 2 and request.b is not None and request.b.size == 2
+    assert (request.m, request.n, request.k) == (2, 3, 0)
+    assert request.result_elements == 6 and request.device_bytes == 4 * (4 + 6)
+    with pytest.raises(BadArgs, match=r"A has 1 elements, N = 2"):
+        parse("scale", [ONE, ONE, 2, 3])
+    with pytest.raises(BadArgs, match="length mismatch: A has 2 elements, X has 1"):
+        parse("scale", [TWO, ONE, 2, 3])
+    with pytest.raises(BadArgs, match="R: expected a non-negative integer"):
+        parse("scale", [TWO, TWO, 2, "3"])
+
+
+def test_the_result_is_bounded_by_max_elements(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "MAX_ELEMENTS", 100)
+    assert parse("matmul", [b"", b"", 10, 10, 0]).result_elements == 100
+    with pytest.raises(BadArgs, match=r"result M\*N = 110 is too large"):
+        parse("matmul", [b"", b"", 10, 11, 0])
+    with pytest.raises(BadArgs, match="A: 101 elements, over the 100 limit"):
+        parse("reduce", [np.ones(101, np.float32)])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,8 +12,8 @@ import numpy as np
 from erlcuda import etf, kernels
 from erlcuda.backends.base import Backend, BackendError, Device, Result
 from erlcuda.backends.cpu import CpuDevice
+from erlcuda.framing import MAX_FRAME, FrameReader, FrameWriter
 from erlcuda.lanes import Job, Lane
-from erlcuda.protocol import BINARY, LIST
 
 
 class StagingDevice(Device):
@@ -58,6 +60,8 @@ class StagingBackend(Backend):
 
 
 class CapturingWriter:
+    max_frame = MAX_FRAME
+
     def __init__(self) -> None:
         self.frames: list[Any] = []
 
@@ -85,7 +89,7 @@ def test_mixed_batch_keeps_each_result_and_the_order() -> None:
         else:
             request = kernels.parse("matmul", [a, b, 2, 2, 4])
             expected[job_id] = (a.reshape(2, 4) @ b.reshape(4, 2)).ravel()
-        lane.submit(Job(job_id, etf.Atom("caller"), BINARY if job_id % 4 < 2 else LIST, request))
+        lane.submit(Job(job_id, etf.Atom("caller"), job_id % 4 < 2, request))
     lane.start()
     lane.stop()
     lane.join(5)
@@ -102,8 +106,8 @@ def test_mixed_batch_keeps_each_result_and_the_order() -> None:
 def test_a_fatal_error_answers_the_batch_then_reports() -> None:
     lane, writer, fatal = make_lane()
     ones = np.ones(13, np.float32)
-    lane.submit(Job(1, etf.Atom("c"), LIST, kernels.parse("dot_product", [ones, ones])))
-    lane.submit(Job(2, etf.Atom("c"), LIST, kernels.parse("reduce", [ones])))
+    lane.submit(Job(1, etf.Atom("c"), False, kernels.parse("dot_product", [ones, ones])))
+    lane.submit(Job(2, etf.Atom("c"), False, kernels.parse("reduce", [ones])))
     lane.start()
     lane.stop()
     lane.join(5)
@@ -116,8 +120,8 @@ def test_a_fatal_error_answers_the_batch_then_reports() -> None:
 def test_a_job_larger_than_the_device_memory_is_too_large() -> None:
     lane, writer, _ = make_lane()
     big = np.ones(200_000, np.float32)  # 2.4 MB with its output, over the 1 MiB device
-    lane.submit(Job(1, etf.Atom("c"), LIST, kernels.parse("vector_add", [big, big])))
-    lane.submit(Job(2, etf.Atom("c"), LIST, kernels.parse("reduce", [big[:10]])))
+    lane.submit(Job(1, etf.Atom("c"), False, kernels.parse("vector_add", [big, big])))
+    lane.submit(Job(2, etf.Atom("c"), False, kernels.parse("reduce", [big[:10]])))
     lane.start()
     lane.stop()
     lane.join(5)
@@ -128,11 +132,49 @@ def test_a_job_larger_than_the_device_memory_is_too_large() -> None:
 def test_a_result_the_codec_refuses_still_gets_one_reply() -> None:
     lane, writer, _ = make_lane()
     seven = np.ones(7, np.float32)  # StagingDevice answers this one with object dtype
-    lane.submit(Job(1, etf.Atom("c"), BINARY, kernels.parse("vector_add", [seven, seven])))
-    lane.submit(Job(2, etf.Atom("c"), LIST, kernels.parse("reduce", [seven[:3]])))
+    lane.submit(Job(1, etf.Atom("c"), True, kernels.parse("vector_add", [seven, seven])))
+    lane.submit(Job(2, etf.Atom("c"), False, kernels.parse("reduce", [seven[:3]])))
     lane.start()
     lane.stop()
     lane.join(5)
     replies = {f[2][1]: f[2][2] for f in writer.frames}
     assert replies[1][0] == "error" and replies[1][1][0] == "internal"
     assert replies[2] == ("ok", 3.0)
+
+
+def test_a_reply_over_the_frame_limit_is_too_large_and_the_batch_is_delivered() -> None:
+    # One oversized reply made write_many refuse the whole batch: every job lost its reply.
+    r, w = os.pipe()
+    try:
+        writer = FrameWriter(w, max_frame=2000)
+        fatal: list[str] = []
+        lane = Lane(0, StagingBackend(), writer, max_batch=256, max_elements=1 << 20,
+                    on_fatal=fatal.append)
+        small, big = np.ones(10, np.float32), np.ones(300, np.float32)  # 300 floats: 2.7 KB
+        for job_id, vector in enumerate([small, big, small, big[:100]]):
+            lane.submit(Job(job_id, etf.Atom("c"), False,
+                            kernels.parse("vector_add", [vector, vector])))
+        replies: list[Any] = []
+
+        def read() -> None:
+            reader = FrameReader(r)
+            for _ in range(4):
+                frame = reader.read()
+                assert frame is not None
+                replies.append(etf.decode(frame))
+
+        reading = threading.Thread(target=read, daemon=True)
+        reading.start()
+        lane.start()
+        lane.stop()
+        lane.join(5)
+        reading.join(5)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert lane.stats.launches == 1  # one batch
+    results = {f[2][1]: f[2][2] for f in replies}
+    assert results[1] == ("error", "too_large")
+    assert results[0] == ("ok", [2.0] * 10) and results[2] == ("ok", [2.0] * 10)
+    assert results[3] == ("ok", [2.0] * 100)
+    assert lane.stats.errors == 1 and not fatal

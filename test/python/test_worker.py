@@ -8,13 +8,22 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+import erlcuda
+from erlcuda import contract
 from erlcuda.etf import Atom
 from workerpipe import PID, WorkerPipe
 
 
 @pytest.fixture
 def worker() -> Iterator[WorkerPipe]:
-    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", "--test-hooks")
+    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", "--test-hooks", "--bench-hooks")
+    yield pipe
+    assert pipe.close() == 0
+
+
+@pytest.fixture
+def plain_worker() -> Iterator[WorkerPipe]:
+    pipe = WorkerPipe("--backend", "cpu")
     yield pipe
     assert pipe.close() == 0
 
@@ -31,6 +40,60 @@ def test_hello_describes_the_backend(worker: WorkerPipe) -> None:
     assert info["status"] == "ok"
     assert worker.proc.pid == info["os_pid"]
     assert [d["jobs"] for d in info["device_info"]] == [0, 0]
+    assert bytes(info["version"]).decode() == erlcuda.__version__
+    assert info["protocol"] == contract.PROTOCOL
+    assert [bytes(h) for h in info["hooks"]] == [b"fault", b"print", b"stall", b"echo", b"pure"]
+
+
+def test_hello_with_the_same_version_runs_jobs(plain_worker: WorkerPipe) -> None:
+    version = erlcuda.__version__.encode()
+    tag, _, info = plain_worker.call("hello", version, contract.PROTOCOL)
+    assert (tag, info["status"], info["hooks"]) == ("r", "ok", [])
+    plain_worker.launch(1, "reduce", [f32([1, 2])])
+    assert plain_worker.result() == (1, ("ok", 3.0))
+
+
+@pytest.mark.parametrize(("version", "protocol"), [(b"0.1.0", None), (None, 1)])
+def test_hello_from_another_version_refuses_every_job(
+        plain_worker: WorkerPipe, version: bytes | None, protocol: int | None) -> None:
+    theirs = version or erlcuda.__version__.encode()
+    tag, _, info = plain_worker.call("hello", theirs, protocol or contract.PROTOCOL)
+    assert tag == "r"
+    status, text = info["status"]
+    text = bytes(text).decode()
+    assert status == "version_mismatch"
+    assert theirs.decode() in text and erlcuda.__version__ in text
+    assert f"protocol {protocol or contract.PROTOCOL}" in text
+    assert bytes(info["version"]).decode() == erlcuda.__version__
+    for job_id, device in ((1, 0), (2, 5)):  # not run, whatever the job
+        plain_worker.launch(job_id, "reduce", [f32([1])], device=device)
+        assert plain_worker.result() == (job_id, ("error", ("backend_unavailable",
+                                                            memoryview(text.encode()))))
+    assert plain_worker.call("info")[2]["status"][0] == "version_mismatch"
+
+
+def test_hello_with_other_arguments_is_refused(plain_worker: WorkerPipe) -> None:
+    tag, _, reason = plain_worker.call("hello", "0.2.0")
+    assert tag == "e" and b"hello takes" in bytes(reason)
+    plain_worker.launch(1, "reduce", [f32([1])])
+    assert plain_worker.result() == (1, ("ok", 1.0))
+
+
+@pytest.mark.parametrize(("function", "flag"), [
+    ("fault", "--test-hooks"), ("print", "--test-hooks"), ("stall", "--test-hooks"),
+    ("echo", "--bench-hooks"), ("pure", "--bench-hooks")])
+def test_hooks_exist_only_with_their_flag(plain_worker: WorkerPipe, function: str,
+                                         flag: str) -> None:
+    tag, _, reason = plain_worker.call(function, 0, 0)
+    assert tag == "e"
+    assert bytes(reason).decode() == f"call {function} is disabled: the worker runs without {flag}"
+
+
+def test_echo_answers_what_it_got(worker: WorkerPipe) -> None:
+    payload = [Atom("anything"), b"x" * 1000, (1, 2.5)]
+    tag, _, got = worker.call("echo", payload)
+    assert tag == "r" and got[0] == "anything" and bytes(got[1]) == b"x" * 1000
+    assert got[2] == (1, 2.5)
 
 
 def test_each_kernel_replies_to_its_caller(worker: WorkerPipe) -> None:

@@ -18,7 +18,9 @@ PID = Opaque(bytes.fromhex("58770d6e6f6e6f6465406e6f686f737400000051000000000000
 
 
 class WorkerPipe:
-    def __init__(self, *args: str) -> None:
+    """A worker started with ``args``; ``record`` keeps every frame received and term sent."""
+
+    def __init__(self, *args: str, record: bool = False) -> None:
         to_child_r, self._to_child_w = os.pipe()
         self._from_child_r, from_child_w = os.pipe()
         high = [os.dup(fd) for fd in (to_child_r, from_child_w)]  # keep clear of 3 and 4
@@ -36,9 +38,14 @@ class WorkerPipe:
         self.writer = FrameWriter(self._to_child_w)
         self.reader = FrameReader(self._from_child_r)
         self.logs: list[tuple[str, str]] = []
+        self.record = record
+        self.received: list[bytes] = []
+        self.sent: list[Any] = []
         self._next_call = 1
 
     def send(self, term: Any) -> None:
+        if self.record:
+            self.sent.append(term)
         self.writer.write(etf.encode(term))
 
     def launch(self, job_id: int, kernel: str, args: list[Any], *, device: int = 0,
@@ -51,6 +58,8 @@ class WorkerPipe:
         while True:
             frame = self.reader.read()
             assert frame is not None, "worker closed its output"
+            if self.record:
+                self.received.append(bytes(frame))
             term = etf.decode(frame)
             if term[0] == "L":
                 self.logs.append((str(term[1]), bytes(term[2]).decode()))

@@ -15,20 +15,14 @@ from typing import Any
 
 import numpy as np
 
+from .. import contract
 from ..kernels import Request
 
 Result = np.ndarray | float
 
-#: Error codes a backend may report. The Erlang side turns them into atoms it already knows
-#: (``erlcuda:error_codes/0``); anything else travels as ``unknown``.
-ERROR_CODES = (
-    "out_of_memory",
-    "launch_failed",
-    "illegal_address",
-    "invalid_value",
-    "not_supported",
-    "unknown",
-)
+#: Error codes a backend may report: the contract's, which Erlang knows as atoms
+#: (``erlcuda_contract:cuda_codes/0``); anything else travels as ``unknown``.
+ERROR_CODES = contract.CUDA_CODES
 
 
 class BackendError(Exception):

@@ -29,6 +29,11 @@ import pycuda.driver as cuda
 from ..kernels import F32, Request
 from .base import Backend, BackendError, BackendUnavailable, Device, Result
 
+# The kernel sources' helpers live in .sources (no PyCUDA there); still importable from here.
+from .sources import TEST_ONLY_SOURCES as TEST_ONLY_SOURCES
+from .sources import find_kernel_dir as find_kernel_dir
+from .sources import kernel_sources as kernel_sources
+
 #: Threads per block of the 1-D kernels; kernels/common.cuh's kBlock1D must agree.
 BLOCK_1D = 256
 #: Most blocks per multiprocessor of vector_add's grid-stride loop. Measured on an H200 at
@@ -68,7 +73,6 @@ FUNCTIONS: Mapping[str, tuple[str, str]] = {
     "matmul_checked": ("matmul", "PPPiii"),
 }
 TEST_FUNCTIONS: Mapping[str, tuple[str, str]] = {"erlcuda_fault": ("testing", "P")}
-TEST_ONLY_SOURCES = ("testing.cu",)
 NVCC_OPTIONS = ("-O3",)  # IEEE f32 arithmetic: no --use_fast_math
 
 #: Words in a CUDA error message that mean the context is unusable (a sticky error).
@@ -84,36 +88,6 @@ _STICKY_MARKERS = (
     "context is destroyed",
     "exception",
 )
-
-
-# -- kernel sources ------------------------------------------------------------------------
-
-
-def find_kernel_dir() -> Path:
-    """Where the ``.cu`` files are: ``$ERLCUDA_KERNELS``, else ``erlcuda/kernels_cu`` inside
-    the installed package, else the source checkout's ``kernels/``."""
-    here = Path(__file__).resolve()
-    candidates: list[Path] = []
-    env = os.environ.get("ERLCUDA_KERNELS")
-    if env:
-        candidates.append(Path(env))
-    candidates.append(here.parents[1] / "kernels_cu")
-    candidates.append(here.parents[3] / "kernels")
-    for candidate in candidates:
-        if (candidate / "vector_add.cu").is_file():
-            return candidate
-    raise BackendUnavailable(
-        "CUDA kernel sources not found; looked in " + ", ".join(str(c) for c in candidates)
-    )
-
-
-def kernel_sources(kernel_dir: Path, *, test_hooks: bool = False) -> list[Path]:
-    """The ``.cu`` files to compile, sorted; ``testing.cu`` only with test hooks."""
-    return [
-        path
-        for path in sorted(kernel_dir.glob("*.cu"))
-        if test_hooks or path.name not in TEST_ONLY_SOURCES
-    ]
 
 
 def _cache_dir() -> str | bool:
@@ -302,30 +276,27 @@ class CudaDevice(Device):
     Every method must be called from the thread that created the device.
     """
 
-    def __init__(
-        self, index: int, cubins: Mapping[str, bytes], *, primary_context: bool = False
-    ) -> None:
-        """Make the context (pushed on this thread's stack) and load the kernels.
-
-        ``primary_context`` uses the device's primary context, the one the CUDA runtime
-        (CuPy, PyTorch) uses, instead of a context of our own: for benchmarks that compare
-        with CuPy in one process. The worker uses a context of its own.
-        """
+    def __init__(self, index: int, cubins: Mapping[str, bytes]) -> None:
+        """Make the context (pushed on this thread's stack) and load the kernels."""
         self.index = index
         self._closed = False
         with _cuda_errors():
             self._dev = cuda.Device(index)
-            if primary_context:
-                self._ctx = self._dev.retain_primary_context()
-                self._ctx.push()
-            else:
-                self._ctx = self._dev.make_context()
+            self._ctx = self._make_context()
         try:
             with _cuda_errors():
                 self._setup(cubins)
         except BaseException:
             self._release_context()
             raise
+
+    def _make_context(self) -> cuda.Context:
+        """A context of the device's own, current on this thread (pushed on its stack).
+
+        A subclass may return another one that it has pushed: ``close`` pops it and detaches
+        it. (The benchmarks use the primary context there, to share it with CuPy.)
+        """
+        return self._dev.make_context()
 
     def _setup(self, cubins: Mapping[str, bytes]) -> None:
         self._sm_count = int(self._dev.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT))
@@ -610,6 +581,8 @@ class CudaBackend(Backend):
     """
 
     name = "cuda"
+    #: What ``open`` makes: a subclass may name a subclass of ``CudaDevice``.
+    device_type: type[CudaDevice] = CudaDevice
 
     def __init__(self, kernel_dir: Path | None = None, *, test_hooks: bool = False) -> None:
         try:
@@ -636,8 +609,8 @@ class CudaBackend(Backend):
     def device_count(self) -> int:
         return self._count
 
-    def open(self, index: int, *, primary_context: bool = False) -> CudaDevice:
+    def open(self, index: int) -> CudaDevice:
         if not 0 <= index < self._count:
             raise BackendError("invalid_value", f"no CUDA device {index}")
         cubins = self._cubins[self._capabilities[index]]
-        return CudaDevice(index, cubins, primary_context=primary_context)
+        return self.device_type(index, cubins)

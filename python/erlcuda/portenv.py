@@ -1,0 +1,83 @@
+"""What ``serve`` needs from its process: Erlang's pipes on fds 3 and 4, and a parent to live for.
+
+Erlang starts the worker as a port with ``nouse_stdio``: requests on fd 3, replies on fd 4.
+Started from a shell, those fds are closed, and the first pipes the worker makes (to capture
+its own stdout and stderr) would become fds 3 and 4: it would read its own output and hang
+silently. ``check_port_fds`` refuses that before any fd is made.
+
+A worker outlives its node if the node halts while the worker cannot read the end of fd 3
+(stopped by SIGSTOP, say): ``die_with_parent`` has the kernel kill it when its parent dies.
+On Linux "parent" means the thread that started it (Erlang's erl_child_setup has one), so a
+program that starts the worker from a thread must keep that thread for the worker's life.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import stat
+import sys
+import threading
+import time
+
+__all__ = ["PortEnvError", "check_port_fds", "die_with_parent"]
+
+PORT_FDS = (3, 4)
+#: ``prctl(PR_SET_PDEATHSIG, sig)``: the signal the kernel sends when the parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+class PortEnvError(Exception):
+    """The process is not set up as an Erlang port's worker."""
+
+
+def _describe(fd: int) -> str | None:
+    """Why ``fd`` is not a pipe or a socket, or ``None`` when it is one."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return f"fd {fd} is not open"
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return None
+    return f"fd {fd} is not a pipe or a socket"
+
+
+def check_port_fds() -> None:
+    """Raise ``PortEnvError`` unless fds 3 and 4 are open pipes or sockets."""
+    problems = [why for fd in PORT_FDS if (why := _describe(fd)) is not None]
+    if problems:
+        raise PortEnvError(
+            f"{'; '.join(problems)}. `python -m erlcuda serve` runs under Erlang: the "
+            "erlcuda OTP application starts it as a port with nouse_stdio, requests on fd 3 "
+            "and replies on fd 4. To try the worker by hand, use `python -m erlcuda devices` "
+            "or `python -m erlcuda run KERNEL`.")
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Have this process killed when its parent dies; exit at once if it already has.
+
+    ``parent`` is the parent's pid as read before (default: read now). On Linux the kernel
+    sends SIGKILL, which also ends a stopped process; elsewhere a thread polls the parent.
+    """
+    if parent is None:
+        parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        # The interpreter's own symbols include libc's (find_library would run ldconfig).
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            _watch(parent)  # best effort: prctl refused
+    else:
+        _watch(parent)
+    # The parent may have died before prctl took effect: then no signal will ever come.
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _watch(parent: int, period: float = 1.0) -> None:
+    def poll() -> None:
+        while os.getppid() == parent:
+            time.sleep(period)
+        os._exit(1)
+
+    threading.Thread(target=poll, name="erlcuda-parent", daemon=True).start()
