@@ -7,6 +7,9 @@
 
 -export_type([config/0]).
 
+%% Timeouts longer than a day are mistakes (and past 2^32 - 1 ms, no timer takes them).
+-define(MAX_MS, 86400000).
+
 -type config() :: #{backend := auto | cpu | cuda,
                     cpu_devices := pos_integer(),
                     python := default | string(),
@@ -48,4 +51,6 @@ valid(spin_us, V) -> is_integer(V) andalso V >= 0;
 valid(worker_args, V) ->
     try lists:all(fun io_lib:printable_unicode_list/1, V) catch error:_ -> false end;
 valid(K, V) when K =:= batching; K =:= test_hooks; K =:= bench_hooks -> is_boolean(V);
+valid(cpu_devices, V) -> is_integer(V) andalso V > 0 andalso V =< erlcuda_status:max_devices();
+valid(K, V) when K =:= start_timeout; K =:= watchdog_ms -> is_integer(V) andalso V > 0 andalso V =< ?MAX_MS;
 valid(_, V) -> is_integer(V) andalso V > 0.

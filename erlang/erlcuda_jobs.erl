@@ -53,9 +53,11 @@ register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
 complete(Id, Message) ->
     case ets:take(?TAB, Id) of
         [Job] ->
-            finish(Job, element(3, Message)),
+            Result = element(3, Message),
+            count(Job, Result),
             Job#job.reply_to ! Message,
-            ok;
+            #job{id = Id, kernel = Kernel, device = Device, started = Started} = Job,
+            erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, Result);
         [] ->
             none
     end.
@@ -112,12 +114,10 @@ drop(Id) ->
             false
     end.
 
-finish(#job{id = Id, queues = Queues, device = Device, kernel = Kernel, started = Started},
-       Result) ->
+count(#job{queues = Queues, device = Device}, Result) ->
     erlcuda_status:dequeue(Queues, Device),
     Outcome = case Result of {ok, _} -> ?OK; _ -> ?ERROR end,
-    counters:add(counters_ref(), Outcome, 1),
-    erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, Result).
+    counters:add(counters_ref(), Outcome, 1).
 
 %% A match pattern for #job{}: the record's fields typed for dialyzer cannot hold '_'.
 pattern(Fields) ->

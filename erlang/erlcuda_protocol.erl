@@ -112,7 +112,16 @@ hello_args() ->
 
 %% @doc Whether the worker's hello answer lets it take jobs: `ok', or why not.
 -spec check_hello(term()) -> ok | {unavailable, binary()} | {failed, term()}.
-check_hello(#{backend := _, devices := Devices} = Info) when is_integer(Devices) ->
+check_hello(#{backend := _, devices := Devices} = Info)
+  when is_integer(Devices), Devices >= 0 ->
+    case Devices =< erlcuda_status:max_devices() of
+        true -> check_versions(Info);
+        false -> {failed, {devices, Devices}}
+    end;
+check_hello(Other) ->
+    {failed, Other}.
+
+check_versions(Info) ->
     Ours = {version(), erlcuda_contract:protocol()},
     Theirs = {maps:get(version, Info, <<"unknown">>), maps:get(protocol, Info, undefined)},
     case {Theirs, maps:get(status, Info, ok)} of
@@ -125,9 +134,7 @@ check_hello(#{backend := _, devices := Devices} = Info) when is_integer(Devices)
                                           "~p); install the worker from the same release",
                                           [element(1, Ours), element(2, Ours),
                                            printable(TheirVersion), TheirProtocol]))}
-    end;
-check_hello(Other) ->
-    {failed, Other}.
+    end.
 
 printable(V) when is_binary(V) -> V;
 printable(V) -> io_lib:format("~0p", [V]).

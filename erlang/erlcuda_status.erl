@@ -4,11 +4,13 @@
 -module(erlcuda_status).
 
 -export([create/0, set_up/3, set_down/1, set_unavailable/1, status/0, enqueue/2, dequeue/2,
-         in_flight/2, pick/2]).
+         in_flight/2, pick/2, set_worker_os_pid/1, worker_os_pid/0, max_devices/0]).
 
 -export_type([status/0, queues/0]).
 
 -define(TAB, erlcuda_status).
+%% More devices than any host has: a bound on what a worker or the config may claim.
+-define(MAX_DEVICES, 1024).
 
 -type queues() :: atomics:atomics_ref().
 -type status() :: #{status := up, port := port(), devices := non_neg_integer(),
@@ -85,6 +87,25 @@ shortest(Queues, I, Best, BestDepth) ->
     case atomics:get(Queues, I + 1) of
         D when D < BestDepth -> shortest(Queues, I - 1, I, D);
         _ -> shortest(Queues, I - 1, Best, BestDepth)
+    end.
+
+%% @doc The most devices a worker may report (and the cpu backend may be given).
+-spec max_devices() -> pos_integer().
+max_devices() ->
+    ?MAX_DEVICES.
+
+%% @doc The worker's OS pid, kept here so that a port owner killed without running its
+%% terminate/3 leaves its successor a worker to kill.
+-spec set_worker_os_pid(integer() | undefined) -> ok.
+set_worker_os_pid(OsPid) ->
+    true = ets:insert(?TAB, {os_pid, OsPid}),
+    ok.
+
+-spec worker_os_pid() -> integer() | undefined.
+worker_os_pid() ->
+    case ets:lookup(?TAB, os_pid) of
+        [{os_pid, OsPid}] -> OsPid;
+        [] -> undefined
     end.
 
 queues() ->

@@ -30,9 +30,9 @@ job_start(Id, Kernel, Device) ->
         none -> 0;
         Module ->
             Now = erlang:monotonic_time(),
-            Module:execute([erlcuda, job, start],
-                           #{system_time => erlang:system_time(), monotonic_time => Now},
-                           #{job_id => Id, kernel => Kernel, device => Device}),
+            emit(Module, [erlcuda, job, start],
+                 #{system_time => erlang:system_time(), monotonic_time => Now},
+                 #{job_id => Id, kernel => Kernel, device => Device}),
             Now
     end.
 
@@ -43,17 +43,25 @@ job_stop(Started, Id, Kernel, Device, Result) ->
         Module ->
             Measurements = #{duration => erlang:monotonic_time() - Started},
             Meta = #{job_id => Id, kernel => Kernel, device => Device},
-            _ = case Result of
-                    {ok, _} ->
-                        Module:execute([erlcuda, job, stop], Measurements, Meta);
-                    {error, Reason} ->
-                        Module:execute([erlcuda, job, exception], Measurements,
-                                       Meta#{kind => error, reason => Reason});
-                    _ ->
-                        Module:execute([erlcuda, job, exception], Measurements,
-                                       Meta#{kind => error, reason => Result})
-                end,
-            ok
+            case Result of
+                {ok, _} ->
+                    emit(Module, [erlcuda, job, stop], Measurements, Meta);
+                {error, Reason} ->
+                    emit(Module, [erlcuda, job, exception], Measurements,
+                         Meta#{kind => error, reason => Reason});
+                _ ->
+                    emit(Module, [erlcuda, job, exception], Measurements,
+                         Meta#{kind => error, reason => Result})
+            end
+    end.
+
+%% A handler that fails must cost no job its launch or its reply (telemetry itself
+%% detaches failing handlers; a stand-in might not).
+emit(Module, Event, Measurements, Meta) ->
+    try Module:execute(Event, Measurements, Meta) of
+        _ -> ok
+    catch
+        _:_ -> ok
     end.
 
 handler() ->

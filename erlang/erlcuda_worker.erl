@@ -80,7 +80,9 @@ callback_mode() ->
 init([]) ->
     process_flag(trap_exit, true),
     ok = erlcuda_protocol:load_atoms(),
-    %% Jobs left by a crashed predecessor have no worker any more.
+    %% A predecessor killed without its terminate/3 may have left its worker running, and
+    %% its jobs have no worker any more.
+    kill(erlcuda_status:worker_os_pid()),
     ok = erlcuda_jobs:fail_all(server_restarted),
     {ok, Config} = erlcuda_config:load(),
     self() ! tick,
@@ -117,13 +119,21 @@ handle_event({call, From}, info, ready, #data{port = Port} = D) when Port =/= un
     %% A worker busy with a long control call must not leave info/0 waiting: past
     %% ?INFO_WAIT the answer is this side's view and the counters of the worker's hello.
     Id = D#data.next_call,
-    _ = erlang:send_after(?INFO_WAIT, self(), {info_timeout, Id}),
-    {keep_state, send_call(info, [], {info, From}, D)};
+    case send_call(info, [], {info, From}, D) of
+        {ok, D1} ->
+            _ = erlang:send_after(?INFO_WAIT, self(), {info_timeout, Id}),
+            {keep_state, D1};
+        {error, _} ->
+            {keep_state_and_data, [{reply, From, unanswered_info(ready, D)}]}
+    end;
 handle_event({call, From}, info, State, D) ->
     {keep_state_and_data, [{reply, From, merge_info(#{}, State, D)}]};
 handle_event({call, From}, {call, Fun, Args}, State, #data{port = Port} = D)
   when Port =/= undefined, State =/= backing_off ->
-    {keep_state, send_call(Fun, Args, {plain, From}, D)};
+    case send_call(Fun, Args, {plain, From}, D) of
+        {ok, D1} -> {keep_state, D1};
+        {error, Why} -> {keep_state_and_data, [{reply, From, {error, Why}}]}
+    end;
 handle_event({call, From}, {call, _, _}, _, #data{down_reason = Why}) ->
     {keep_state_and_data, [{reply, From, {error, {worker_down, Why}}}]};
 handle_event({call, From}, _, _, _) ->
@@ -131,8 +141,7 @@ handle_event({call, From}, _, _, _) ->
 handle_event(info, {info_timeout, Id}, State, #data{calls = Calls} = D) ->
     case maps:take(Id, Calls) of
         {{info, From}, Rest} ->
-            Info = (merge_info(D#data.hello, State, D))#{worker_answered => false},
-            {keep_state, D#data{calls = Rest}, [{reply, From, Info}]};
+            {keep_state, D#data{calls = Rest}, [{reply, From, unanswered_info(State, D)}]};
         _ ->
             keep_state_and_data
     end;
@@ -143,8 +152,9 @@ handle_event(_, _, _, _) ->
 -spec terminate(term(), state(), #data{}) -> ok.
 terminate(Reason, _State, #data{port = Port, os_pid = OsPid} = D) ->
     ok = erlcuda_status:set_down(stopping),
+    ok = erlcuda_status:set_worker_os_pid(undefined),
     _ = [catch port_close(Port) || Port =/= undefined],
-    fail_calls({worker_down, stopping}, D),
+    fail_calls({worker_down, stopping}, stopping, D),
     ok = erlcuda_jobs:fail_all({server_stopped, Reason}),
     %% The worker ends on its own once its input closes (popping its CUDA contexts); one
     %% that does not is killed rather than left behind.
@@ -204,8 +214,14 @@ ready(#data{waiting = Waiting} = D) ->
 
 %% Starting and stopping the worker.
 
-start_worker(D0) ->
-    {ok, Config} = erlcuda_config:load(),
+start_worker(#data{config = Previous} = D0) ->
+    Config = case erlcuda_config:load() of
+                 {ok, C} -> C;
+                 {error, Bad} ->
+                     ?LOG_ERROR("erlcuda: ignoring a changed setting, ~0p; keeping the "
+                                "previous configuration", [Bad]),
+                     Previous
+             end,
     D = D0#data{started = now_ms(), config = Config},
     #{python := Python, args := Args, env := Env} = erlcuda_protocol:worker_command(Config),
     try open_port({spawn_executable, Python},
@@ -213,13 +229,15 @@ start_worker(D0) ->
                    hide]) of
         Port ->
             {os_pid, OsPid} = erlang:port_info(Port, os_pid),
+            ok = erlcuda_status:set_worker_os_pid(OsPid),
             %% Jobs may be written as soon as the port exists (the worker reads them after
             %% its hello): until the hello says otherwise, the last worker's device count
             %% serves, or the configured one.
             Devices = maps:get(devices, D#data.hello, provisional_devices(Config)),
             ok = erlcuda_status:set_up(Port, Devices, maps:get(max_queue, Config)),
-            D1 = send_call(hello, erlcuda_protocol:hello_args(), hello,
-                           D#data{port = Port, os_pid = OsPid, last_frame = now_ms()}),
+            %% A port just opened is not busy; if it is already closed, its exit follows.
+            {_, D1} = send_call(hello, erlcuda_protocol:hello_args(), hello,
+                                D#data{port = Port, os_pid = OsPid, last_frame = now_ms()}),
             {next_state, starting, D1,
              [{state_timeout, maps:get(start_timeout, Config), hello_timeout}]}
     catch
@@ -234,8 +252,9 @@ provisional_devices(_) -> 1.
 worker_died(Why, #data{port = Port, os_pid = OsPid} = D) ->
     ?LOG_ERROR("erlcuda: worker ~p down: ~p", [OsPid, Why]),
     ok = erlcuda_status:set_down(Why),
+    ok = erlcuda_status:set_worker_os_pid(undefined),
     _ = [catch port_close(Port) || Port =/= undefined],
-    fail_calls({worker_down, Why}, D),
+    fail_calls({worker_down, Why}, backing_off, D),
     ok = erlcuda_jobs:fail_all(Why),
     back_off(Why, D#data{port = undefined, os_pid = undefined, calls = #{},
                          busy_since = undefined}).
@@ -252,7 +271,8 @@ back_off(Why, #data{restarts = N, backoff = Backoff, started = Started, waiting 
 
 %% A worker that is alive but answers nothing while jobs wait is stuck (a hung driver call,
 %% a kernel that never ends): kill it, so its jobs get an error and a new worker starts.
-watchdog(backing_off, _) ->
+watchdog(State, _) when State =/= ready ->
+    %% A start is bounded by its own hello timeout.
     keep_state_and_data;
 watchdog(_, #data{config = #{watchdog_ms := infinity}}) ->
     keep_state_and_data;
@@ -279,19 +299,32 @@ watchdog(_, #data{config = #{watchdog_ms := Limit}, os_pid = OsPid, last_frame =
 tick_ms(#data{config = #{watchdog_ms := infinity}}) -> ?SWEEP_MS;
 tick_ms(#data{config = #{watchdog_ms := Limit}}) -> max(min(Limit div 4, ?SWEEP_MS), 10).
 
+%% Never suspended: a port whose worker stopped reading, full of launches, must not stop
+%% this process (and with it the watchdog that would free everyone).
 send_call(Fun, Args, Caller, #data{port = Port, next_call = Id, calls = Calls} = D) ->
-    true = port_command(Port, erlcuda_protocol:encode_call(Id, Fun, Args)),
-    D#data{calls = Calls#{Id => Caller}, next_call = Id + 1}.
+    try port_command(Port, erlcuda_protocol:encode_call(Id, Fun, Args), [nosuspend]) of
+        true -> {ok, D#data{calls = Calls#{Id => Caller}, next_call = Id + 1}};
+        false -> {error, port_busy}
+    catch
+        error:badarg -> {error, {worker_down, port_closed}}
+    end.
 
-fail_calls(Why, #data{calls = Calls}) ->
-    _ = [gen_statem:reply(From, {error, Why}) || {_, From} <- maps:values(Calls)],
+fail_calls(Why, State, #data{calls = Calls} = D) ->
+    _ = [gen_statem:reply(From, case Caller of
+                                    {info, _} -> unanswered_info(State, D);
+                                    _ -> {error, Why}
+                                end)
+         || {_, From} = Caller <- maps:values(Calls)],
     ok.
+
+unanswered_info(State, D) ->
+    (merge_info(D#data.hello, State, D))#{worker_answered => false}.
 
 merge_info(Worker, State, #data{os_pid = OsPid, restarts = Restarts, down_reason = Down,
                                 hello = Hello}) ->
     Status = erlcuda_status:status(),
     Queues = maps:get(queues, Status),
-    Devices = maps:get(device_info, Worker, maps:get(device_info, Hello, [])),
+    Devices = device_info(Worker, device_info(Hello, [])),
     PerDevice = [Dev#{in_flight => erlcuda_status:in_flight(Queues, I)}
                  || {I, Dev} <- lists:zip(lists:seq(0, length(Devices) - 1), Devices)],
     WorkerStatus = case {State, maps:get(status, Status)} of
@@ -308,6 +341,15 @@ merge_info(Worker, State, #data{os_pid = OsPid, restarts = Restarts, down_reason
         restarts => Restarts,
         last_down_reason => Down,
         jobs => erlcuda_jobs:counters()}.
+
+%% The worker's per-device maps, where it sent a list of maps; else the fallback.
+device_info(#{device_info := Devices}, Fallback) when is_list(Devices) ->
+    case lists:all(fun is_map/1, Devices) of
+        true -> Devices;
+        false -> Fallback
+    end;
+device_info(_, Fallback) ->
+    Fallback.
 
 %% OS processes, without a shell.
 
