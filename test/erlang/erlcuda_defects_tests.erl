@@ -1,0 +1,236 @@
+%% Regression tests for defects a review and a hostile test run found, each named after
+%% what it broke; every one failed on the code before its fix.
+-module(erlcuda_defects_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+-define(DEFAULTS, [{backend, cpu}, {cpu_devices, 2}, {test_hooks, true}, {max_queue, 10000},
+                   {watchdog_ms, 30000}, {python, default}, {start_timeout, 120000}]).
+
+with_app(Env, Test) ->
+    {setup,
+     fun() ->
+             _ = application:stop(erlcuda),
+             application:load(erlcuda),
+             [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS ++ Env],
+             {ok, _} = application:ensure_all_started(erlcuda)
+     end,
+     fun(_) ->
+             ok = application:stop(erlcuda),
+             [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS]
+     end,
+     Test}.
+
+%% An operand frame over 4 GiB - 1 wrapped its 4-byte length: the worker read the caller's
+%% floats as frame headers, and a crafted operand could forge another caller's result.
+frame_over_4gib_test_() ->
+    with_app([], {timeout, 60, fun() ->
+        %% two operands of 2^29 + 1 floats: each is within the element limit, together
+        %% they are 8 bytes over what a 4-byte length can say (one 2 GiB binary, shared)
+        A = binary:copy(<<0:32>>, (1 bsl 29) + 1),
+        ?assertEqual({error, too_large}, erlcuda:launch(vector_add, [A, A])),
+        ?assertEqual({error, too_large}, erlcuda:launch_sync(dot_product, [A, A])),
+        ?assertEqual(0, erlcuda_jobs:size()),
+        ?assertEqual({ok, [2.0]}, erlcuda:launch_sync(vector_add, [[1.0], [1.0]]))
+    end}).
+
+%% A caller killed while suspended in port_command, after it registered its job, left the
+%% entry and its place in the device's queue behind for good, and the watchdog then
+%% killed a healthy idle worker.
+killed_while_writing_test_() ->
+    with_app([{watchdog_ms, 3000}], {timeout, 60, fun() ->
+        #{worker_os_pid := Pid} = erlcuda:info(),
+        Mb = binary:copy(<<1.0:32/float-little>>, 1 bsl 18),
+        Loop = fun Loop() -> _ = erlcuda:launch(reduce, [Mb]), Loop() end,
+        Callers = [spawn(Loop) || _ <- lists:seq(1, 200)],
+        timer:sleep(300),
+        [exit(C, kill) || C <- Callers],
+        ok = wait_until(fun() -> erlcuda_jobs:size() =:= 0 andalso in_flight() =:= 0 end, 100),
+        %% well past the watchdog's limit: the idle worker is still the same one
+        timer:sleep(4000),
+        ?assertMatch(#{worker_os_pid := Pid, restarts := 0}, erlcuda:info()),
+        ?assertEqual({ok, 2.0}, erlcuda:launch_sync(reduce, [[2.0]]))
+    end}).
+
+%% launch_sync with {trace, true} always timed out and left the reply in the mailbox.
+traced_launch_sync_test_() ->
+    with_app([], fun() ->
+        ?assertMatch({ok, 3.0, #{<<"recv">> := _, <<"forward">> := _}},
+                     erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{trace, true}, {timeout, 5000}])),
+        Big = [3.0e38, 3.0e38],
+        ?assertMatch({error, {non_finite, _}, #{<<"recv">> := _}},
+                     erlcuda:launch_sync(vector_add, [Big, Big], [{trace, true}])),
+        no_message()
+    end).
+
+%% {timeout, T} above 4294967295 was accepted; launch_sync then raised timeout_value after
+%% submitting, and the reply landed in the mailbox later.
+timeout_out_of_range_test_() ->
+    with_app([], fun() ->
+        Big = 4294967296,
+        ?assertEqual({error, {bad_option, {timeout, Big}}},
+                     erlcuda:launch_sync(reduce, [[1.0]], [{timeout, Big}])),
+        ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{timeout, 4294967295}])),
+        timer:sleep(200),
+        no_message()
+    end).
+
+%% Improper lists as arguments or options raised badarg / function_clause; options given
+%% as a map were refused.
+improper_lists_and_map_options_test_() ->
+    with_app([], fun() ->
+        ?assertMatch({error, {bad_args, _}}, erlcuda:launch(vector_add, [[1] | foo])),
+        ?assertMatch({error, {bad_args, _}}, erlcuda:launch_sync(reduce, [[1.0] | [[2.0] | x]])),
+        ?assertMatch({error, {bad_option, _}}, erlcuda:launch(reduce, [[1.0]], [{device, 0} | bad])),
+        ?assertMatch({error, {bad_option, _}},
+                     erlcuda:launch_sync(reduce, [[1.0]], [{format, list} | {device, 0}])),
+        ?assertEqual({ok, 2.0}, erlcuda:launch_sync(reduce, [[2.0]], #{device => 1})),
+        ?assertEqual({ok, <<3.0:32/float-little>>},
+                     erlcuda:launch_sync(vector_add, [[1.0], [2.0]],
+                                         #{format => binary, timeout => 1000})),
+        ?assertEqual({error, {bad_option, {colour, red}}},
+                     erlcuda:launch(reduce, [[1.0]], #{colour => red})),
+        no_message()
+    end).
+
+%% Bad application config started the application; every launch then answered worker_down
+%% while the worker restarted forever, and info() said backend => undefined.
+bad_config_test_() ->
+    {setup,
+     fun() -> _ = application:stop(erlcuda), application:load(erlcuda) end,
+     fun(_) -> [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS] end,
+     fun() ->
+         Bad = [{backend, gpu}, {cpu_devices, 0}, {max_queue, -1}, {python, 42},
+                {watchdog_ms, soon}, {spin_us, -5}, {batching, yes}, {worker_args, "-x"},
+                {start_timeout, infinity}],
+         lists:foreach(
+           fun({K, V}) ->
+                   Saved = application:get_env(erlcuda, K),
+                   ok = application:set_env(erlcuda, K, V),
+                   Got = application:start(erlcuda),
+                   case Saved of
+                       {ok, Old} -> ok = application:set_env(erlcuda, K, Old);
+                       undefined -> ok = application:unset_env(erlcuda, K)
+                   end,
+                   ?assertMatch({error, {{bad_config, K, V}, _}}, Got),
+                   ?assertEqual(false, lists:keymember(erlcuda, 1,
+                                                       application:which_applications()))
+           end, Bad)
+     end}.
+
+%% The reason() type lacked {non_finite, _}, so dialyzer in a user's application rejected
+%% a handler for a documented error: every reason the worker sends must be in the type.
+reason_type_test() ->
+    {ok, {erlcuda, [{abstract_code, {raw_abstract_v1, Forms}}]}} =
+        beam_lib:chunks(code:which(erlcuda), [abstract_code]),
+    [Reason] = [T || {attribute, _, type, {reason, T, []}} <- Forms],
+    Tags = type_tags(Reason),
+    Missing = [R || R <- erlcuda_contract:reasons(), not lists:member(R, Tags)],
+    ?assertEqual([], Missing).
+
+type_tags({type, _, union, Types}) ->
+    lists:flatmap(fun type_tags/1, Types);
+type_tags({type, _, tuple, [{atom, _, Tag} | _]}) ->
+    [Tag];
+type_tags({atom, _, Tag}) ->
+    [Tag];
+type_tags(_) ->
+    [].
+
+%% halt() of the node while the worker was stopped (SIGSTOP) left the worker orphaned.
+orphan_after_halt_test_() ->
+    {timeout, 60, fun() ->
+        Ebin = filename:dirname(code:which(erlcuda)),
+        Eval = "application:load(erlcuda), application:set_env(erlcuda, backend, cpu), "
+               "{ok, _} = application:ensure_all_started(erlcuda), "
+               "#{worker_os_pid := P} = erlcuda:info(), io:format(\"worker ~b~n\", [P]), "
+               "os:cmd(\"kill -STOP \" ++ integer_to_list(P)), halt().",
+        Out = os:cmd("erl -noshell -pa " ++ Ebin ++ " -eval '" ++ Eval ++ "' 2>&1"),
+        {match, [Pid]} = re:run(Out, "worker ([0-9]+)", [{capture, all_but_first, list}]),
+        Gone = wait_until(fun() -> not filelib:is_dir("/proc/" ++ Pid) end, 50),
+        _ = [os:cmd("kill -9 " ++ Pid) || Gone =/= ok],
+        ?assertEqual(ok, Gone)
+    end}.
+
+%% The port owner waited in a receive for the worker's hello (up to start_timeout), so
+%% info() exited its caller while a worker started, and launches could not be answered.
+never_blocks_while_starting_test_() ->
+    Dir = string:trim(os:cmd("mktemp -d")),
+    Script = filename:join(Dir, "slow"),
+    ok = file:write_file(Script, "#!/bin/sh\nexec sleep 60\n"),
+    ok = file:change_mode(Script, 8#755),
+    with_app([{python, Script}, {start_timeout, 2000}], {timeout, 30, fun() ->
+        Deadline = erlang:monotonic_time(millisecond) + 5000,
+        Slowest = poll_info(Deadline, 0),
+        ?debugFmt("slowest info/0 while the worker (re)starts: ~b ms", [Slowest]),
+        ?assert(Slowest < 500),
+        T0 = erlang:monotonic_time(millisecond),
+        case erlcuda:launch(reduce, [[1.0]]) of
+            {error, {worker_down, _}} -> ok;
+            {ok, Id} -> receive {erlcuda, Id, {error, {worker_down, _}}} -> ok
+                        after 5000 -> error(no_reply)
+                        end
+        end,
+        ?assert(erlang:monotonic_time(millisecond) - T0 < 5000)
+    end}).
+
+poll_info(Deadline, Slowest) ->
+    case erlang:monotonic_time(millisecond) of
+        Now when Now > Deadline -> Slowest;
+        T0 ->
+            #{worker_status := _} = erlcuda:info(),
+            timer:sleep(50),
+            poll_info(Deadline, max(Slowest, erlang:monotonic_time(millisecond) - T0 - 50))
+    end.
+
+%% A worker of another version is refused with a reason that names both versions.
+version_mismatch_test() ->
+    application:load(erlcuda),
+    Info = #{backend => cpu, devices => 1, status => ok, version => <<"0.0.1">>,
+             protocol => 1},
+    {unavailable, Why} = erlcuda_protocol:check_hello(Info),
+    ?assertMatch({match, _}, re:run(Why, "version mismatch.*0\\.0\\.1")),
+    {ok, Vsn} = application:get_key(erlcuda, vsn),
+    ?assertEqual(ok, erlcuda_protocol:check_hello(Info#{version => list_to_binary(Vsn),
+                                                        protocol => erlcuda_contract:protocol()})).
+
+%% telemetry events, through a stand-in module for the optional telemetry application.
+telemetry_test_() ->
+    with_app([{telemetry_module, erlcuda_telemetry_standin}], fun() ->
+        register(erlcuda_telemetry_events, self()),
+        try
+            {ok, 3.0} = erlcuda:launch_sync(reduce, [[1.0, 2.0]]),
+            Big = [3.0e38, 3.0e38],
+            {error, {non_finite, _}} = erlcuda:launch_sync(vector_add, [Big, Big]),
+            receive {telemetry, [erlcuda, job, start], #{system_time := _}, #{kernel := reduce}} -> ok
+            after 1000 -> error(no_start)
+            end,
+            receive {telemetry, [erlcuda, job, stop], #{duration := D}, #{kernel := reduce}}
+                      when is_integer(D), D >= 0 -> ok
+            after 1000 -> error(no_stop)
+            end,
+            receive {telemetry, [erlcuda, job, exception], #{duration := _},
+                     #{kernel := vector_add, reason := {non_finite, _}}} -> ok
+            after 1000 -> error(no_exception)
+            end,
+            #{jobs := #{submitted := S, ok := Ok, error := Err}} = erlcuda:info(),
+            ?assert(S >= 2 andalso Ok >= 1 andalso Err >= 1)
+        after
+            unregister(erlcuda_telemetry_events),
+            ok = application:unset_env(erlcuda, telemetry_module)
+        end
+    end).
+
+in_flight() ->
+    #{device_info := Devices} = erlcuda:info(),
+    lists:sum([maps:get(in_flight, D) || D <- Devices]).
+
+wait_until(_, 0) -> timeout;
+wait_until(Cond, N) ->
+    case Cond() of
+        true -> ok;
+        false -> timer:sleep(100), wait_until(Cond, N - 1)
+    end.
+
+no_message() ->
+    receive Any -> error({stray, Any}) after 0 -> ok end.
