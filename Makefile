@@ -41,12 +41,13 @@ setup-elixir: setup-erlang
 # .venv, made with the machine's packages visible (PyCUDA, numpy where installed), and the
 # Python tools that are missing installed into it: never into the machine's python.
 setup-python:
+	@python3 -c 'import ensurepip' 2>/dev/null || $(call apt_install,python3-venv)
 	@if [ ! -x $(VENV)/bin/python ]; then \
 	  echo "creating $(VENV) (it sees the machine's packages)"; \
 	  python3 -m venv --system-site-packages $(VENV); fi
-	@$(VENV)/bin/python -c 'import numpy, pytest, hypothesis, ruff, matplotlib' 2>/dev/null || { \
-	  echo "installing numpy, pytest, hypothesis, ruff and matplotlib into $(VENV)"; \
-	  $(VENV)/bin/python -m pip install -q numpy pytest hypothesis ruff matplotlib; }
+	@$(VENV)/bin/python -c 'import numpy, pytest, hypothesis, ruff, matplotlib, wheel' 2>/dev/null || { \
+	  echo "installing numpy, pytest, hypothesis, ruff, matplotlib and wheel into $(VENV)"; \
+	  $(VENV)/bin/python -m pip install -q numpy pytest hypothesis ruff matplotlib wheel; }
 
 apt_install = { echo "installing $(1) from the OS packages"; \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && \
