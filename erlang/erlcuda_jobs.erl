@@ -66,14 +66,7 @@ complete(Id, Message) ->
 %% took it (and so answered it).
 -spec withdraw(erlcuda:job_id()) -> boolean().
 withdraw(Id) ->
-    case ets:take(?TAB, Id) of
-        [#job{queues = Queues, device = Device}] ->
-            erlcuda_status:dequeue(Queues, Device),
-            counters:sub(counters_ref(), ?SUBMITTED, 1),
-            true;
-        [] ->
-            false
-    end.
+    discard(Id, ?SUBMITTED, -1).
 
 %% @doc Answer every registered job with `{error, {worker_down, Why}}'.
 -spec fail_all(term()) -> ok.
@@ -105,10 +98,14 @@ counters() ->
       error => counters:get(C, ?ERROR), dropped => counters:get(C, ?DROPPED)}.
 
 drop(Id) ->
+    discard(Id, ?DROPPED, 1).
+
+%% Take a job out without a reply, give back its place in the queue and count it.
+discard(Id, Counter, Delta) ->
     case ets:take(?TAB, Id) of
         [#job{queues = Queues, device = Device}] ->
             erlcuda_status:dequeue(Queues, Device),
-            counters:add(counters_ref(), ?DROPPED, 1),
+            counters:add(counters_ref(), Counter, Delta),
             true;
         [] ->
             false

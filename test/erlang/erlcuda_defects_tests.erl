@@ -8,18 +8,7 @@
                    {watchdog_ms, 30000}, {python, default}, {start_timeout, 120000}]).
 
 with_app(Env, Test) ->
-    {setup,
-     fun() ->
-             _ = application:stop(erlcuda),
-             application:load(erlcuda),
-             [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS ++ Env],
-             {ok, _} = application:ensure_all_started(erlcuda)
-     end,
-     fun(_) ->
-             ok = application:stop(erlcuda),
-             [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS]
-     end,
-     Test}.
+    erlcuda_test_util:with_app(?DEFAULTS, Env, Test).
 
 %% An operand frame over 4 GiB - 1 wrapped its 4-byte length: the worker read the caller's
 %% floats as frame headers, and a crafted operand could forge another caller's result.

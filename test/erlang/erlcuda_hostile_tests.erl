@@ -14,21 +14,10 @@
 -define(EXTRA, [telemetry_module]).
 
 with_app(Env, Test) ->
-    {setup,
-     fun() ->
-             _ = application:stop(erlcuda),
-             application:load(erlcuda),
-             [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS ++ Env],
-             {ok, _} = application:ensure_all_started(erlcuda)
-     end,
-     fun(_) -> reset() end,
-     Test}.
+    erlcuda_test_util:with_app(?DEFAULTS, Env, Test).
 
 reset() ->
-    _ = application:stop(erlcuda),
-    [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS],
-    [ok = application:unset_env(erlcuda, K) || K <- ?EXTRA],
-    ok.
+    erlcuda_test_util:reset(?DEFAULTS, ?EXTRA).
 
 %%% Defects.
 

@@ -8,18 +8,7 @@
 %% every key a test changes is listed above, so each test starts from the defaults
 
 with_app(Env, Test) ->
-    {setup,
-     fun() ->
-             _ = application:stop(erlcuda),
-             application:load(erlcuda),
-             [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS ++ Env],
-             {ok, _} = application:ensure_all_started(erlcuda)
-     end,
-     fun(_) ->
-             ok = application:stop(erlcuda),
-             [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS]
-     end,
-     Test}.
+    erlcuda_test_util:with_app(?DEFAULTS, Env, Test).
 
 load_test_() ->
     with_app([], {timeout, 300, fun load/0}).

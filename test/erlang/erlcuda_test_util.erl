@@ -1,7 +1,27 @@
 %% Helpers shared by the eunit suites.
 -module(erlcuda_test_util).
 
--export([wait_restarted/2, stall/2]).
+-export([wait_restarted/2, stall/2, with_app/3, reset/2]).
+
+%% An eunit fixture: erlcuda started with Defaults overridden by Env, and afterwards
+%% stopped with Defaults restored and every other key Env set removed again.
+with_app(Defaults, Env, Test) ->
+    {setup,
+     fun() ->
+             _ = application:stop(erlcuda),
+             application:load(erlcuda),
+             [ok = application:set_env(erlcuda, K, V) || {K, V} <- Defaults ++ Env],
+             {ok, _} = application:ensure_all_started(erlcuda)
+     end,
+     fun(_) -> reset(Defaults, [K || {K, _} <- Env]) end,
+     Test}.
+
+%% Stop erlcuda, set Defaults, and remove the keys in Extra that Defaults does not name.
+reset(Defaults, Extra) ->
+    _ = application:stop(erlcuda),
+    [ok = application:set_env(erlcuda, K, V) || {K, V} <- Defaults],
+    [ok = application:unset_env(erlcuda, K) || K <- Extra, not lists:keymember(K, 1, Defaults)],
+    ok.
 
 %% Wait (N tries, 100 ms apart) until a worker other than OldPid is up.
 wait_restarted(_, 0) -> error(not_restarted);
