@@ -18,7 +18,20 @@
 %%               the same input bytes as the bare transport;
 %%   bandwidth   large vector_add jobs beside an echo moving the same bytes;
 %%   throughput  N concurrent callers looping `launch_sync' until a deadline, batching on
-%%               and off (the application is restarted with `batching' false).
+%%               and off (the application is restarted with `batching' false); and the
+%%               floor's unbatched pipelined rate (one process, a window of frames in flight);
+%%   erlport     (only where bench/run was given `--erlport DIR') erlport's python:call beside
+%%               erlcuda, interleaved: a tiny call, a 1000-element vector_add, 100 concurrent
+%%               callers and a large payload, each repeated (medians of the repetitions).
+%%
+%% The floor (bench/floor.py) is the least a port peer can do to run a job: a port with
+%% `{packet, 4}', `binary', `nouse_stdio', and one Python thread that reads a frame of raw
+%% f32 operands, makes the same backend call as the worker (same backend, device 0) and
+%% writes the raw result in one reply frame. This process owns its port and times its round
+%% trips beside the full stack's and the pure call's (latency), and pipelines it (throughput).
+%%
+%% Only erlcuda's public API is used: erlcuda:launch/3, launch_sync/3, info/0, and
+%% erlcuda_worker:call/3 for the benchmark hooks `pure' and `echo'.
 -module(erlcuda_bench).
 
 -export([main/1]).
@@ -55,18 +68,21 @@ quiet_logger() ->
     ok.
 
 run(ConfigFile) ->
-    {ok, [Cfg]} = file:consult(ConfigFile),
-    _ = rand:seed(exsss, maps:get(seed, Cfg, 1)),
-    ok = start_app(Cfg, true),
+    {ok, [Cfg0]} = file:consult(ConfigFile),
+    _ = rand:seed(exsss, maps:get(seed, Cfg0, 1)),
+    ok = start_app(Cfg0, true),
+    Floor = floor_open(Cfg0),
+    Cfg = Cfg0#{floor_port => Floor},
     emit(info_event(Cfg)),
     Sections = maps:get(sections, Cfg, [latency, stages, bandwidth, throughput]),
     [ok = section(S, Cfg) || S <- Sections],
-    ok.
+    floor_close(Floor).
 
-section(latency, #{latency := L}) -> latency(L);
+section(latency, #{latency := L, floor_port := F}) -> latency(L, F);
 section(stages, #{stages := S}) -> stages(S);
 section(bandwidth, #{bandwidth := B}) -> bandwidth(B);
 section(throughput, #{throughput := T} = Cfg) -> throughput(T, Cfg);
+section(erlport, #{erlport := E} = Cfg) -> erlport(E, Cfg);
 section(_, _) -> ok.
 
 %% The application.
@@ -113,7 +129,8 @@ info_event(Cfg) ->
       otp_release => list_to_binary(erlang:system_info(otp_release)),
       otp_version => otp_version(),
       erts_version => list_to_binary(erlang:system_info(version)),
-      schedulers => erlang:system_info(schedulers_online)}.
+      schedulers => erlang:system_info(schedulers_online),
+      floor => maps:without([port, kernels], maps:get(floor_port, Cfg))}.
 
 otp_version() ->
     File = filename:join([code:root_dir(), "releases", erlang:system_info(otp_release),
@@ -176,6 +193,137 @@ echo(Bin) ->
         Other -> error({echo_failed, byte_size(Bin), Other})
     end.
 
+%% The floor: bench/floor.py behind a port owned by this process (see the module doc).
+
+-type floor() :: #{port := port(), kernels := #{atom() => non_neg_integer()},
+                   backend := binary(), atom() => term()}.
+
+-spec floor_open(map()) -> floor().
+floor_open(#{floor := #{script := Script}} = Cfg) ->
+    Backend = case maps:get(backend, erlcuda:info()) of
+                  B when is_atom(B) -> atom_to_list(B);
+                  B when is_binary(B) -> binary_to_list(B)
+              end,
+    Python = python_executable(Cfg),
+    PythonDir = python_dir(Cfg),
+    PythonPath = string:join([PythonDir | [P || P <- [os:getenv("PYTHONPATH", "")], P =/= ""]],
+                             ":"),
+    Port = open_port({spawn_executable, Python},
+                     [{args, [Script, "--backend", Backend]}, {packet, 4}, binary,
+                      nouse_stdio, exit_status, {env, [{"PYTHONPATH", PythonPath}]}]),
+    Hello = receive
+                {Port, {data, H}} -> hello(H);
+                {Port, {exit_status, S}} -> error({floor_exited, S})
+            after 120000 -> error(floor_no_hello)
+            end,
+    BackendBin = list_to_binary(Backend),
+    case Hello of
+        #{<<"error">> := Why} -> error({floor_failed, Why});
+        #{<<"backend">> := BackendBin} -> ok;
+        _ -> error({floor_backend, maps:get(<<"backend">>, Hello, none), BackendBin})
+    end,
+    Names = binary:split(maps:get(<<"kernels">>, Hello), <<",">>, [global]),
+    Kernels = maps:from_list([{binary_to_atom(N, utf8), I - 1} || {I, N} <- enumerate(Names)]),
+    #{port => Port, kernels => Kernels, backend => BackendBin,
+      device => maps:get(<<"device">>, Hello, <<"?">>), python_dir => list_to_binary(PythonDir),
+      script => list_to_binary(Script)}.
+
+hello(Bin) ->
+    maps:from_list([list_to_tuple(binary:split(L, <<"=">>))
+                    || L <- binary:split(Bin, <<"\n">>, [global]), L =/= <<>>]).
+
+floor_close(#{port := Port}) ->
+    port_close(Port),
+    ok.
+
+python_executable(Cfg) ->
+    Python = case maps:get(python, Cfg, default) of
+                 P when is_list(P) -> P;
+                 _ -> os:getenv("ERLCUDA_PYTHON", "python3")
+             end,
+    case filename:pathtype(Python) of
+        absolute -> Python;
+        _ -> case os:find_executable(Python) of
+                 false -> error({no_python, Python});
+                 Found -> Found
+             end
+    end.
+
+%% Where erlcuda's Python package is: the application's priv copy (what the worker loads
+%% when the build made one), else the source tree's python/ that bench/run names.
+python_dir(Cfg) ->
+    Priv = case code:priv_dir(erlcuda) of
+               {error, _} -> none;
+               D -> filename:join(D, "python")
+           end,
+    Package = filename:join([Priv, "erlcuda", "kernels.py"]),
+    case Priv =/= none andalso filelib:is_regular(Package) of
+        true -> Priv;
+        false -> maps:get(python_dir, Cfg)
+    end.
+
+%% A request frame: <<KernelIndex:8, NArgs:8, 0:48>>, then each operand as
+%% <<Tag:8, 0:24, Len:32/little, Bytes:Len>> and zeros to a multiple of 8 bytes (tag 0: an
+%% f32 vector, 1: a dim as a 64-bit unsigned integer): the floor's numpy views are aligned.
+floor_frame(Index, Args) ->
+    [<<Index:8, (length(Args)):8, 0:48>> | [operand(A) || A <- Args]].
+
+operand(B) when is_binary(B) ->
+    Size = byte_size(B),
+    case Size rem 8 of
+        0 -> [<<0:8, 0:24, Size:32/little>>, B];
+        R -> [<<0:8, 0:24, Size:32/little>>, B, <<0:((8 - R) * 8)>>]
+    end;
+operand(I) when is_integer(I) -> <<1:8, 0:24, 8:32/little, I:64/little>>.
+
+%% One round trip: the frame built, written, the reply read (its size checked).
+floor_call(#{port := Port, kernels := Ks}, K, Args, OutBytes) ->
+    T0 = now_ns(),
+    true = port_command(Port, floor_frame(maps:get(K, Ks), Args)),
+    receive
+        {Port, {data, <<0, Result/binary>>}} when byte_size(Result) =:= OutBytes ->
+            now_ns() - T0;
+        {Port, {data, Other}} -> error({floor_failed, K, Other});
+        {Port, {exit_status, S}} -> error({floor_exited, S})
+    after ?TIMEOUT -> error({floor_timeout, K})
+    end.
+
+%% Result bytes of a floor reply: a vector's f32s, or one f64 for a scalar.
+floor_out({matmul, N}) -> 4 * N * N;
+floor_out({vector_add, N}) -> 4 * N;
+floor_out(_) -> 8.
+
+%% The floor's unbatched pipelined rate: `Window' frames in flight from this one process,
+%% a new one sent for each reply until the deadline, then the rest drained; jobs/s over
+%% the time until the last reply.
+floor_pipelined(#{port := Port, kernels := Ks}, K, Args, OutBytes, Window, Ms) ->
+    Index = maps:get(K, Ks),
+    Send = fun() -> true = port_command(Port, floor_frame(Index, Args)) end,
+    Start = now_ns(),
+    Deadline = Start + Ms * 1000000,
+    _ = [Send() || _ <- lists:seq(1, Window)],
+    Jobs = pipeline(Port, K, OutBytes, Send, Deadline, Window, 0),
+    Elapsed = now_ns() - Start,
+    #{jobs => Jobs, errors => 0, elapsed_ns => Elapsed, window => Window,
+      jobs_per_s => Jobs / (Elapsed / 1.0e9)}.
+
+pipeline(_Port, _K, _OutBytes, _Send, _Deadline, 0, Done) ->
+    Done;
+pipeline(Port, K, OutBytes, Send, Deadline, InFlight, Done) ->
+    receive
+        {Port, {data, <<0, Result/binary>>}} when byte_size(Result) =:= OutBytes ->
+            case now_ns() < Deadline of
+                true ->
+                    Send(),
+                    pipeline(Port, K, OutBytes, Send, Deadline, InFlight, Done + 1);
+                false ->
+                    pipeline(Port, K, OutBytes, Send, Deadline, InFlight - 1, Done + 1)
+            end;
+        {Port, {data, Other}} -> error({floor_failed, K, Other});
+        {Port, {exit_status, S}} -> error({floor_exited, S})
+    after ?TIMEOUT -> error({floor_timeout, K})
+    end.
+
 %% Warm-up: at least two calls, up to `Max' or `Budget' ns; the median wall time of a call.
 warm(Fun, Max, BudgetNs) ->
     Start = now_ns(),
@@ -194,31 +342,36 @@ iterations(PerIterNs, #{budget_s := Budget, min_iters := Min, max_iters := Max})
     Fit = trunc(Budget * 1.0e9 / max(PerIterNs, 1)),
     max(Min, min(Max, Fit)).
 
-%% Latency: the full stack against the pure backend path, job by job in random order.
+%% Latency: the full stack against the pure backend path and the floor, job by job in
+%% random order; the floor's round trips timed here, in the process that owns its port.
 
-latency(#{groups := Groups, warmup := Warmup} = L) ->
+latency(#{groups := Groups, warmup := Warmup} = L, Floor) ->
     phase(<<"warm-up">>, length(Groups)),
     Prepared = [begin
                     Args = args(G),
                     {K, _} = G,
+                    Out = floor_out(G),
                     FullNs = warm(fun() -> full(K, Args) end, Warmup, 1000000000),
                     %% The backend's own warm-up (caches, allocations), about a second at most.
                     _ = pure(K, Args, max(1, min(Warmup, 1000000000 div max(FullNs, 1)))),
                     PureWall = warm(fun() -> T0 = now_ns(), _ = pure(K, Args, 1),
                                              now_ns() - T0 end, Warmup, 1000000000),
+                    FloorNs = warm(fun() -> floor_call(Floor, K, Args, Out) end, Warmup,
+                                   1000000000),
                     step(),
-                    {G, Args, iterations(FullNs + PureWall, L)}
+                    {G, Args, iterations(FullNs + PureWall + FloorNs, L)}
                 end || G <- Groups],
     Items = shuffle([{Index, Kind} || {Index, {_, _, Iters}} <- enumerate(Prepared),
-                                      Kind <- [full, pure], _ <- lists:seq(1, Iters)]),
+                                      Kind <- [full, pure, floor], _ <- lists:seq(1, Iters)]),
     phase(<<"latency">>, length(Items)),
     ById = maps:from_list(enumerate(Prepared)),
     Samples = lists:foldl(
                 fun({Index, Kind} = Key, Acc) ->
-                        {{K, _}, Args, _} = maps:get(Index, ById),
+                        {{K, _} = G, Args, _} = maps:get(Index, ById),
                         T = case Kind of
                                 full -> full(K, Args);
-                                pure -> hd(pure(K, Args, 1))
+                                pure -> hd(pure(K, Args, 1));
+                                floor -> floor_call(Floor, K, Args, floor_out(G))
                             end,
                         step(),
                         maps:update_with(Key, fun(Ts) -> [T | Ts] end, [T], Acc)
@@ -229,7 +382,8 @@ latency(#{groups := Groups, warmup := Warmup} = L) ->
                      elements => elements(G), bytes_in => bytes_in(Args),
                      bytes_out => bytes_out(G), iters => Iters,
                      full_ns => lists:reverse(maps:get({Index, full}, Samples)),
-                     pure_ns => lists:reverse(maps:get({Index, pure}, Samples))})
+                     pure_ns => lists:reverse(maps:get({Index, pure}, Samples)),
+                     floor_ns => lists:reverse(maps:get({Index, floor}, Samples))})
       end, enumerate(Prepared)),
     ok.
 
@@ -251,7 +405,7 @@ stage_group({{K, Size} = G, Args, Iters}) ->
     %% The bare transport with the same input bytes, for comparison.
     Payload = fill(rand_block(min(max(bytes_in(Args) div 4, 1), ?BLOCK)), bytes_in(Args)),
     Echo = [begin T = echo(Payload), step(), T end || _ <- lists:seq(1, Iters)],
-    Keys = [erlang_encode, launch_call, total, deliver, decode, queue, group, backend,
+    Keys = [launch_call, total, deliver, decode, queue, group, backend,
             encode, transit, request_hop, reply_hop],
     Columns = maps:from_list([{Key, [maps:get(Key, R) || R <- Rows]} || Key <- Keys]),
     emit(#{event => result, section => stages, kernel => K, size => Size,
@@ -277,13 +431,8 @@ clock_offset() ->
 
 traced(K, Args, Offset) ->
     Opts = [{trace, true} | ?OPTS],
-    %% Checking and encoding the launch, timed alone (launch/3 does the same, then writes).
-    E0 = now_ns(),
-    {ok, Job} = erlcuda_job:validate(K, Args, Opts),
-    {ok, Frame} = erlcuda_protocol:encode_launch(1, self(), 0, K, maps:get(args, Job),
-                                                 #{format => binary, trace => true}),
-    E1 = now_ns(),
-    _ = iolist_size(Frame),
+    %% `launch/3' until it returns: checking and encoding the launch and writing it to the
+    %% port, one stage (the public API does not split them).
     T0 = now_ns(),
     {ok, JobId} = erlcuda:launch(K, Args, Opts),
     T1 = now_ns(),
@@ -295,8 +444,7 @@ traced(K, Args, Offset) ->
               <<"forward">> := Forward} = Trace,
             Total = T2 - T0,
             Deliver = T2 - Forward,
-            #{erlang_encode => E1 - E0,
-              launch_call => T1 - T0,
+            #{launch_call => T1 - T0,
               total => Total,
               deliver => Deliver,
               decode => Queued - Recv,
@@ -338,8 +486,10 @@ bandwidth_size(N, B) ->
 %% Throughput: N callers, each looping launch_sync until the deadline.
 
 throughput(#{kernels := Kernels, size := Size, callers := Callers,
-             batching := Batchings, duration_ms := Ms}, Cfg) ->
-    phase(<<"throughput">>, length(Batchings) * length(Kernels) * length(Callers)),
+             batching := Batchings, duration_ms := Ms} = T, #{floor_port := Floor} = Cfg) ->
+    Window = maps:get(floor_window, T, 64),
+    phase(<<"throughput">>, length(Batchings) * length(Kernels) * length(Callers)
+          + length(Kernels)),
     Inputs = [{K, args({K, Size})} || K <- Kernels],
     Final = lists:foldl(
               fun(Batching, Current) ->
@@ -356,6 +506,14 @@ throughput(#{kernels := Kernels, size := Size, callers := Callers,
                        end || {K, Args} <- Inputs, N <- Callers],
                       Batching
               end, true, Batchings),
+    %% The floor, unbatched and pipelined, over the same duration.
+    [begin
+         Out = floor_out({K, Size}),
+         _ = [floor_call(Floor, K, Args, Out) || _ <- lists:seq(1, 20)],
+         R = floor_pipelined(Floor, K, Args, Out, Window, Ms),
+         emit(R#{event => result, section => floor_throughput, kernel => K, size => Size}),
+         step()
+     end || {K, Args} <- Inputs],
     case Final of
         true -> ok;
         false -> restart_app(Cfg, true)
@@ -411,6 +569,148 @@ device_counters() ->
         #{device_info := [#{jobs := J, launches := L} | _]} -> {J, L};
         _ -> {0, 0}
     end.
+
+%% erlport beside erlcuda: each repetition runs every measurement, erlport's and erlcuda's
+%% interleaved (single calls job by job in a random order, the rest in a random order of
+%% the two); the report takes medians over the repetitions. erlport's modules come from the
+%% `-pa' that bench/run adds; its Python side imports bench/erlport_peer.py.
+
+erlport(#{reps := Reps} = E0, Cfg) ->
+    phase(<<"erlport">>, 4 * Reps),
+    E = E0#{python => python_executable(Cfg)},
+    P0 = erlport_start(E),
+    Tiny = [[1.0]],
+    Size = maps:get(vector_size, E, 1000),
+    A = vec(Size),
+    B = vec(Size),
+    Large = maps:get(large_bytes, E) div 8,
+    LA = vec(Large),
+    LB = vec(Large),
+    Budget = maps:get(large_budget_s, E) * 1000000000,
+    {_, P, Rows} = lists:foldl(
+                     fun(Rep, {Spent, Px, Acc}) ->
+                             TinyRow = interleaved(
+                                         fun() -> ep_time(Px, noop, [], 8) end,
+                                         fun() -> ec_time(reduce, Tiny, [], 8) end,
+                                         maps:get(tiny_iters, E)),
+                             step(),
+                             VecRow = interleaved(
+                                        fun() -> ep_time(Px, vector_add, [A, B], 4 * Size) end,
+                                        fun() -> ec_time(vector_add, [A, B], ?OPTS, 4 * Size)
+                                        end, maps:get(vector_iters, E)),
+                             step(),
+                             CallersRow = callers_pair(Px, Tiny, E),
+                             step(),
+                             {Spent1, Px1, LargeRow} = large_pair(Px, LA, LB, E, Spent, Budget),
+                             step(),
+                             {Spent1, Px1,
+                              [#{rep => Rep, tiny => TinyRow, vector_add => VecRow,
+                                 callers => CallersRow, large => LargeRow} | Acc]}
+                     end, {0, P0, []}, lists:seq(1, Reps)),
+    _ = catch python:stop(P),
+    Reps1 = lists:reverse(Rows),
+    [emit(#{event => result, section => erlport, test => Test,
+            size => case Test of
+                        vector_add -> Size;
+                        large -> Large;
+                        _ -> 1
+                    end,
+            callers => maps:get(callers, E), duration_ms => maps:get(duration_ms, E),
+            large_timeout_s => maps:get(large_timeout_s, E),
+            reps => [maps:get(Test, R) || R <- Reps1]})
+     || Test <- [tiny, vector_add, callers, large]],
+    ok.
+
+erlport_start(#{peer_dir := Dir, python := Python}) ->
+    {ok, P} = python:start([{python, Python}, {python_path, Dir},
+                            {start_timeout, 120000}]),
+    _ = python:call(P, erlport_peer, noop, []),
+    P.
+
+%% One erlport call, timed; the result's size checked (a binary of `Out' bytes, or none).
+ep_time(P, F, Args, Out) ->
+    T0 = now_ns(),
+    R = python:call(P, erlport_peer, F, Args),
+    T = now_ns() - T0,
+    ok = check_out(R, Out),
+    T.
+
+ec_time(K, Args, Opts, Out) ->
+    T0 = now_ns(),
+    {ok, R} = erlcuda:launch_sync(K, Args, [{timeout, ?TIMEOUT} | Opts]),
+    T = now_ns() - T0,
+    ok = check_out(R, Out),
+    T.
+
+check_out(R, Out) when is_binary(R), byte_size(R) =:= Out -> ok;
+check_out(R, 8) when is_float(R); R =:= undefined -> ok;
+check_out(R, Out) -> error({unexpected_result, Out, R}).
+
+%% `Iters' calls of each, job by job in one shuffled order: per side the samples (ns).
+interleaved(EpFun, EcFun, Iters) ->
+    _ = [{EpFun(), EcFun()} || _ <- lists:seq(1, 5)],  % warm both
+    Items = shuffle([K || K <- [erlport, erlcuda], _ <- lists:seq(1, Iters)]),
+    Ts = [{K, case K of erlport -> EpFun(); erlcuda -> EcFun() end} || K <- Items],
+    #{erlport_ns => [T || {erlport, T} <- Ts], erlcuda_ns => [T || {erlcuda, T} <- Ts]}.
+
+%% N concurrent callers of tiny calls for the duration, each side once, in a random order.
+callers_pair(P, Tiny, #{callers := N, duration_ms := Ms}) ->
+    Runs = [{Side, concurrent(Fun, N, Ms)}
+            || {Side, Fun} <- shuffle([{erlport, fun() -> python:call(P, erlport_peer, noop, [])
+                                                 end},
+                                       {erlcuda, fun() -> {ok, _} = erlcuda:launch_sync(
+                                                                      reduce, Tiny),
+                                                          ok end}])],
+    maps:from_list(Runs).
+
+concurrent(Fun, N, Ms) ->
+    Parent = self(),
+    Pids = [spawn_link(fun() ->
+                               Parent ! {ready, self()},
+                               receive {go, D} -> ok end,
+                               Parent ! {done, self(), count_until(Fun, D, 0)}
+                       end) || _ <- lists:seq(1, N)],
+    [receive {ready, Pid} -> ok end || Pid <- Pids],
+    Start = now_ns(),
+    _ = [Pid ! {go, Start + Ms * 1000000} || Pid <- Pids],
+    Calls = lists:sum([receive {done, Pid, C} -> C end || Pid <- Pids]),
+    Elapsed = now_ns() - Start,
+    #{calls => Calls, elapsed_ns => Elapsed, calls_per_s => Calls / (Elapsed / 1.0e9)}.
+
+count_until(Fun, Deadline, Count) ->
+    case now_ns() >= Deadline of
+        true -> Count;
+        false -> _ = Fun(), count_until(Fun, Deadline, Count + 1)
+    end.
+
+%% The large payload: erlcuda's vector_add of two vectors of half the bytes each, and
+%% erlport's call of the same inputs, in a random order. erlport's calls stop once they have
+%% used the time budget; one that runs past the timeout counts as that long at least, and
+%% its instance (busy with it) is replaced.
+large_pair(P, A, B, #{large_timeout_s := TimeoutS} = E, Spent, Budget) ->
+    Out = byte_size(A),
+    Order = shuffle([erlport, erlcuda]),
+    lists:foldl(
+      fun(erlcuda, {S, Px, Row}) ->
+              {S, Px, Row#{erlcuda_ns => ec_time(vector_add, [A, B], ?OPTS, Out)}};
+         (erlport, {S, Px, Row}) when S >= Budget ->
+              {S, Px, Row#{erlport_skipped => true}};
+         (erlport, {S, Px, Row}) ->
+              T0 = now_ns(),
+              try python:call(Px, erlport_peer, vector_add, [A, B],
+                              [{timeout, TimeoutS * 1000}]) of
+                  R ->
+                      T = now_ns() - T0,
+                      ok = check_out(R, Out),
+                      {S + T, Px, Row#{erlport_ns => T}}
+              catch
+                  error:timeout ->
+                      T = now_ns() - T0,
+                      _ = catch python:stop(Px),
+                      {S + T, erlport_start(E), Row#{erlport_ns => T,
+                                                         erlport_timed_out => true}}
+              end
+      end, {Spent, P, #{bytes => 2 * byte_size(A)}}, Order).
 
 %% Statistics and lists.
 

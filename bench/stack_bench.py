@@ -1,6 +1,7 @@
 """erlcuda's benchmark suite: the full stack from Erlang against the bare backend call.
 
     bench/run --quick | --full  [--backend auto|cpu|cuda] [--out DIR] [--only SECTION ...]
+              [--erlport DIR|TGZ]
     bench/run --plots-from RESULTS_JSON [--out DIR]
     bench/run --report-only DIR [--out DIR]
 
@@ -11,10 +12,13 @@ the committed figures in ``bench/results/<machine>`` change only when ``--out`` 
 that folder):
 
 - ``report.md``: tables (latency p50/p90/p99 of the full stack, of the pure backend call
-  and of the overhead, with a bootstrap 95% CI of the median overhead; a per-stage
-  breakdown of one job; throughput with 1..1000 callers, batching on and off; large-payload
-  bandwidth beside an echo of the same bytes), the targets met or missed, the machine,
-  versions and date;
+  and of the overhead, with a bootstrap 95% CI of the median overhead; the full stack
+  against the floor, ``bench/floor.py``, the least a port peer can do for the same backend
+  call, measured in the same run; a per-stage breakdown of one job; throughput with
+  1..1000 callers, batching on and off, beside the floor's unbatched pipelined rate and
+  the transport bound; large-payload bandwidth beside an echo of the same bytes; with
+  ``--erlport``, erlport's python:call beside erlcuda), the targets met or missed, the
+  machine, versions and date;
 - ``results.json``: the same figures as data; ``raw/samples.json``: every sample;
 - ``latency.png``, ``throughput.png``, ``bandwidth.png``, ``stages.png`` (with matplotlib).
 
@@ -35,6 +39,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
@@ -53,7 +58,9 @@ Json = dict[str, Any]
 
 KERNELS = ("vector_add", "reduce", "dot_product", "matmul")
 BOOTSTRAP_RESAMPLES = 2000
-SECTIONS = ("latency", "stages", "bandwidth", "throughput")
+SECTIONS = ("latency", "stages", "bandwidth", "throughput", "erlport")
+#: Result events by section: the sections', and the floor's throughput.
+RESULT_SECTIONS = (*SECTIONS, "floor_throughput")
 
 # The targets of the issues, set for one H200 with the CUDA backend.
 TARGET_FULL_P50_US = 60.0
@@ -62,6 +69,19 @@ TARGET_BANDWIDTH_GBS = 1.5
 TARGET_BANDWIDTH_SIZE = 16_000_000
 TARGET_JOBS_PER_S = 100_000.0
 TARGET_CALLERS = 1000
+
+# The targets against the floor (bench/floor.py), measured in the same run. Ratios are
+# erlcuda / floor; the CPU backend has its own where the issue sets one.
+FLOOR_SIZE = 1_000
+FLOOR_KERNELS = ("vector_add", "reduce")
+TARGET_FLOOR_RATIO = {"cuda": 1.25, "cpu": 1.5}
+TARGET_PURE_OVERHEAD_US = 25.0
+TARGET_P99_OVER_P50 = 2.0
+TARGET_REDUCE_JOBS_PER_S = 200_000.0  # cuda
+TARGET_TRANSPORT_SHARE = 80.0  # % of the transport bound, vector_add 1000
+TARGET_OVER_FLOOR_RATE = {"cuda": 3.0, "cpu": 2.0}
+#: bench/floor.py's unbatched pipelined rate: frames in flight from one process.
+FLOOR_WINDOW = 64
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -80,8 +100,11 @@ def plan(mode: str) -> Json:
             "bandwidth": {"sizes": [1_000_000, 4_000_000], "min_iters": 3, "max_iters": 30,
                           "budget_s": 2.0},
             "throughput": {"kernels": ["vector_add", "reduce"], "size": 1_000,
-                           "callers": [1, 10, 100], "batching": [True, False],
-                           "duration_ms": 1000},
+                           "callers": [1, 10, 100, 1000], "batching": [True, False],
+                           "duration_ms": 1000, "floor_window": FLOOR_WINDOW},
+            "erlport": {"reps": 5, "tiny_iters": 200, "vector_iters": 200, "vector_size": 1000,
+                        "callers": 100, "duration_ms": 500, "large_bytes": 64 * 2**20,
+                        "large_budget_s": 15, "large_timeout_s": 90},
         }
     sizes = [1_000, 10_000, 100_000, 1_000_000, 10_000_000]
     return {
@@ -94,7 +117,10 @@ def plan(mode: str) -> Json:
                       "min_iters": 5, "max_iters": 100, "budget_s": 3.0},
         "throughput": {"kernels": ["vector_add", "reduce"], "size": 1_000,
                        "callers": [1, 10, 100, 1000], "batching": [True, False],
-                       "duration_ms": 2500},
+                       "duration_ms": 2500, "floor_window": FLOOR_WINDOW},
+        "erlport": {"reps": 5, "tiny_iters": 1000, "vector_iters": 1000, "vector_size": 1000,
+                    "callers": 100, "duration_ms": 2000, "large_bytes": 64 * 2**20,
+                    "large_budget_s": 100, "large_timeout_s": 120},
     }
 
 
@@ -172,6 +198,74 @@ def compile_bench(ebin: Path) -> None:
                str(ROOT / "bench" / "erlcuda_bench.erl")], "erlc of bench/erlcuda_bench.erl")
 
 
+def erlport_ebin(source: Path) -> Path:
+    """erlport's ebin, built with erlc under ``_build/bench/erlport`` from ``source``: an
+    unpacked erlport tree (``src/``, ``priv/``) or its .tgz, unpacked there first.
+
+    The ebin lies in ``_build/bench/erlport/lib/erlport/`` beside a link ``priv`` to the
+    tree's own, so that erlport finds its Python side through ``code:priv_dir(erlport)``.
+    Rebuilt when the source or its files change; the tree itself is never written to.
+    """
+    base = BUILD / "erlport"
+    source = source.resolve()
+    if source.is_file():
+        unpacked = base / "unpacked"
+        stamp = unpacked / ".source"
+        key = f"{source} {source.stat().st_size} {source.stat().st_mtime_ns}"
+        if not stamp.is_file() or stamp.read_text() != key:
+            shutil.rmtree(unpacked, ignore_errors=True)
+            unpacked.mkdir(parents=True)
+            try:
+                with tarfile.open(source) as tar:
+                    if hasattr(tarfile, "data_filter"):
+                        tar.extractall(unpacked, filter="data")
+                    else:  # Python before 3.11.4: no filters
+                        tar.extractall(unpacked)
+            except (tarfile.TarError, OSError) as exc:
+                raise SystemExit(f"bench: --erlport {source}: cannot unpack: {exc}") from exc
+            stamp.write_text(key)
+        trees = [d for d in [unpacked, *sorted(unpacked.iterdir())]
+                 if (d / "src" / "erlport.erl").is_file()]
+        if not trees:
+            raise SystemExit(f"bench: --erlport {source}: no src/erlport.erl inside")
+        tree = trees[0]
+    elif source.is_dir():
+        tree = source
+    else:
+        raise SystemExit(f"bench: --erlport {source}: no such file or folder")
+    sources = sorted((tree / "src").glob("*.erl"))
+    if not (tree / "src" / "erlport.erl").is_file() or not (tree / "priv").is_dir():
+        raise SystemExit(f"bench: --erlport {tree}: not an erlport tree (src/erlport.erl and "
+                         "priv/ expected)")
+    lib = base / "lib" / "erlport"
+    ebin = lib / "ebin"
+    priv = lib / "priv"
+    if priv.is_symlink() or priv.exists():
+        if not priv.is_symlink() or priv.resolve() != (tree / "priv").resolve():
+            if priv.is_symlink() or priv.is_file():
+                priv.unlink()
+            else:
+                shutil.rmtree(priv)
+    lib.mkdir(parents=True, exist_ok=True)
+    if not priv.is_symlink():
+        priv.symlink_to(tree / "priv")
+    stamp = ebin / ".source"
+    newest = max(f.stat().st_mtime for f in [*sources, *(tree / "src").glob("*.hrl")])
+    beams = [ebin / (f.stem + ".beam") for f in sources]
+    fresh = (stamp.is_file() and stamp.read_text() == str(tree)
+             and all(b.is_file() and b.stat().st_mtime >= newest for b in beams))
+    if not fresh:
+        shutil.rmtree(ebin, ignore_errors=True)
+        ebin.mkdir(parents=True)
+        run_quiet(["erlc", "-o", str(ebin), "-I", str(tree / "src"), *map(str, sources)],
+                  f"erlc of erlport ({tree})")
+        app_src = tree / "src" / "erlport.app.src"
+        if app_src.is_file():
+            shutil.copy(app_src, ebin / "erlport.app")
+        stamp.write_text(str(tree))
+    return ebin
+
+
 class Progress:
     """A bar per phase: tqdm where it is installed, else a line now and then on stderr."""
 
@@ -226,9 +320,18 @@ def run_node(ebin: Path, config: Json, backend: str, seed: int) -> tuple[Json, l
     # ERLCUDA_PYTHON (which would override it) set to the same.
     python = sys.executable
     term = {"backend": backend, "seed": seed, "max_queue": 100_000,
-            "python": ErlString(python), **config}
+            "python": ErlString(python), "python_dir": ErlString(str(ROOT / "python")),
+            "floor": {"script": ErlString(str(ROOT / "bench" / "floor.py"))},
+            **{k: v for k, v in config.items() if k not in ("erlport", "erlport_note")}}
+    extra: list[str] = []
+    erlport = config.get("erlport")
+    if isinstance(erlport, dict) and erlport.get("ebin"):
+        # Only with --erlport: its ebin on the code path, bench/ for erlport_peer.py.
+        term["erlport"] = {**{k: v for k, v in erlport.items() if k not in ("ebin", "source")},
+                           "peer_dir": ErlString(str(ROOT / "bench"))}
+        extra = ["-pa", str(erlport["ebin"])]
     cfg_file.write_text(erl_term(term) + ".\n")
-    cmd = ["erl", "-noshell", "-noinput", "-pa", str(ebin), "-pa", str(BUILD),
+    cmd = ["erl", "-noshell", "-noinput", "-pa", str(ebin), "-pa", str(BUILD), *extra,
            "-eval", f'erlcuda_bench:main("{cfg_file}")']
     env = {**os.environ, "ERLCUDA_PYTHON": python}
     progress = Progress()
@@ -313,18 +416,33 @@ def summarize_latency(results: list[Json], rng: np.random.Generator) -> list[Jso
         full, pure = us(r["full_ns"]), us(r["pure_ns"])
         fp, pp = pcts(full), pcts(pure)
         lo, hi = bootstrap_median_diff(full, pure, rng)
-        rows.append({
+        row = {
             "kernel": r["kernel"], "size": r["size"], "elements": r["elements"],
             "bytes_in": r["bytes_in"], "bytes_out": r["bytes_out"], "n": int(full.size),
             "full_us": fp, "pure_us": pp,
             "overhead_us": {k: fp[k] - pp[k] for k in fp},
             "overhead_p50_ci95_us": [lo, hi],
-        })
+        }
+        if r.get("floor_ns"):  # runs before the floor have none
+            fl = pcts(us(r["floor_ns"]))
+            row["floor_us"] = fl
+            row["over_floor"] = {k: ratio(fp[k], fl[k]) for k in fp}
+            row["floor_over_pure_us"] = {k: fl[k] - pp[k] for k in fl}
+        rows.append(row)
     return rows
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
 
 
 STAGES: tuple[tuple[str, str, str], ...] = (
     # key, label, clock ("aligned": a worker stamp against an Erlang one, see clock_aligned)
+    ("launch_call", "check + encode + port write: `launch/3` until it returns (caller)",
+     "Erlang"),
+    # Runs before the bench used only the public API split launch_call in two:
     ("erlang_encode", "check + encode the launch (caller)", "Erlang"),
     ("port_write", "port write (rest of `launch/3`)", "Erlang"),
     ("request_hop", "request: pipe until the worker has read the frame", "aligned"),
@@ -351,9 +469,10 @@ def summarize_stages(results: list[Json], aligned: bool) -> list[Json]:
     rows = []
     for r in results:
         cols = {k: np.asarray(v, dtype=np.float64) for k, v in r["stages"].items()}
-        cols["port_write"] = cols["launch_call"] - cols["erlang_encode"]
+        if "erlang_encode" in cols:  # an older run's samples: launch_call in two parts
+            cols["port_write"] = cols.pop("launch_call") - cols["erlang_encode"]
         stages = {key: pcts(cols[key] / 1e3) for key, _, clock in STAGES
-                  if aligned or clock != "aligned"}
+                  if key in cols and (aligned or clock != "aligned")}
         rows.append({"kernel": r["kernel"], "size": r["size"], "elements": r["elements"],
                      "n": r["iters"], "stages_us": stages,
                      "echo_bytes": r["echo_bytes"], "echo_us": pcts(us(r["echo_ns"]))})
@@ -384,6 +503,129 @@ def summarize_throughput(results: list[Json]) -> list[Json]:
              "jobs_per_launch": r["jobs_per_launch"],
              "latency_us": {k: v / 1e3 for k, v in r["latency_ns"].items()}}
             for r in results]
+
+
+def summarize_floor_throughput(results: list[Json]) -> list[Json]:
+    return [{"kernel": r["kernel"], "size": r["size"], "window": r["window"], "jobs": r["jobs"],
+             "seconds": r["elapsed_ns"] / 1e9, "jobs_per_s": r["jobs_per_s"]}
+            for r in results]
+
+
+def transport_bound(bandwidth: list[Json], size: int = FLOOR_SIZE) -> Json | None:
+    """vector_add of ``size`` elements, jobs/s that the bare transport allows: the best echo
+    bandwidth of the bandwidth section over the job's bytes (inputs and result)."""
+    if not bandwidth:
+        return None
+    best = max(bandwidth, key=lambda r: r["echo_gbs"])
+    per_job = 12 * size
+    return {"kernel": "vector_add", "size": size, "bytes_per_job": per_job,
+            "echo_gbs": best["echo_gbs"], "echo_at_size": best["size"],
+            "jobs_per_s": best["echo_gbs"] * 1e9 / per_job}
+
+
+def throughput_vs_floor(summary: Json) -> list[Json]:
+    """erlcuda's rates (batching on and off) over the floor's unbatched pipelined rate."""
+    floor = {r["kernel"]: r for r in summary["floor_throughput"]}
+    by = {(r["kernel"], r["callers"], r["batching"]): r for r in summary["throughput"]}
+    bound = summary.get("transport_bound")
+    rows = []
+    for kernel, callers in sorted({(r["kernel"], r["callers"]) for r in summary["throughput"]},
+                                  key=lambda k: (KERNELS.index(k[0]), k[1])):
+        on, off = by.get((kernel, callers, True)), by.get((kernel, callers, False))
+        fl = floor.get(kernel)
+        fl_rate = fl["jobs_per_s"] if fl else None
+        on_rate, off_rate = on and on["jobs_per_s"], off and off["jobs_per_s"]
+        rows.append({
+            "kernel": kernel, "callers": callers, "on_jobs_per_s": on_rate,
+            "off_jobs_per_s": off_rate, "floor_jobs_per_s": fl_rate,
+            "on_over_floor": ratio(on_rate, fl_rate), "off_over_floor": ratio(off_rate, fl_rate),
+            "on_share_of_transport_bound_pct":
+                100 * on_rate / bound["jobs_per_s"]
+                if bound and on_rate is not None and kernel == "vector_add"
+                and on and on["size"] == bound["size"] else None,
+        })
+    return rows
+
+
+def floor_targets(summary: Json) -> list[Json]:
+    """The targets against the floor, from this run's figures."""
+    backend = "cuda" if summary["machine"].get("backend") == "cuda" else "cpu"
+    lat = {(r["kernel"], r["size"]): r for r in summary["latency"]}
+    tp = {(r["kernel"], r["callers"], r["batching"]): r for r in summary["throughput"]}
+    floor = {r["kernel"]: r for r in summary["floor_throughput"]}
+    bound = summary.get("transport_bound")
+    out: list[Json] = []
+
+    def row(name: str, value: float | None, unit: str, goal: float, at_most: bool,
+            cuda_only: bool = False) -> None:
+        if value is None:
+            status = "not measured"
+        else:
+            met = value <= goal if at_most else value >= goal
+            status = "met" if met else "missed"
+        out.append({"target": name, "goal": goal, "unit": unit, "measured": value,
+                    "status": status, "at_most": at_most,
+                    "reference_only": cuda_only and backend != "cuda"})
+
+    ratio_goal = TARGET_FLOOR_RATIO[backend]
+    for k in FLOOR_KERNELS:
+        r = lat.get((k, FLOOR_SIZE))
+        name = f"{k} {sci(FLOOR_SIZE)}, lone job"
+        row(f"{name}: full-stack p50 ÷ floor p50 ({backend})",
+            r and r.get("over_floor", {}).get("p50"), "x", ratio_goal, True)
+        row(f"{name}: overhead over the pure call, p50", r and r["overhead_us"]["p50"], "µs",
+            TARGET_PURE_OVERHEAD_US, True)
+        row(f"{name}: full-stack p99 ÷ p50", r and ratio(r["full_us"]["p99"], r["full_us"]["p50"]),
+            "x", TARGET_P99_OVER_P50, True)
+    red = tp.get(("reduce", TARGET_CALLERS, True))
+    row(f"reduce {sci(FLOOR_SIZE)}, {TARGET_CALLERS} callers (cuda)",
+        red and red["jobs_per_s"], "jobs/s", TARGET_REDUCE_JOBS_PER_S, False, cuda_only=True)
+    va = tp.get(("vector_add", TARGET_CALLERS, True))
+    row(f"vector_add {sci(FLOOR_SIZE)}, {TARGET_CALLERS} callers: share of the transport bound",
+        va and bound and 100 * va["jobs_per_s"] / bound["jobs_per_s"], "%",
+        TARGET_TRANSPORT_SHARE, False)
+    fl = floor.get("vector_add")
+    row(f"vector_add {sci(FLOOR_SIZE)}, {TARGET_CALLERS} callers ÷ floor's unbatched rate "
+        f"({backend})", va and fl and ratio(va["jobs_per_s"], fl["jobs_per_s"]), "x",
+        TARGET_OVER_FLOOR_RATE[backend], False)
+    return out
+
+
+def summarize_erlport(results: list[Json]) -> list[Json]:
+    """Per measurement, erlport's and erlcuda's figure: the median over the repetitions of
+    each repetition's median (times) or rate (callers)."""
+    rows = []
+    for r in results:
+        reps = r["reps"]
+        test = r["test"]
+        if test in ("tiny", "vector_add"):
+            ep = [float(np.median(x["erlport_ns"])) / 1e3 for x in reps]
+            ec = [float(np.median(x["erlcuda_ns"])) / 1e3 for x in reps]
+            unit, lower_better = "µs", True
+            n = [len(x["erlport_ns"]) for x in reps]
+        elif test == "callers":
+            ep = [x["erlport"]["calls_per_s"] for x in reps]
+            ec = [x["erlcuda"]["calls_per_s"] for x in reps]
+            unit, lower_better = "calls/s", False
+            n = [x["erlport"]["calls"] for x in reps]
+        else:  # large
+            ep = [x["erlport_ns"] / 1e9 for x in reps if "erlport_ns" in x]
+            ec = [x["erlcuda_ns"] / 1e9 for x in reps]
+            unit, lower_better = "s", True
+            n = [1 for x in reps if "erlport_ns" in x]
+        timed_out = any(x.get("erlport_timed_out") for x in reps)
+        ep_med = float(np.median(ep)) if ep else None
+        ec_med = float(np.median(ec)) if ec else None
+        rows.append({"test": test, "size": r["size"], "callers": r["callers"],
+                     "duration_ms": r["duration_ms"], "unit": unit,
+                     "lower_is_better": lower_better, "reps": len(reps),
+                     "erlport_reps": len(ep), "erlport_samples": n,
+                     "erlport": ep_med, "erlcuda": ec_med, "erlport_by_rep": ep,
+                     "erlcuda_by_rep": ec, "erlport_timed_out": timed_out,
+                     "large_timeout_s": r.get("large_timeout_s"),
+                     "bytes": reps[0].get("bytes") if test == "large" else None,
+                     "erlcuda_over_erlport": ratio(ec_med, ep_med)})
+    return rows
 
 
 def targets(summary: Json) -> list[Json]:
@@ -519,6 +761,7 @@ def describe_machine(info: Json, args: argparse.Namespace, wall_s: float,
         "backend_reason": info.get("reason"),
         "device_name": info.get("device_name"),
         "device_info": info.get("device_info"),
+        "floor": info.get("floor"),
         "nvidia_smi": gpu,
         "erlcuda": git_version(),
         "otp": info.get("otp_version"),
@@ -579,6 +822,9 @@ def report(summary: Json, plots: list[str], plot_note: str | None) -> tuple[str,
         f"- GPU: {m['device_name']}" + (f" (nvidia-smi: {m['nvidia_smi']})"
                                         if m["nvidia_smi"] else "")
         if not cpu_only else "- GPU: none used",
+        *([f"- Floor: `bench/floor.py` on {m['floor'].get('backend')} device "
+           f"{m['floor'].get('device')}, the worker's interpreter and erlcuda package "
+           f"(`{m['floor'].get('python_dir')}`)"] if m.get("floor") else []),
         f"- Backend: **{m['backend']}** ({m['backend_reason']})"
         + ("; **this run used the CPU backend (numpy), not a GPU**" if cpu_only else ""),
         f"- Versions: erlcuda {m['erlcuda']}; Erlang/OTP {m['otp']} (ERTS {m['erts']}, "
@@ -590,6 +836,20 @@ def report(summary: Json, plots: list[str], plot_note: str | None) -> tuple[str,
     ]
 
     body: list[str] = []
+    if summary.get("floor_targets"):
+        body += ["## Targets against the floor", "",
+                 "The floor (`bench/floor.py`) is the least a port peer can do for the same "
+                 "job: a `{packet, 4}` port, one Python thread, raw f32 frames, the same "
+                 "backend call inline, no ETF, no batching; measured in this run beside "
+                 "erlcuda. Ratios are erlcuda ÷ floor; the ratio goals have a CPU value of "
+                 "their own. Throughput is with batching on.", ""]
+        body += table(["target", "goal", "measured", "status"], (
+            [t["target"], ("≤ " if t["at_most"] else "≥ ") + f"{fgoal(t['goal'], t['unit'])}",
+             "-" if t["measured"] is None else fgoal(t["measured"], t["unit"]),
+             f"**{t['status']}**" + (" (a cuda goal: reference only here)"
+                                     if t["reference_only"] else "")]
+            for t in summary["floor_targets"]), "lrrl")
+        body.append("")
     body += ["## Targets", ""]
     if cpu_only:
         body += ["The targets are set for one H200 with the CUDA backend; on the CPU backend "
@@ -618,6 +878,30 @@ def report(summary: Json, plots: list[str], plot_note: str | None) -> tuple[str,
               fnum(r["overhead_us"]["p90"]), fnum(r["overhead_us"]["p99"])]
              for r in summary["latency"]))
         body.append("")
+        floored = [r for r in summary["latency"] if "floor_us" in r]
+        if floored:
+            body += ["## Lone jobs against the floor (µs)", "",
+                     "Floor = one round trip of `bench/floor.py` (frame built, port write, the "
+                     "same backend call, raw reply), timed in the process that owns its port, "
+                     "interleaved job by job with the full stack and the pure call above. "
+                     "Ratios are full ÷ floor; over pure = pN - pure pN."
+                     + (" On the CPU backend, matmul and dot_product call OpenBLAS, whose "
+                        "threads spin for a while after each call: with the worker and the "
+                        "floor in two processes on few cores, one's spinning threads slow the "
+                        "other's next job, and two jobs in three go to the worker, so the "
+                        "floor's figures for these two kernels are pessimistic there "
+                        "(`OPENBLAS_NUM_THREADS=1` removes the effect, and most of the p99 "
+                        "of every kernel with it)." if cpu_only else ""), ""]
+            body += table(
+                ["kernel", "size", "full p50", "floor p50", "÷ p50", "full p99", "floor p99",
+                 "÷ p99", "full over pure p50", "floor over pure p50"],
+                ([r["kernel"], size_label(r["kernel"], r["size"]),
+                  fnum(r["full_us"]["p50"]), fnum(r["floor_us"]["p50"]),
+                  fratio(r["over_floor"]["p50"]), fnum(r["full_us"]["p99"]),
+                  fnum(r["floor_us"]["p99"]), fratio(r["over_floor"]["p99"]),
+                  fnum(r["overhead_us"]["p50"]), fnum(r["floor_over_pure_us"]["p50"])]
+                 for r in floored))
+            body.append("")
 
     if summary["stages"]:
         st = summary["stages"]
@@ -661,6 +945,7 @@ def report(summary: Json, plots: list[str], plot_note: str | None) -> tuple[str,
                       ([k, str(n), *cells(by.get((k, n, True))), *cells(by.get((k, n, False)))]
                        for k, n in keys))
         body.append("")
+        body += throughput_floor_lines(summary)
 
     if summary["bandwidth"]:
         body += ["## Large payloads: vector_add end to end beside the bare transport", "",
@@ -678,6 +963,10 @@ def report(summary: Json, plots: list[str], plot_note: str | None) -> tuple[str,
                         f"{r['pure_ms_p50']:.2f}", f"{r['pure_gbs']:.2f}"]
                        for r in summary["bandwidth"]))
         body.append("")
+        if summary.get("transport_bound"):
+            body += [bound_line(summary["transport_bound"]), ""]
+
+    body += erlport_lines(summary)
 
     appendix = ["## Plots", ""]
     appendix += [f"![{p}]({p})" for p in plots] or [f"No plots: {plot_note}"]
@@ -693,10 +982,101 @@ def report(summary: Json, plots: list[str], plot_note: str | None) -> tuple[str,
     # only the last 12,000 characters of a run's output).
     terse: list[str] = []
     for line in body:
-        keep = not line or line[0] in "|#" or line.startswith("The targets")
+        keep = not line or line[0] in "|#>" or line.startswith("The targets")
         if keep and not (not line and terse and not terse[-1]):
             terse.append(line)
     return "\n".join(lines + body + appendix), "\n".join(lines + terse)
+
+
+def fratio(x: float | None) -> str:
+    if x is None or math.isnan(x):
+        return "-"
+    return f"{x:.2f}x" if abs(x) >= 0.1 else f"{x:.2g}x"
+
+
+def fgoal(x: float, unit: str) -> str:
+    if unit == "x":
+        return fratio(x)
+    return f"{fnum(x)} {unit}"
+
+
+def bound_line(b: Json) -> str:
+    return (f"> Transport bound, vector_add {sci(b['size'])}: the best echo bandwidth above, "
+            f"{b['echo_gbs']:.2f} GB/s (at {sci(b['echo_at_size'])} elements), ÷ "
+            f"{b['bytes_per_job']:,} bytes a job (inputs + result) = "
+            f"**{fnum(b['jobs_per_s'])} jobs/s**.")
+
+
+def throughput_floor_lines(summary: Json) -> list[str]:
+    rows = summary.get("throughput_vs_floor") or []
+    if not rows or not summary.get("floor_throughput"):
+        return []
+    window = summary["floor_throughput"][0]["window"]
+    out = ["## Throughput against the floor", "",
+           f"Floor = `bench/floor.py`'s unbatched rate, pipelined: one process owning its port "
+           f"keeps {window} frames in flight for the same duration (jobs/s until the last "
+           "reply). Ratios are erlcuda ÷ floor. Share of the bound = erlcuda (batching on) ÷ "
+           "the transport bound (vector_add only).", ""]
+    out += table(["kernel", "callers", "erlcuda on: jobs/s", "off: jobs/s", "floor jobs/s",
+                  "on ÷ floor", "off ÷ floor", "on: share of the bound"],
+                 ([r["kernel"], str(r["callers"]), fnum(r["on_jobs_per_s"]),
+                   fnum(r["off_jobs_per_s"]), fnum(r["floor_jobs_per_s"]),
+                   fratio(r["on_over_floor"]), fratio(r["off_over_floor"]),
+                   "-" if r["on_share_of_transport_bound_pct"] is None
+                   else f"{r['on_share_of_transport_bound_pct']:.0f}%"] for r in rows))
+    out.append("")
+    b = summary.get("transport_bound")
+    out += [bound_line(b) if b else "> Transport bound: not measured (the bandwidth section "
+            "did not run).", ""]
+    return out
+
+
+ERLPORT_TESTS = {
+    "tiny": "tiny call: erlport no-op · erlcuda `launch_sync(reduce, [[1.0]])`",
+    "vector_add": "vector_add of two {n}-element f32 binaries",
+    "callers": "{callers} concurrent callers of tiny calls",
+    "large": "large payload: vector_add of {mib} MiB of inputs",
+}
+
+
+def erlport_lines(summary: Json) -> list[str]:
+    out = ["## erlport beside erlcuda", ""]
+    rows = summary.get("erlport") or []
+    if not rows:
+        return [*out, f"> erlport: {summary.get('erlport_note', 'not run')}.", ""]
+    reps = rows[0]["reps"]
+    out += [f"erlport's `python:call` (one Python instance, `bench/erlport_peer.py`; numpy "
+            "adds the bytes for vector_add) and erlcuda in the same node, interleaved (single "
+            f"calls job by job in a random order), {reps} repetitions: each figure is the "
+            "median over the repetitions of a repetition's median (times) or rate. The large "
+            "payload's erlport calls stop once they have used the run's time budget (n "
+            "says how many ran); one past the timeout counts as the timeout, a lower bound.", ""]
+
+    def cell(x: float | None, unit: str) -> str:
+        if x is None:
+            return "-"
+        return f"{x:.2f} s" if unit == "s" else f"{fnum(x)} {unit}"
+
+    body = []
+    for r in rows:
+        name = ERLPORT_TESTS.get(r["test"], r["test"]).format(
+            n=r["size"], callers=r["callers"], mib=(r["bytes"] or 0) // 2**20)
+        ep = cell(r["erlport"], r["unit"])
+        if r["erlport_timed_out"]:
+            ep = "≥ " + ep + " (timed out)"
+        k = r["erlcuda_over_erlport"]
+        if k is None or k == 0:
+            faster = "-"
+        elif (k < 1) == r["lower_is_better"]:
+            faster = f"erlcuda {1 / k if r['lower_is_better'] else k:.1f}x"
+        else:
+            faster = f"erlport {k if r['lower_is_better'] else 1 / k:.1f}x"
+        body.append([name, ep, cell(r["erlcuda"], r["unit"]), fratio(k), faster,
+                     f"{r['erlport_reps']}/{r['reps']}"])
+    out += table(["measurement", "erlport", "erlcuda", "erlcuda ÷ erlport", "faster", "n"],
+                 body, "lrrrrr")
+    out.append("")
+    return out
 
 
 # -- the plots -------------------------------------------------------------------------------
@@ -794,8 +1174,10 @@ def plot_latency(plt: Any, summary: Json, tail: str) -> bool:
         x = [r["size"] for r in rs]
         labels = [size_label(k, n) for n in x]
         marked = 0
-        for key, label, color in (("full_us", "full stack", "C0"),
-                                  ("pure_us", "pure backend", "C1")):
+        series = [("full_us", "full stack", "C0"), ("pure_us", "pure backend", "C1")]
+        if rs and all("floor_us" in r for r in rs):
+            series.append(("floor_us", "floor", "C3"))
+        for key, label, color in series:
             p50 = [r[key]["p50"] for r in rs]
             p99 = [r[key]["p99"] for r in rs]
             marked += log_series(top, x, p50, "o-", label=f"{label} p50", color=color)
@@ -835,7 +1217,8 @@ def plot_latency(plt: Any, summary: Json, tail: str) -> bool:
     axes[0][0].legend(fontsize=7)
     axes[1][0].set_ylabel(f"overhead (µs)\nlog scale; linear within ±{OVERHEAD_LINEAR_US:g}")
     axes[1][0].legend(fontsize=7, loc="best")
-    fig.suptitle("Latency: full stack vs pure backend call, and the difference" + tail)
+    floor = " and the floor" if any("floor_us" in r for r in rows) else ""
+    fig.suptitle(f"Latency: full stack vs pure backend call{floor}, and the difference" + tail)
     fig.tight_layout()
     return True
 
@@ -864,6 +1247,10 @@ def plot_throughput(plt: Any, summary: Json, tail: str) -> bool:
         if k == "vector_add":
             ax.axhline(TARGET_JOBS_PER_S, color="grey", ls=":",
                        label=f"target at {TARGET_CALLERS} callers (H200)")
+        for fl in summary.get("floor_throughput") or []:
+            if fl["kernel"] == k and fl["jobs_per_s"] > 0:
+                ax.axhline(fl["jobs_per_s"], color="C3", ls="-.",
+                           label=f"floor, unbatched, {fl['window']} in flight")
         ax.set_xscale("log")
         ax.set_yscale("log")
         callers = sorted({r["callers"] for r in rows})
@@ -957,6 +1344,14 @@ examples:
   bench/run --quick                                  # about a minute, into _build/bench/runs/
   bench/run --full --backend cuda --out bench/results/h200
   bench/run --plots-from bench/results/h200/results.json --out /tmp/plots
+  bench/run --quick --erlport ../shared/peers/erlport-0.11.0.tgz   # with erlport beside
+
+the floor and erlport:
+  Every run measures the floor (bench/floor.py: a {packet, 4} port, one Python thread, raw
+  f32 frames, the same backend call inline) beside erlcuda and reports erlcuda/floor ratios
+  and the targets against it. --erlport DIR|TGZ adds erlport's python:call beside erlcuda
+  (built with erlc under _build/bench/erlport; bench/erlport_peer.py is its Python side);
+  without it that section is skipped, with a note in the report.
 """
 
 
@@ -980,6 +1375,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", choices=SECTIONS, action="append",
                         help="run only this section (repeatable)")
     parser.add_argument("--seed", type=int, default=20240601)
+    parser.add_argument("--erlport", type=Path, metavar="DIR|TGZ",
+                        help="add the erlport section: erlport's python:call beside erlcuda "
+                             "in the same node (an unpacked erlport tree, or its .tgz, which "
+                             "is unpacked and built under _build/bench/erlport); without it "
+                             "the section is skipped")
     offline = parser.add_mutually_exclusive_group()
     offline.add_argument("--report-only", type=Path, metavar="DIR",
                          help="run nothing: rewrite the report, results.json and plots from "
@@ -1017,6 +1417,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     compile_bench(ebin)
     config = plan("quick" if args.quick else "full")
     config["sections"] = list(args.only or SECTIONS)
+    erlport = config.pop("erlport")
+    if "erlport" not in config["sections"]:
+        config["erlport_note"] = "not run: left out by `--only`"
+    elif args.erlport is None:
+        config["erlport_note"] = ("skipped: this run was not given `--erlport DIR` (an unpacked "
+                                  "erlport tree, or its .tgz); CI has no copy of erlport")
+    else:
+        config["erlport"] = {**erlport, "source": str(args.erlport),
+                             "ebin": ErlString(str(erlport_ebin(args.erlport)))}
     info, results = run_node(ebin, config, args.backend, args.seed)
     machine = describe_machine(info, args, time.monotonic() - started, load_start)
     out: Path = args.out or default_out(machine_name(info))
@@ -1032,9 +1441,9 @@ def write_outputs(out: Path, info: Json, results: list[Json], machine: Json, con
                   seed: int) -> None:
     """Figures, report and plots from the node's events; the report's tables on stdout."""
     rng = np.random.default_rng(seed)
-    by_section: dict[str, list[Json]] = {s: [] for s in SECTIONS}
+    by_section: dict[str, list[Json]] = {s: [] for s in RESULT_SECTIONS}
     for r in results:
-        by_section[str(r["section"])].append(r)
+        by_section.setdefault(str(r["section"]), []).append(r)
     aligned = clock_aligned(machine["worker"], by_section["stages"])
     summary: Json = {
         "machine_name": machine_name(info),
@@ -1043,16 +1452,23 @@ def write_outputs(out: Path, info: Json, results: list[Json], machine: Json, con
         "stages": summarize_stages(by_section["stages"], aligned),
         "bandwidth": summarize_bandwidth(by_section["bandwidth"]),
         "throughput": summarize_throughput(by_section["throughput"]),
+        "floor_throughput": summarize_floor_throughput(by_section["floor_throughput"]),
+        "erlport": summarize_erlport(by_section["erlport"]),
         "config": config,
     }
+    summary["transport_bound"] = transport_bound(summary["bandwidth"])
+    summary["throughput_vs_floor"] = throughput_vs_floor(summary)
+    summary["floor_targets"] = floor_targets(summary)
     summary["targets"] = targets(summary)
+    if not summary["erlport"]:
+        summary["erlport_note"] = config.get("erlport_note") or "not run"
     write_json(out / "results.json", summary)
     plots, plot_note = make_plots(summary, out)
     text, printed = report(summary, plots, plot_note)
     (out / "report.md").write_text(text + "\n")
     say(sys.stdout, printed)
     say(sys.stdout, f"\nbench: wrote {display(out)}/report.md, results.json, "
-        + (", ".join(plots) if plots else f"no plots ({plot_note})")
+        + (", ".join(plots) if plots else f"no plots ({plot_note or 'nothing to plot'})")
         + f"; raw samples in {display(out)}/raw/ (run took {machine['wall_s']:.0f} s)")
 
 
