@@ -95,6 +95,7 @@ launch_sync(Kernel, Args, Opts) ->
 
 await(JobId, Alias, Timeout) ->
     receive
+        {erlcuda, JobId, {f32, Bin}} -> unalias(Alias), erlcuda_protocol:f32_list(Bin);
         {erlcuda, JobId, Result} -> unalias(Alias), Result;
         {erlcuda, JobId, {Tag, Value}, Stamps} -> unalias(Alias), {Tag, Value, Stamps}
     after Timeout ->

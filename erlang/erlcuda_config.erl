@@ -37,20 +37,28 @@ load() ->
                    ({Key, Default}, {ok, Acc}) ->
                         Value = application:get_env(erlcuda, Key, Default),
                         case valid(Key, Value) of
-                            true -> {ok, Acc#{Key => Value}};
+                            true -> {ok, Acc#{Key => text(Key, Value)}};
                             false -> {error, {bad_config, Key, Value}}
                         end
                 end, {ok, #{}}, keys()).
 
 valid(backend, V) -> lists:member(V, [auto, cpu, cuda]);
 valid(python, default) -> true;
-valid(python, V) -> io_lib:printable_unicode_list(V) andalso V =/= [];
+valid(python, V) -> is_text(V) andalso V =/= [] andalso V =/= <<>>;
 valid(watchdog_ms, infinity) -> true;
 valid(spin_us, auto) -> true;
 valid(spin_us, V) -> is_integer(V) andalso V >= 0;
 valid(worker_args, V) ->
-    try lists:all(fun io_lib:printable_unicode_list/1, V) catch error:_ -> false end;
+    try lists:all(fun is_text/1, V) catch error:_ -> false end;
 valid(K, V) when K =:= batching; K =:= test_hooks; K =:= bench_hooks -> is_boolean(V);
 valid(cpu_devices, V) -> is_integer(V) andalso V > 0 andalso V =< erlcuda_status:max_devices();
 valid(K, V) when K =:= start_timeout; K =:= watchdog_ms -> is_integer(V) andalso V > 0 andalso V =< ?MAX_MS;
 valid(_, V) -> is_integer(V) andalso V > 0.
+
+%% Text as a charlist or, as Elixir writes it, a UTF-8 binary.
+is_text(V) when is_binary(V) -> is_list(unicode:characters_to_list(V));
+is_text(V) -> io_lib:printable_unicode_list(V).
+
+text(python, V) when is_binary(V) -> unicode:characters_to_list(V);
+text(worker_args, V) -> [unicode:characters_to_list(A) || A <- V];
+text(_, V) -> V.

@@ -6,7 +6,16 @@
 -mode(compile).
 
 main([SrcDir]) ->
-    Ebin = ebin(),
+    case [E || E <- ebins(), filelib:is_regular(filename:join(E, "erlcuda.beam"))] of
+        [] ->
+            %% A build without docs still works: say so, and go on.
+            io:format(standard_error, "erlcuda_docs: no compiled erlcuda found in ~p; "
+                      "the modules carry no documentation~n", [ebins()]);
+        Ebins ->
+            lists:foreach(fun(Ebin) -> embed_all(SrcDir, Ebin) end, Ebins)
+    end.
+
+embed_all(SrcDir, Ebin) ->
     Tmp = filename:join(Ebin, ".doc_chunks"),
     Todo = [{Src, Beam} || Src <- filelib:wildcard(filename:join(SrcDir, "*.erl")),
                            Beam <- [filename:join(Ebin, filename:basename(Src, ".erl") ++ ".beam")],
@@ -15,12 +24,15 @@ main([SrcDir]) ->
     _ = file:del_dir_r(Tmp),
     ok.
 
-%% Where rebar3 put the modules: mix names it; rebar3 builds under its build dir.
-ebin() ->
-    case os:getenv("REBAR_BARE_COMPILER_OUTPUT_DIR") of
-        Out when is_list(Out), Out =/= "" -> filename:join(Out, "ebin");
-        _ -> filename:join([os:getenv("REBAR_BUILD_DIR"), "lib", "erlcuda", "ebin"])
-    end.
+%% Where the modules were put: mix names the folder; rebar3 builds a dependency under its
+%% build dir's lib/, and one in _checkouts/ under checkouts/.
+ebins() ->
+    Env = fun(Name) -> case os:getenv(Name) of false -> []; "" -> []; V -> [V] end end,
+    lists:usort(
+      [filename:join(D, "ebin") || D <- Env("REBAR_BARE_COMPILER_OUTPUT_DIR")]
+      ++ [filename:join([D, "erlcuda", "ebin"]) || D <- Env("REBAR_CHECKOUTS_OUT_DIR")]
+      ++ [filename:join([D, Sub, "erlcuda", "ebin"]) || D <- Env("REBAR_BUILD_DIR"),
+                                                      Sub <- ["lib", "checkouts"]]).
 
 has_docs(Beam) ->
     case beam_lib:chunks(Beam, ["Docs"]) of

@@ -115,13 +115,13 @@ length_rule(Name, Length, Values) ->
                 [Name, Have, lists:join("*", Length), product(Length, Values)])
     end.
 
-result(#{kind := vector, length := [_ | _] = Length}, Values, Job) ->
-    Max = erlcuda_contract:max_elements(),
+%% A result that no reply frame could carry is refused before any work is done.
+result(#{kind := vector, type := Type, length := [_ | _] = Length}, Values, Job) ->
+    Max = min(erlcuda_contract:max_elements(),
+              erlcuda_protocol:max_result_bytes() div elem_size(Type)),
     case product(Length, Values) of
-        N when N > Max ->
-            bad("the result ~s = ~b is too large", [lists:join("*", Length), N]);
-        _ ->
-            {ok, Job}
+        N when N > Max -> {error, too_large};
+        _ -> {ok, Job}
     end;
 result(_, _, Job) ->
     {ok, Job}.

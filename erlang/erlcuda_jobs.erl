@@ -5,13 +5,14 @@
 %% and `ets:take/2' makes sure only one of them gets it.
 -module(erlcuda_jobs).
 
--export([create/0, register/1, complete/2, withdraw/1, fail_all/1, sweep_dead_callers/0,
-         size/0, counters/0]).
+-export([create/0, next_id/0, register/1, complete/2, withdraw/1, fail_all/1,
+         sweep_dead_callers/0, size/0, counters/0]).
 
 -export_type([entry/0]).
 
 -define(TAB, erlcuda_jobs).
 -define(COUNTERS, {?MODULE, counters}).
+-define(IDS, {?MODULE, ids}).
 %% counters: submitted, answered ok, answered with an error, dropped (caller gone)
 -define(SUBMITTED, 1).
 -define(OK, 2).
@@ -24,11 +25,13 @@
               device :: non_neg_integer(),
               queues :: erlcuda_status:queues(),
               kernel :: atom(),
+              format :: erlcuda:format(),
+              sync :: boolean(),
               started :: integer()}).
 
 -type entry() :: #{id := erlcuda:job_id(), reply_to := pid() | reference(), caller := pid(),
                    device := non_neg_integer(), queues := erlcuda_status:queues(),
-                   kernel := atom()}.
+                   kernel := atom(), format := erlcuda:format(), sync := boolean()}.
 
 %% @doc The table, created by the application's process so that it outlives the port owner.
 -spec create() -> ok.
@@ -36,23 +39,34 @@ create() ->
     ?TAB = ets:new(?TAB, [set, public, named_table, {keypos, #job.id},
                           {write_concurrency, true}, {read_concurrency, true}]),
     persistent_term:put(?COUNTERS, counters:new(4, [write_concurrency])),
+    persistent_term:put(?IDS, atomics:new(1, [{signed, false}])),
     ok.
+
+%% @doc A job id: unique among the jobs in flight (it travels as 64 bits).
+-spec next_id() -> erlcuda:job_id().
+next_id() ->
+    atomics:add_get(persistent_term:get(?IDS), 1, 1).
 
 -spec register(entry()) -> ok.
 register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
-           queues := Queues, kernel := Kernel}) ->
+           queues := Queues, kernel := Kernel, format := Format, sync := Sync}) ->
     Started = erlcuda_telemetry:job_start(Id, Kernel, Device),
     true = ets:insert(?TAB, #job{id = Id, reply_to = ReplyTo, caller = Caller,
                                  device = Device, queues = Queues, kernel = Kernel,
-                                 started = Started}),
+                                 format = Format, sync = Sync, started = Started}),
     counters:add(counters_ref(), ?SUBMITTED, 1).
 
-%% @doc Deliver `Message' (`{erlcuda, Id, Result}' or its traced form) to the job's caller,
-%% once; `none' when the job was already answered or dropped.
--spec complete(erlcuda:job_id(), tuple()) -> ok | none.
-complete(Id, Message) ->
+%% @doc Deliver the job's reply (its record from the worker, or an error decided here) to
+%% its caller, once; `none' when the job was already answered or dropped.
+-spec complete(erlcuda:job_id(), erlcuda_protocol:reply() | {error, erlcuda:reason()}) ->
+    ok | none.
+complete(Id, Reply) ->
     case ets:take(?TAB, Id) of
-        [Job] ->
+        [#job{format = Format, sync = Sync} = Job] ->
+            Message = case Reply of
+                          {error, _} -> {erlcuda, Id, Reply};
+                          _ -> erlcuda_protocol:message(Id, Reply, Format, Sync)
+                      end,
             Result = element(3, Message),
             count(Job, Result),
             Job#job.reply_to ! Message,
@@ -66,14 +80,13 @@ complete(Id, Message) ->
 %% took it (and so answered it).
 -spec withdraw(erlcuda:job_id()) -> boolean().
 withdraw(Id) ->
-    discard(Id, ?SUBMITTED, -1).
+    discard(Id, ?SUBMITTED, -1, {worker_down, port_closed}).
 
 %% @doc Answer every registered job with `{error, {worker_down, Why}}'.
 -spec fail_all(term()) -> ok.
 fail_all(Why) ->
     Ids = ets:select(?TAB, [{pattern([{#job.id, '$1'}]), [], ['$1']}]),
-    lists:foreach(fun(Id) -> complete(Id, {erlcuda, Id, {error, {worker_down, Why}}}) end,
-                  Ids).
+    lists:foreach(fun(Id) -> complete(Id, {error, {worker_down, Why}}) end, Ids).
 
 %% @doc Drop the jobs of callers that died. A caller killed while suspended in
 %% `port_command' registered a job whose frame was never written: nothing would ever take
@@ -98,14 +111,15 @@ counters() ->
       error => counters:get(C, ?ERROR), dropped => counters:get(C, ?DROPPED)}.
 
 drop(Id) ->
-    discard(Id, ?DROPPED, 1).
+    discard(Id, ?DROPPED, 1, caller_down).
 
 %% Take a job out without a reply, give back its place in the queue and count it.
-discard(Id, Counter, Delta) ->
+discard(Id, Counter, Delta, Why) ->
     case ets:take(?TAB, Id) of
-        [#job{queues = Queues, device = Device}] ->
+        [#job{queues = Queues, device = Device, kernel = Kernel, started = Started}] ->
             erlcuda_status:dequeue(Queues, Device),
             counters:add(counters_ref(), Counter, Delta),
+            erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, {error, Why}),
             true;
         [] ->
             false
@@ -113,7 +127,7 @@ discard(Id, Counter, Delta) ->
 
 count(#job{queues = Queues, device = Device}, Result) ->
     erlcuda_status:dequeue(Queues, Device),
-    Outcome = case Result of {ok, _} -> ?OK; _ -> ?ERROR end,
+    Outcome = case Result of {error, _} -> ?ERROR; _ -> ?OK end,
     counters:add(counters_ref(), Outcome, 1).
 
 %% A match pattern for #job{}: the record's fields typed for dialyzer cannot hold '_'.

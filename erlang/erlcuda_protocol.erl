@@ -3,79 +3,157 @@
 %% are framed, what the worker's frames mean, the command line that starts it, the atoms it
 %% may send and the hello that checks both sides speak the same version.
 %%
-%% Frames are `{packet, 4}' on fds 3 and 4, each one term in the external term format, in
-%% erlport's shapes:
-%%   to the worker:   `{'M', {launch, JobId, ReplyTo, Device, Kernel, Args, Opts}}'
-%%                    `{'C', Id, erlcuda, Function, Args}'
-%%   from the worker: `{'M', ReplyTo, {erlcuda, JobId, Result}}' (or with a 4th element,
-%%                    the trace stamps), `{'r', Id, Reply}', `{'e', Id, Error}',
-%%                    `{'L', Level, Text}'.
+%% Frames are `{packet, 4}' on fds 3 and 4. The hot path is binary, fixed-layout frames
+%% (contract.json's `wire' section, the macros of erlcuda_contract.hrl):
+%%   to the worker:   a launch, `<<J, JobId:64, Device:16, Flags:8, KernelLen:8, Kernel,
+%%                    NArgs:8, Args>>', each argument a vector (`<<V, Type:8, Bytes:64,
+%%                    Data>>') or a dim (`<<D, N:64>>');
+%%   from the worker: results, `<<R, Count:32, Records>>', one frame per batch, each record
+%%                    `<<JobId:64, Tag:8, Len:32, Payload:Len>>'.
+%% Control calls and logs are one term each, in erlport's shapes:
+%%   to the worker:   `{'C', Id, erlcuda, Function, Args}'
+%%   from the worker: `{'r', Id, Reply}', `{'e', Id, Error}', `{'L', Level, Text}'.
 -module(erlcuda_protocol).
 
--export([encode_launch/6, encode_call/3, decode/1, worker_command/1, hello_args/0,
-         check_hello/1, load_atoms/0]).
+-export([encode_launch/5, encode_call/3, decode/1, each_result/2, message/4, f32_list/1,
+         max_result_bytes/0,
+         worker_command/1, hello_args/0, check_hello/1, load_atoms/0]).
 
--export_type([event/0, command/0]).
+-export_type([event/0, command/0, reply/0]).
 
--type event() :: {result, erlcuda:job_id(), tuple()}
+-include("erlcuda_contract.hrl").
+
+-type event() :: {results, binary()}
                | {answer, pos_integer(), {ok, term()} | {error, term()}}
                | {log, logger:level(), unicode:chardata()}
                | {unexpected, term()}
                | {undecodable, non_neg_integer()}.
 -type command() :: #{python := file:filename(), args := [string()],
                      env := [{string(), string()}]}.
+%% One job's record of a results frame: its tag and payload, still undecoded.
+-type reply() :: {wire, byte(), binary()}.
 
-%% The launch frame's bytes before its arguments and after them, at most.
--define(LAUNCH_OVERHEAD, 256).
+%% The launch frame's bytes besides its arguments' data, at most.
+-define(LAUNCH_OVERHEAD, 512).
 -define(LOG_LEVELS, [debug, info, notice, warning, error]).
+-define(NON_FINITE_VECTOR, <<"the result holds an infinity or NaN, which Erlang floats "
+                             "cannot hold; {format, binary} returns the raw f32 values">>).
 
 %% @doc The launch as one frame, built as an iolist: the vectors go into the port's writev
 %% as they are, never copied. `too_large' when the frame would not fit its 4-byte length.
--spec encode_launch(JobId :: erlcuda:job_id(), ReplyTo :: pid() | reference(),
-                    Device :: non_neg_integer(), Kernel :: atom(),
-                    Args :: [binary() | non_neg_integer()], Opts :: map()) ->
+-spec encode_launch(JobId :: erlcuda:job_id(), Device :: non_neg_integer(), Kernel :: atom(),
+                    Args :: [binary() | non_neg_integer()], Trace :: boolean()) ->
     {ok, iolist()} | {error, too_large}.
-encode_launch(JobId, ReplyTo, Device, Kernel, Args, Opts) ->
+encode_launch(JobId, Device, Kernel, Args, Trace) ->
     Payload = lists:sum([byte_size(A) || A <- Args, is_binary(A)]),
-    case Payload + ?LAUNCH_OVERHEAD * (1 + length(Args)) > erlcuda_contract:max_frame() of
+    case Payload + ?LAUNCH_OVERHEAD + 16 * length(Args) > erlcuda_contract:max_frame() of
         true ->
             {error, too_large};
         false ->
-            {ok, [<<131, 104, 2, 119, 1, $M, 104, 7, 119, 6, "launch">>,
-                  ext(JobId), ext(ReplyTo), ext(Device), ext(Kernel),
-                  <<108, (length(Args)):32>>, [arg(A) || A <- Args], <<106>>,
-                  ext(Opts)]}
+            Name = atom_to_binary(Kernel, utf8),
+            Flags = case Trace of true -> ?WIRE_FLAG_TRACE; false -> 0 end,
+            {ok, [<<?WIRE_LAUNCH, JobId:64, Device:16, Flags:8, (byte_size(Name)):8,
+                    Name/binary, (length(Args)):8>>
+                  | [arg(A) || A <- Args]]}
     end.
 
-arg(Bin) when is_binary(Bin) -> [<<109, (byte_size(Bin)):32>>, Bin];
-arg(Int) -> ext(Int).
+%% Vectors are f32 (element type 0) until the catalogue has other types.
+arg(Bin) when is_binary(Bin) -> [<<?WIRE_ARG_VECTOR, 0:8, (byte_size(Bin)):64>>, Bin];
+arg(N) when is_integer(N) -> <<?WIRE_ARG_DIM, N:64>>.
 
-ext(Term) ->
-    <<131, Body/binary>> = term_to_binary(Term),
-    Body.
+%% @doc The largest result one record of a results frame can carry.
+-spec max_result_bytes() -> pos_integer().
+max_result_bytes() ->
+    %% the frame's tag and count, and the record's job id, tag and length
+    erlcuda_contract:max_frame() - (1 + 4) - (8 + 1 + 4).
 
 %% @doc A control call: the worker answers `{'r', Id, Reply}' or `{'e', Id, Error}'.
 -spec encode_call(pos_integer(), atom(), list()) -> binary().
 encode_call(Id, Function, Args) ->
     term_to_binary({'C', Id, erlcuda, Function, Args}).
 
-%% @doc What a frame from the worker means. Decoded with `[safe]': the worker can make no
-%% atom the node does not already know.
+%% @doc What a frame from the worker is. Terms are decoded with `[safe]': the worker can
+%% make no atom the node does not already know.
 -spec decode(binary()) -> event().
-decode(Frame) ->
+decode(<<?WIRE_RESULTS, _Count:32, Records/binary>>) ->
+    {results, Records};
+decode(<<131, _/binary>> = Frame) ->
     try binary_to_term(Frame, [safe]) of
-        {'M', _, {erlcuda, JobId, _} = Message} ->
-            {result, JobId, Message};
-        {'M', _, {erlcuda, JobId, Result, Trace}} when is_map(Trace) ->
-            Forward = erlang:monotonic_time(nanosecond),
-            {result, JobId, {erlcuda, JobId, Result, Trace#{<<"forward">> => Forward}}};
         {'r', Id, Reply} when is_integer(Id) -> {answer, Id, {ok, Reply}};
         {'e', Id, Error} when is_integer(Id) -> {answer, Id, {error, Error}};
         {'L', Level, Text} when is_binary(Text) -> {log, log_level(Level), Text};
         Other -> {unexpected, Other}
     catch
         error:badarg -> {undecodable, byte_size(Frame)}
+    end;
+decode(Frame) ->
+    {undecodable, byte_size(Frame)}.
+
+%% @doc Call `Fun(JobId, Reply)' for each record of a results frame, in order; `malformed'
+%% when the records do not parse to their end (the ones before were delivered).
+-spec each_result(fun((erlcuda:job_id(), reply()) -> term()), binary()) -> ok | malformed.
+each_result(Fun, <<JobId:64, Tag:8, Len:32, Payload:Len/binary, Rest/binary>>) ->
+    _ = Fun(JobId, {wire, Tag, Payload}),
+    each_result(Fun, Rest);
+each_result(_, <<>>) ->
+    ok;
+each_result(_, _) ->
+    malformed.
+
+%% @doc The message a job's caller receives for its record. A vector for a `list' format
+%% caller that waits in `launch_sync' travels as `{f32, Binary}': the caller turns it into
+%% floats itself (`f32_list/1'), not this shared process.
+-spec message(erlcuda:job_id(), reply(), erlcuda:format(), boolean()) -> tuple().
+message(JobId, {wire, ?WIRE_TAG_TRACED, <<Tag:8, Len:32, Inner:Len/binary, Stamps/binary>>},
+        Format, _Sync) ->
+    Forward = erlang:monotonic_time(nanosecond),
+    case term(Stamps) of
+        {ok, Map} when is_map(Map) ->
+            {erlcuda, JobId, result({wire, Tag, Inner}, Format, false),
+             Map#{<<"forward">> => Forward}};
+        _ ->
+            {erlcuda, JobId, malformed()}
+    end;
+message(JobId, Reply, Format, Sync) ->
+    {erlcuda, JobId, result(Reply, Format, Sync)}.
+
+result({wire, ?WIRE_TAG_VECTOR, Bin}, binary, _) when byte_size(Bin) rem 4 =:= 0 ->
+    {ok, Bin};
+result({wire, ?WIRE_TAG_VECTOR, Bin}, list, true) when byte_size(Bin) rem 4 =:= 0 ->
+    {f32, Bin};
+result({wire, ?WIRE_TAG_VECTOR, Bin}, list, false) when byte_size(Bin) rem 4 =:= 0 ->
+    f32_list(Bin);
+result({wire, ?WIRE_TAG_SCALAR, <<F:64/float-little>>}, _, _) ->
+    {ok, F};
+result({wire, ?WIRE_TAG_SCALAR, <<_:64>>}, _, _) ->
+    {error, {non_finite, <<"the result is an infinity or NaN; Erlang floats cannot hold it">>}};
+result({wire, ?WIRE_TAG_ERROR, Etf}, _, _) ->
+    case term(Etf) of
+        {ok, Reason} -> {error, Reason};
+        error -> malformed()
+    end;
+result(_, _, _) ->
+    malformed().
+
+%% @doc A vector result as floats; `non_finite' where it holds an infinity or NaN.
+-spec f32_list(binary()) -> {ok, [float()]} | {error, {non_finite, binary()}}.
+f32_list(Bin) ->
+    %% The generator stops at the first pattern that is no float (an infinity or NaN).
+    List = [F || <<F:32/float-little>> <= Bin],
+    case length(List) * 4 =:= byte_size(Bin) of
+        true -> {ok, List};
+        false -> {error, {non_finite, ?NON_FINITE_VECTOR}}
     end.
+
+term(Etf) ->
+    try binary_to_term(Etf, [safe]) of
+        Term -> {ok, Term}
+    catch
+        error:badarg -> error
+    end.
+
+malformed() ->
+    {error, {internal, <<"a malformed result record from the worker">>}}.
 
 log_level(Level) ->
     case lists:member(Level, ?LOG_LEVELS) of

@@ -17,17 +17,18 @@ submit(Job, ReplyTo) ->
 
 route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace := Trace},
       ReplyTo, #{port := Port, queues := Queues} = Status) ->
-    JobId = erlang:unique_integer([positive]),
+    JobId = erlcuda_jobs:next_id(),
     case erlcuda_status:pick(Want, Status) of
         {ok, Device} ->
-            Opts = #{format => Format, trace => Trace},
-            case erlcuda_protocol:encode_launch(JobId, ReplyTo, Device, Kernel, Args, Opts) of
+            case erlcuda_protocol:encode_launch(JobId, Device, Kernel, Args, Trace) of
                 {ok, Frame} ->
                     case erlcuda_status:enqueue(Status, Device) of
                         ok ->
                             ok = erlcuda_jobs:register(#{id => JobId, reply_to => ReplyTo,
                                                          caller => self(), device => Device,
-                                                         queues => Queues, kernel => Kernel}),
+                                                         queues => Queues, kernel => Kernel,
+                                                         format => Format,
+                                                         sync => is_reference(ReplyTo)}),
                             write(Port, Frame, JobId);
                         overloaded ->
                             {error, overloaded}

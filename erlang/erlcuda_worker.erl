@@ -162,8 +162,11 @@ terminate(Reason, _State, #data{port = Port, os_pid = OsPid} = D) ->
 
 %% The worker's frames.
 
-frame({result, JobId, Message}, _, D) ->
-    _ = erlcuda_jobs:complete(JobId, Message),
+frame({results, Records}, _, D) ->
+    case erlcuda_protocol:each_result(fun erlcuda_jobs:complete/2, Records) of
+        ok -> ok;
+        malformed -> ?LOG_ERROR("erlcuda: a malformed results frame from the worker")
+    end,
     {keep_state, D};
 frame({answer, Id, Reply}, State, #data{calls = Calls} = D) ->
     case maps:take(Id, Calls) of

@@ -29,8 +29,10 @@ __all__ = [
     "PROTOCOL",
     "REASONS",
     "STATUS_REASONS",
+    "WIRE",
     "KernelSpec",
     "Param",
+    "Wire",
     "erlang_module",
 ]
 
@@ -95,6 +97,39 @@ LOG_LEVELS: tuple[str, ...] = tuple(_RAW["log_levels"])
 ATOMS: frozenset[str] = frozenset(
     [*_RAW["wire_atoms"], *REASONS, *STATUS_REASONS, *CUDA_CODES, *LOG_LEVELS,
      *_RAW["info_keys"], *KERNELS]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """The bytes that mark the hot path's binary frames (see ``wire.about`` in the JSON)."""
+
+    launch: int
+    results: int
+    flag_trace: int
+    arg_vector: int
+    arg_dim: int
+    tag_vector: int
+    tag_scalar: int
+    tag_error: int
+    tag_traced: int
+
+    def macros(self) -> dict[str, int]:
+        """The Erlang macro names (``WIRE_...``) and their values."""
+        return {f"WIRE_{name.upper()}": getattr(self, name) for name in self.__slots__}
+
+
+_WIRE = _RAW["wire"]
+WIRE = Wire(
+    launch=_WIRE["launch"],
+    results=_WIRE["results"],
+    flag_trace=_WIRE["flags"]["trace"],
+    arg_vector=_WIRE["arg"]["vector"],
+    arg_dim=_WIRE["arg"]["dim"],
+    tag_vector=_WIRE["tag"]["vector"],
+    tag_scalar=_WIRE["tag"]["scalar"],
+    tag_error=_WIRE["tag"]["error"],
+    tag_traced=_WIRE["tag"]["traced"],
 )
 
 
@@ -182,14 +217,29 @@ worker_atoms() ->
 """
 
 
+def erlang_header() -> str:
+    """The source of ``erlcuda_contract.hrl``: the wire's bytes as macros, for binary
+    patterns (which cannot call functions)."""
+    lines = [f"-define({name}, {value})." for name, value in WIRE.macros().items()]
+    return ("%% Generated from python/erlcuda/contract.json by python/erlcuda/contract.py at "
+            "build time.\n%% Do not edit: change the JSON file, and both sides follow.\n"
+            + "\n".join(lines) + "\n")
+
+
+def _write(path: Path, text: str) -> None:
+    # Rewritten only when it changes, so rebar3 recompiles only then.
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="write erlcuda's contract for the Erlang side")
     parser.add_argument("--erlang", required=True, type=Path, metavar="FILE.erl")
+    parser.add_argument("--erlang-header", type=Path, metavar="FILE.hrl")
     args = parser.parse_args(argv)
-    text = erlang_module()
-    # Rewritten only when it changes, so rebar3 recompiles it only then.
-    if not args.erlang.is_file() or args.erlang.read_text(encoding="utf-8") != text:
-        args.erlang.write_text(text, encoding="utf-8")
+    _write(args.erlang, erlang_module())
+    if args.erlang_header is not None:
+        _write(args.erlang_header, erlang_header())
     return 0
 
 

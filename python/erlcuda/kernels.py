@@ -6,9 +6,11 @@ may be tied to a product of other params, and a vector result's length is such a
 ``parse`` checks a job against that declaration alone, so a kernel added there is checked
 here without code of its own.
 
-Arguments arrive from Erlang already validated and packed as little-endian f32 binaries, but
-the worker is also driven from the command line and from tests, and a port peer is never
-trusted: everything is checked again here and a bad job raises ``BadArgs``.
+Arguments arrive from Erlang already validated, as numpy views of the launch frame's bytes
+(``protocol.decode``), but the worker is also driven from the command line and from tests,
+and a port peer is never trusted: everything is checked again here and a bad job raises
+``BadArgs``. The checks are worked out once per kernel (``_Plan``), so a job costs a few
+comparisons.
 """
 
 from __future__ import annotations
@@ -42,9 +44,13 @@ class BadArgs(ValueError):
     """A job's arguments do not fit its kernel. ``str(exc)`` is the reason sent to Erlang."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Request:
-    """One validated job. ``a``/``b`` are its vectors and m, n, k its dims, in param order."""
+    """One validated job. ``a``/``b`` are its vectors and m, n, k its dims, in param order.
+
+    ``elements`` (its input elements) and ``result_elements`` (1 for a scalar) are worked out
+    once, by ``parse`` or at construction; treat a request as immutable.
+    """
 
     kernel: str
     a: np.ndarray
@@ -52,6 +58,16 @@ class Request:
     m: int = 0
     n: int = 0
     k: int = 0
+    elements: int = -1
+    result_elements: int = -1
+
+    def __post_init__(self) -> None:
+        if self.elements < 0:
+            self.elements = int(self.a.size) + (0 if self.b is None else int(self.b.size))
+        if self.result_elements < 0:
+            result = contract.KERNELS[self.kernel].result
+            self.result_elements = (_product(result.length, _sizes(self))
+                                    if result.kind == "vector" else 1)
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -62,19 +78,6 @@ class Request:
     def device_bytes(self) -> int:
         """Device memory the job needs: its inputs and its output."""
         return 4 * (self.elements + self.result_elements)
-
-    @property
-    def elements(self) -> int:
-        """Input elements, used to bound the size of a batch."""
-        return int(self.a.size) + (0 if self.b is None else int(self.b.size))
-
-    @property
-    def result_elements(self) -> int:
-        """Elements of the result: 1 for a scalar."""
-        result = contract.KERNELS[self.kernel].result
-        if result.kind != "vector":
-            return 1
-        return _product(result.length, _sizes(self))
 
 
 def _sizes(request: Request) -> dict[str, int]:
@@ -167,33 +170,87 @@ def _length_error(name: str, size: int, length: tuple[str, ...], sizes: dict[str
     return BadArgs(f"{name} has {size} elements, {'*'.join(length)} = {_product(length, sizes)}")
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A kernel's declaration worked out once for ``parse``; params by their index."""
+
+    spec: contract.KernelSpec
+    vectors: tuple[tuple[int, str, np.dtype[Any]], ...]
+    dims: tuple[tuple[int, str], ...]
+    rules: tuple[tuple[int, tuple[int, ...]], ...]  # a param, the params of its length
+    result: tuple[int, ...] | None  # the params of a vector result's length; None: a scalar
+    fields: tuple[int | None, ...]  # the param of each of Request's a, b, m, n, k
+
+
+_PLANS: dict[str, _Plan] = {}
+
+
+def _plan(spec: contract.KernelSpec) -> _Plan:
+    index = {p.name: i for i, p in enumerate(spec.params)}
+    vector_fields, dim_fields = iter(_VECTOR_FIELDS), iter(_DIM_FIELDS)
+    field_of = {next(vector_fields) if p.kind == "vector" else next(dim_fields): i
+                for i, p in enumerate(spec.params)}
+    return _Plan(
+        spec,
+        tuple((i, p.name, DTYPES[p.type or ""]) for i, p in enumerate(spec.params)
+              if p.kind == "vector"),
+        tuple((i, p.name) for i, p in enumerate(spec.params) if p.kind == "dim"),
+        tuple((i, tuple(index[n] for n in p.length)) for i, p in enumerate(spec.params)
+              if p.length),
+        tuple(index[n] for n in spec.result.length) if spec.result.kind == "vector" else None,
+        tuple(field_of.get(f) for f in (*_VECTOR_FIELDS, *_DIM_FIELDS)),
+    )
+
+
 def parse(kernel: str, args: Sequence[Any]) -> Request:
-    """Check ``args`` against ``kernel``'s declaration; raise ``BadArgs`` with a readable reason."""
+    """Check ``args`` against ``kernel``'s declaration; raise ``BadArgs`` with a readable reason.
+
+    A vector is a 1-D numpy array of its element type (taken as it is), an f32 binary
+    (viewed) or a list of numbers (copied); a dim a non-negative integer.
+    """
     spec = contract.KERNELS.get(kernel)
     if spec is None:
         raise BadArgs(f"unknown kernel {kernel!r:.40}")
+    plan = _PLANS.get(kernel)
+    if plan is None or plan.spec is not spec:
+        plan = _PLANS[kernel] = _plan(spec)
     if not isinstance(args, (list, tuple)):
         raise BadArgs("args must be a list")
-    if len(args) != spec.arity:
+    if len(args) != len(spec.params):
         raise BadArgs(f"{kernel} takes {spec.arity} arguments, got {len(args)}")
     # Every param first, then the lengths, which may name params that come later.
-    values: dict[str, Any] = {}
-    for p, arg in zip(spec.params, args, strict=True):
-        if p.kind == "vector":
-            values[p.name] = _vector(arg, p.name, DTYPES[p.type or ""])
-        else:
-            values[p.name] = _dim(arg, p.name)
-    sizes = {name: int(v.size) if isinstance(v, np.ndarray) else v for name, v in values.items()}
-    vectors = {p.name for p in spec.params if p.kind == "vector"}
-    for p in spec.params:
-        if p.length and sizes[p.name] != _product(p.length, sizes):
-            raise _length_error(p.name, sizes[p.name], p.length, sizes, vectors)
-    if spec.result.kind == "vector" and spec.result.length:
-        out = _product(spec.result.length, sizes)
-        if out > MAX_ELEMENTS:
+    values = list(args)
+    sizes = [0] * len(values)
+    limit = MAX_ELEMENTS
+    elements = 0
+    for i, name, dtype in plan.vectors:
+        value = values[i]
+        if type(value) is not np.ndarray or value.dtype is not dtype or value.ndim != 1:
+            value = values[i] = _vector(value, name, dtype)
+        size = value.size
+        if size > limit:
+            raise BadArgs(f"{name}: {size} elements, over the {limit} limit")
+        sizes[i] = size
+        elements += size
+    for i, name in plan.dims:
+        value = values[i]
+        if type(value) is not int or value < 0 or value > limit:
+            value = values[i] = _dim(value, name)
+        sizes[i] = value
+    for i, length in plan.rules:
+        want = 1
+        for j in length:
+            want *= sizes[j]
+        if sizes[i] != want:
+            named = {p.name: sizes[j] for j, p in enumerate(spec.params)}
+            vectors = {name for _, name, _ in plan.vectors}
+            raise _length_error(spec.params[i].name, sizes[i], spec.params[i].length, named,
+                                vectors)
+    out = 1
+    if plan.result is not None:
+        for j in plan.result:
+            out *= sizes[j]
+        if out > limit:
             raise BadArgs(f"result {'*'.join(spec.result.length)} = {out} is too large")
-    fields: dict[str, Any] = {}
-    vector_fields, dim_fields = iter(_VECTOR_FIELDS), iter(_DIM_FIELDS)
-    for p in spec.params:
-        fields[next(vector_fields) if p.kind == "vector" else next(dim_fields)] = values[p.name]
-    return Request(kernel, **fields)
+    a, b, m, n, k = (None if j is None else values[j] for j in plan.fields)
+    return Request(kernel, a, b, m or 0, n or 0, k or 0, elements, out)  # type: ignore[arg-type]

@@ -2,10 +2,11 @@
 
 A lane takes everything already queued (up to ``max_batch`` jobs and ``max_elements``
 input elements; it never waits for more, so a lone job pays no added latency), groups the
-jobs by batch key, runs one backend call per group, and writes every reply in the order the
-jobs arrived, so one caller's jobs to one device are answered in the order launched. Each job
-gets its one reply whatever happens to the others: a reply the codec refuses becomes
-``{internal, _}`` and one over the writer's frame limit ``too_large``, for that job alone.
+jobs by batch key, runs one backend call per group, and writes the batch's records in one
+results frame (more only where the writer's frame limit demands), in the order the jobs
+arrived, so one caller's jobs to one device are answered in the order launched. Each job gets
+its one reply whatever happens to the others: a result that cannot travel becomes
+``{internal, _}`` and a record over the writer's frame limit ``too_large``, for that job alone.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import numpy as np
 
 from . import protocol
 from .backends.base import Backend, BackendError, Device
-from .framing import FrameError, FrameWriter, frame_size
+from .framing import FrameError, FrameWriter
 from .kernels import Request
-from .protocol import Failure, ProtocolError, Result
+from .protocol import Failure, Result
 
 log = logging.getLogger("erlcuda.lane")
 
@@ -34,9 +35,7 @@ _STOP = object()  # queued by stop(): the lane ends once it reaches it
 
 @dataclass(slots=True)
 class Job:
-    job_id: Any
-    reply_to: Any
-    binary: bool = False  # a vector result as an f32 binary instead of a list of floats
+    job_id: int
     request: Request | None = None
     error: Failure | None = None  # decided before the job reached the device
     trace: dict[str, int] | None = None
@@ -54,31 +53,12 @@ class Control:
     future: Future[Any] = field(default_factory=Future)
 
 
-def reply_frame(job: Job, result: Result, max_frame: int) -> tuple[list[bytes | memoryview], bool]:
-    """The frame of ``job``'s one reply, and whether it is an error.
-
-    A result the codec refuses becomes ``{internal, _}``, and one whose frame would be over
-    ``max_frame`` becomes ``too_large``: only that job loses its result.
-    """
-
-    def encode(result: Result) -> list[bytes | memoryview]:
-        if job.trace is not None:
-            return protocol.encode_traced_reply(job.reply_to, job.job_id, result, job.trace)
-        return protocol.encode_reply(job.reply_to, job.job_id, result)
-
-    try:
-        frame = encode(result)
-    except ProtocolError as exc:
-        log.error("job %.80r: reply not encodable: %s", job.job_id, exc)
-        result = protocol.internal(f"reply not encodable: {exc}")
-        frame = encode(result)
-    size = frame_size(frame)
-    if size > max_frame:
-        log.error("job %.80r: a reply of %d bytes is over the %d byte frame limit",
-                  job.job_id, size, max_frame)
-        result = protocol.TOO_LARGE
-        frame = encode(result)
-    return frame, isinstance(result, Failure)
+def results_frames(records: list[protocol.Record], max_frame: int) -> protocol.Encoded:
+    """``protocol.encode_results``, logging each record it had to replace."""
+    encoded = protocol.encode_results(records, max_frame)
+    for job_id, why in encoded.replaced:
+        log.error("job %d: %s", job_id, why)
+    return encoded
 
 
 @dataclass(slots=True)
@@ -249,7 +229,7 @@ class Lane(threading.Thread):
                     # its next run: keep a copy where another group runs before the write.
                     if g < last and isinstance(value, np.ndarray):
                         value = value.copy()
-                    results[i] = protocol.result(value, binary=batch[i].binary)
+                    results[i] = value
             except BackendError as exc:
                 failure = protocol.cuda_error(exc.code, exc.message)
                 for i in indices:
@@ -263,16 +243,17 @@ class Lane(threading.Thread):
                     results[i] = failure
         t_done = now()
         self.stats.jobs += len(batch)
-        frames = []
+        t_encode = now()
+        records: list[protocol.Record] = []
         for job, result in zip(batch, results, strict=True):
             assert result is not None  # every job was answered above
             if job.trace is not None:
-                job.trace.update(take=t_take, run=t_run, done=t_done, encode=now())
-            frame, failed = reply_frame(job, result, self.writer.max_frame)
-            self.stats.errors += failed
-            frames.append(frame)
+                job.trace.update(take=t_take, run=t_run, done=t_done, encode=t_encode)
+            records.append((job.job_id, result, job.trace))
+        encoded = results_frames(records, self.writer.max_frame)
+        self.stats.errors += encoded.errors
         try:
-            self.writer.write_many(frames)
+            self.writer.write_many(encoded.frames)
         except FrameError:
             log.warning("device %d: replies dropped, the port is closed", self.index)
         if fatal is not None:

@@ -1,44 +1,55 @@
-"""erlcuda's messages, in erlport's shapes: the one place that turns them into ETF and back.
+"""erlcuda's messages: the one place that turns them into bytes and back (protocol 3).
+
+The hot path travels in fixed-layout binary frames (``contract.WIRE``; big-endian integers),
+everything else as one ETF term in erlport's shapes (first byte 131).
 
 Erlang -> worker (``decode``):
-    {'M', {launch, JobId, ReplyTo, Device, Kernel, Args, Opts}}   a job (an erlport message)
-    {'C', Id, erlcuda, Function, Args}                             a control call
+    launch frame:  WIRE.launch, JobId:u64, Device:u16, Flags:u8, KernelLen:u8, Kernel (UTF-8),
+                   NArgs:u8, then per argument WIRE.arg_vector, ElemType:u8, Bytes:u64 and the
+                   bytes (little-endian elements), or WIRE.arg_dim, Value:u64     ``Launch``
+    {'C', Id, erlcuda, Function, Args}                          a control call   ``Call``
 Worker -> Erlang:
-    {'M', ReplyTo, {erlcuda, JobId, Result}}           a result            ``encode_reply``
-    {'M', ReplyTo, {erlcuda, JobId, Result, Stamps}}   a traced result     ``encode_traced_reply``
+    results frame: WIRE.results, Count:u32, then per job JobId:u64, Tag:u8, Len:u32 and the
+                   payload: raw f32 (tag_vector), an f64 (tag_scalar), the ETF of the reason
+                   (tag_error), or an inner Tag:u8, Len:u32, payload and the ETF of the
+                   stamps map (tag_traced)                                 ``encode_results``
     {'r', Id, Answer}                                  a call's answer     ``encode_answer``
     {'e', Id, Text}                                    a call refused      ``encode_call_error``
     {'L', Level, Text}                                 a log line          ``encode_log``
 
-Result is ``{ok, Value}`` or ``{error, Reason}`` (``Ok``, ``Failure``); hello's and info's
-Answer is a map (``encode_info``).
+A job's result is its value (an f32 vector as a numpy array, a scalar as a float) or a
+``Failure`` (``{error, Reason}`` on the Erlang side). Vectors travel as raw little-endian
+f32 and scalars as f64, infinities and NaN included: Erlang converts them and refuses what
+its floats cannot hold (``non_finite``). hello's and info's Answer is a map (``encode_info``).
 
-``ReplyTo`` (a pid or an alias) and ``JobId`` travel as opaque terms. Erlang decodes with
+No ``ReplyTo`` travels: Erlang keeps it by JobId. Erlang decodes ETF with
 ``binary_to_term(B, [safe])``, which refuses atoms the node does not know, so every atom the
 worker makes goes through ``atom``, which accepts only the contract's (``contract.ATOMS``,
-which ``erlcuda_contract:worker_atoms/0`` makes exist); any other atom in a frame is one
+which ``erlcuda_contract:worker_atoms/0`` makes exist); any other atom in a term is one
 Erlang sent. Text travels as UTF-8 binaries.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import contract, etf
+from .kernels import DTYPES
 
 __all__ = [
     "OK",
     "TOO_LARGE",
     "Call",
+    "Encoded",
     "Failure",
     "Launch",
-    "Ok",
     "ProtocolError",
+    "Record",
     "Result",
     "atom",
     "backend_unavailable",
@@ -50,15 +61,13 @@ __all__ = [
     "encode_call_error",
     "encode_info",
     "encode_log",
-    "encode_reply",
-    "encode_traced_reply",
+    "encode_results",
     "internal",
-    "result",
     "unknown_kernel",
     "version_mismatch",
 ]
 
-Chunks = list[bytes | memoryview]
+Chunks = list[bytes | bytearray | memoryview]
 
 
 class ProtocolError(Exception):
@@ -78,38 +87,32 @@ def atom(name: str) -> etf.Atom:
 
 
 OK = atom("ok")
-_ERROR = atom("error")
-_ERLCUDA = atom("erlcuda")
-_MESSAGE = atom("M")
 _CALL = atom("C")
 _ANSWER = atom("r")
 _CALL_ERROR = atom("e")
 _LOG = atom("L")
-_LAUNCH = atom("launch")
-_FORMAT = atom("format")
-_BINARY = atom("binary")
-_TRACE = atom("trace")
 
+_W = contract.WIRE
 
 # -- Erlang -> worker ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Launch:
-    """A job. ``device``, ``kernel`` and ``args`` are as sent: the worker checks them."""
+    """A job, as the frame says: the worker checks ``device``, ``kernel`` and ``args``.
 
-    job_id: Any
-    reply_to: Any
-    device: Any
-    kernel: Any
-    args: Any
-    binary: bool = False  # {format, binary}: a vector result as an f32 binary
-    trace: bool = False  # {trace, true}: the reply carries the worker's timestamps
+    ``args`` are numpy arrays viewing the frame's bytes (a vector, of its element type) and
+    ints (a dim). ``error`` is set for a malformed frame whose JobId could be read: the job
+    is answered ``{bad_args, error}``; what the frame could not say is then ``device`` -1,
+    ``kernel`` ``""`` and ``args`` empty.
+    """
 
-    @property
-    def kernel_name(self) -> str | None:
-        """The kernel's name when it was sent as an atom."""
-        return str(self.kernel) if isinstance(self.kernel, etf.Atom) else None
+    job_id: int
+    device: int
+    kernel: str
+    args: list[Any]
+    trace: bool = False  # flag_trace: the reply carries the worker's time stamps
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,35 +126,135 @@ class Call:
 
 Message = Launch | Call
 
+# Launch byte, JobId, Device, Flags, KernelLen: the fixed part, in one unpack.
+_LAUNCH_HEAD = struct.Struct(">BQHBB")
+_HEAD_SIZE = _LAUNCH_HEAD.size
+_JOB_ID = struct.Struct(">Q")
+_DEVICE = struct.Struct(">H")
+# After the argument's kind byte: ElemType and Bytes of a vector; Value of a dim.
+_VECTOR_HEAD = struct.Struct(">BQ")
+_DIM = struct.Struct(">Q")
+
+_W_LAUNCH = _W.launch
+_W_VECTOR = _W.arg_vector
+_W_DIM = _W.arg_dim
+_W_TRACE = _W.flag_trace
+_ETF = etf.VERSION
+
+#: numpy dtypes of the wire's element types, by index (a contract type without one fails
+#: here, at import).
+_ELEMENT_DTYPES: tuple[np.dtype[Any], ...] = tuple(DTYPES[t] for t in contract.ELEMENT_TYPES)
+_ELEMENT_SIZES: tuple[int, ...] = tuple(d.itemsize for d in _ELEMENT_DTYPES)
+_N_TYPES = len(_ELEMENT_DTYPES)
+
+# The catalogue's names as their UTF-8 bytes, to skip decoding the known ones.
+_KERNEL_NAMES = {name.encode(): name for name in contract.KERNELS}
+
 
 def decode(frame: bytes | bytearray | memoryview) -> Message:
-    """The message in ``frame``; ``ProtocolError`` for anything else."""
+    """The message in ``frame``: a ``Launch`` for a launch frame, a ``Call`` for an ETF one.
+
+    A malformed launch frame whose JobId can be read is a ``Launch`` with ``error`` set; any
+    other frame that is not an erlcuda message raises ``ProtocolError``. A launch's vectors
+    are views into ``frame`` (never copied, possibly unaligned), so what a launch costs is
+    bounded by the frame's size; an ETF frame is bounded by ``etf.decode``'s cost model.
+    """
+    if not frame:
+        raise ProtocolError("empty frame")
+    first = frame[0]
+    if first == _W_LAUNCH:
+        return _decode_launch(frame)
+    if first == _ETF:
+        return _decode_call(frame)
+    raise ProtocolError(f"a frame of {len(frame)} bytes starting with byte {first} is neither "
+                        "a launch nor an external term")
+
+
+def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
+    size = len(frame)
+    if size < _HEAD_SIZE:
+        return _truncated_head(frame, size)
+    _, job_id, device, flags, klen = _LAUNCH_HEAD.unpack_from(frame)
+    trace = flags & _W_TRACE != 0
+    pos = _HEAD_SIZE + klen
+    if pos >= size:  # the name, then NArgs
+        return Launch(job_id, device, "", [], trace,
+                      f"launch of {size} bytes ends inside its kernel name or before NArgs")
+    raw = bytes(frame[_HEAD_SIZE:pos])
+    kernel = _KERNEL_NAMES.get(raw)
+    if kernel is None:
+        try:
+            kernel = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return Launch(job_id, device, "", [], trace, "the kernel name is not UTF-8")
+    nargs = frame[pos]
+    pos += 1
+    args: list[Any] = []
+    for i in range(1, nargs + 1):
+        if pos >= size:
+            return Launch(job_id, device, kernel, [], trace,
+                          f"launch of {size} bytes ends before argument {i} of {nargs}")
+        kind = frame[pos]
+        if kind == _W_VECTOR:
+            if pos + 10 > size:
+                return Launch(job_id, device, kernel, [], trace,
+                              f"launch of {size} bytes ends inside argument {i}'s header")
+            etype, nbytes = _VECTOR_HEAD.unpack_from(frame, pos + 1)
+            pos += 10
+            if etype >= _N_TYPES:
+                return Launch(job_id, device, kernel, [], trace,
+                              f"argument {i}: element type {etype} is not one of "
+                              f"{list(contract.ELEMENT_TYPES)}")
+            if nbytes > size - pos:
+                return Launch(job_id, device, kernel, [], trace,
+                              f"argument {i}: {nbytes} bytes announced, {size - pos} left "
+                              "in the frame")
+            itemsize = _ELEMENT_SIZES[etype]
+            if nbytes % itemsize:
+                return Launch(job_id, device, kernel, [], trace,
+                              f"argument {i}: {nbytes} bytes is not a whole number of "
+                              f"{contract.ELEMENT_TYPES[etype]} elements")
+            args.append(np.frombuffer(frame, _ELEMENT_DTYPES[etype], nbytes // itemsize, pos))
+            pos += nbytes
+        elif kind == _W_DIM:
+            if pos + 9 > size:
+                return Launch(job_id, device, kernel, [], trace,
+                              f"launch of {size} bytes ends inside argument {i}")
+            args.append(_DIM.unpack_from(frame, pos + 1)[0])
+            pos += 9
+        else:
+            return Launch(job_id, device, kernel, [], trace,
+                          f"argument {i}: unknown kind byte {kind}")
+    if pos != size:
+        return Launch(job_id, device, kernel, [], trace,
+                      f"{size - pos} trailing bytes after the last argument")
+    return Launch(job_id, device, kernel, args, trace)
+
+
+def _truncated_head(frame: bytes | bytearray | memoryview, size: int) -> Launch:
+    """A launch frame shorter than its fixed part: an error for its JobId, if it has one."""
+    if size < 1 + _JOB_ID.size:
+        raise ProtocolError(f"launch frame of {size} bytes is too short to hold a JobId")
+    job_id = _JOB_ID.unpack_from(frame, 1)[0]
+    device = _DEVICE.unpack_from(frame, 9)[0] if size >= 11 else -1
+    trace = size >= 12 and frame[11] & _W_TRACE != 0
+    return Launch(job_id, device, "", [], trace,
+                  f"launch frame of {size} bytes is shorter than its {_HEAD_SIZE} byte header")
+
+
+def _decode_call(frame: bytes | bytearray | memoryview) -> Call:
     try:
         term = etf.decode(frame)
     except etf.CodecError as exc:
         raise ProtocolError(f"undecodable term: {exc}") from exc
-    if type(term) is tuple and term:
-        if (len(term) == 2 and term[0] == _MESSAGE and type(term[1]) is tuple
-                and len(term[1]) == 7 and term[1][0] == _LAUNCH and type(term[1][6]) is dict):
-            _, job_id, reply_to, device, kernel, args, opts = term[1]
-            return Launch(job_id, reply_to, device, kernel, args,
-                          binary=opts.get(_FORMAT) == _BINARY, trace=opts.get(_TRACE) is True)
-        if len(term) == 5 and term[0] == _CALL and type(term[4]) is list:
-            _, call_id, _module, function, args = term
-            name = str(function) if isinstance(function, etf.Atom) else f"{function!r:.80}"
-            return Call(call_id, name, args)
+    if type(term) is tuple and len(term) == 5 and term[0] == _CALL and type(term[4]) is list:
+        _, call_id, _module, function, args = term
+        name = str(function) if isinstance(function, etf.Atom) else f"{function!r:.80}"
+        return Call(call_id, name, args)
     raise ProtocolError(f"not an erlcuda message: {term!r:.200}")
 
 
 # -- results ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Ok:
-    """``{ok, Value}``: a vector as a list of floats (or an f32 binary), a scalar as a float."""
-
-    value: np.ndarray | float
-    binary: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +276,8 @@ class Failure:
         return (tag, *self.detail) if self.detail else tag
 
 
-Result = Ok | Failure
+#: A job's result: an f32 vector (a numpy array), a scalar (a float) or a ``Failure``.
+Result = np.ndarray | float | Failure
 
 TOO_LARGE = Failure("too_large")
 
@@ -182,14 +286,15 @@ def bad_args(text: str) -> Failure:
     return Failure("bad_args", (text,))
 
 
-def bad_device(device: Any) -> Failure:
-    """``{bad_device, Device}``, with the device term as Erlang sent it."""
+def bad_device(device: int) -> Failure:
+    """``{bad_device, Device}``, the device number the launch named."""
     return Failure("bad_device", (device,))
 
 
-def unknown_kernel(kernel: Any) -> Failure:
-    """``{unknown_kernel, Kernel}``, with the kernel term as Erlang sent it."""
-    return Failure("unknown_kernel", (kernel,))
+def unknown_kernel(kernel: str) -> Failure:
+    """``{unknown_kernel, Kernel}``: the name as an atom where the contract has that atom
+    (a kernel of the catalogue: Erlang knows it), else as a UTF-8 binary."""
+    return Failure("unknown_kernel", (_ATOMS.get(kernel, kernel),))
 
 
 def backend_unavailable(text: str) -> Failure:
@@ -205,62 +310,191 @@ def internal(text: str) -> Failure:
     return Failure("internal", (text,))
 
 
-def non_finite(text: str) -> Failure:
-    return Failure("non_finite", (text,))
-
-
 def version_mismatch(text: str) -> Failure:
     return Failure("version_mismatch", (text,))
 
 
-_NON_FINITE_VECTOR = ("the result holds an infinity or NaN, which Erlang floats cannot hold; "
-                      "{format, binary} returns the raw f32 values")
+# -- worker -> Erlang: the results frame -----------------------------------------------------
+
+#: One job's record to send: its JobId, its result and its stamps (``None``: not traced).
+Record = tuple[int, Result, Mapping[str, int] | None]
 
 
-def result(value: np.ndarray | float, *, binary: bool = False) -> Result:
-    """A kernel's value as the job's result.
+class Encoded(NamedTuple):
+    """What ``encode_results`` made: the frames, how many records carry an error, and the
+    records it had to replace (JobId, why) with ``internal`` or ``too_large``."""
 
-    Erlang floats hold no infinity or NaN: such a result is ``{error, {non_finite, _}}``
-    unless it travels as an f32 binary, which carries any bit pattern.
+    frames: list[Chunks]
+    errors: int
+    replaced: list[tuple[int, str]]
+
+
+_RESULTS_HEAD = struct.Struct(">BI")  # results byte, Count
+_RECORD_HEAD = struct.Struct(">QBI")  # JobId, Tag, Len
+_INNER_HEAD = struct.Struct(">BI")  # a traced record's inner Tag, Len
+_F64 = struct.Struct("<d")
+_pack_record = _RECORD_HEAD.pack
+_pack_inner = _INNER_HEAD.pack
+_pack_f64 = _F64.pack
+_FRAME_HEAD = _RESULTS_HEAD.size
+_RECORD = _RECORD_HEAD.size
+_TRACED = _RECORD + _INNER_HEAD.size
+_F32 = DTYPES["f32"]
+_T_VECTOR = _W.tag_vector
+_T_SCALAR = _W.tag_scalar
+_T_ERROR = _W.tag_error
+_T_TRACED = _W.tag_traced
+#: Payloads shorter than this are copied next to their header; longer ones are chunks of
+#: their own that share the result's memory (``writev``).
+SMALL_PAYLOAD = 256
+
+
+def _error_bytes(failure: Failure) -> bytes:
+    try:
+        return etf.encode_bytes(failure.term)
+    except etf.CodecError as exc:
+        raise ProtocolError(f"reason not encodable: {exc}") from exc
+
+
+_TOO_LARGE_BYTES = _error_bytes(TOO_LARGE)
+
+
+def _payload(res: Any, errors: dict[int, bytes]) -> tuple[int, bytes | memoryview]:
+    """The tag and payload of a result; ``ProtocolError`` for one that cannot travel."""
+    cls = type(res)
+    if cls is np.ndarray:
+        if res.dtype is not _F32:
+            if res.dtype.kind not in "fiu":
+                raise ProtocolError(f"a vector of {res.dtype} has no f32 values")
+            res = res.astype(_F32)
+        if res.ndim != 1 or not res.flags.c_contiguous:
+            res = np.ascontiguousarray(res).reshape(-1)
+        return _T_VECTOR, res.data.cast("B")
+    if cls is float:
+        return _T_SCALAR, _pack_f64(res)
+    if cls is Failure:
+        data = errors.get(id(res))
+        if data is None:
+            data = errors[id(res)] = _error_bytes(res)
+        return _T_ERROR, data
+    if isinstance(res, (float, int, np.floating, np.integer)) and not isinstance(res, bool):
+        return _T_SCALAR, _pack_f64(float(res))
+    raise ProtocolError(f"a result of type {cls.__name__} has no record")
+
+
+_MAP_HEAD = struct.Struct(">BBI")  # version, MAP_EXT, arity
+_INTEGER = struct.Struct(">Bi")
+_STAMP_KEYS: dict[str, bytes] = {}  # a stamp's name as its BINARY_EXT
+
+
+def _stamps(stamps: Mapping[str, int]) -> bytes:
+    """The ETF of the stamps map (binary keys): what ``etf.encode_bytes`` makes of
+    ``dict(stamps)``, written here for the common case of names and non-negative ints."""
+    out = [_MAP_HEAD.pack(etf.VERSION, etf.MAP_EXT, len(stamps))]
+    for key, value in stamps.items():
+        encoded = _STAMP_KEYS.get(key)
+        if encoded is None:
+            if type(key) is not str:
+                return _stamps_term(stamps)
+            encoded = etf.encode_bytes(key)[1:]
+            if len(_STAMP_KEYS) < 64:
+                _STAMP_KEYS[key] = encoded
+        out.append(encoded)
+        if type(value) is not int or value < 0:
+            return _stamps_term(stamps)
+        if value < 256:
+            out.append(bytes((etf.SMALL_INTEGER_EXT, value)))
+        elif value < 0x80000000:
+            out.append(_INTEGER.pack(etf.INTEGER_EXT, value))
+        else:
+            n = (value.bit_length() + 7) >> 3
+            if n > 255:
+                return _stamps_term(stamps)
+            out.append(bytes((etf.SMALL_BIG_EXT, n, 0)))
+            out.append(value.to_bytes(n, "little"))
+    return b"".join(out)
+
+
+def _stamps_term(stamps: Mapping[str, int]) -> bytes:
+    try:
+        return etf.encode_bytes(dict(stamps))
+    except etf.CodecError as exc:
+        raise ProtocolError(f"stamps not encodable: {exc}") from exc
+
+
+def encode_results(records: Iterable[Record], max_frame: int = contract.MAX_FRAME) -> Encoded:
+    """The results frames of ``records``, in their order: one frame, or as many as it takes
+    to keep each within ``max_frame`` bytes.
+
+    Every record gets its one reply: a result that cannot travel becomes ``{internal, _}``
+    and a record that alone would be over ``max_frame`` becomes ``too_large``, for that job
+    alone. Vector payloads are chunks that share the arrays' memory: write the frames
+    before that memory changes. A JobId must be a u64.
     """
-    if isinstance(value, np.ndarray):
-        if not binary and not np.isfinite(value).all():
-            return non_finite(_NON_FINITE_VECTOR)
-        return Ok(value, binary)
-    if not math.isfinite(value):
-        return non_finite(f"the result is {value}; Erlang floats cannot hold it")
-    return Ok(float(value))
+    frames: list[Chunks] = []
+    replaced: list[tuple[int, str]] = []
+    failures = 0
+    errors: dict[int, bytes] = {}
+    first = cur = bytearray(_FRAME_HEAD)  # the frame's head, packed once Count is known
+    chunks: Chunks = [cur]
+    size, count = _FRAME_HEAD, 0
+    for job_id, res, stamps in records:
+        try:
+            tag, payload = _payload(res, errors)
+            extra = b"" if stamps is None else _stamps(stamps)
+        except ProtocolError as exc:
+            replaced.append((job_id, f"reply not encodable: {exc}"))
+            tag, payload = _T_ERROR, _error_bytes(internal(f"reply not encodable: {exc}"))
+            extra = b""
+            if stamps is not None:
+                try:
+                    extra = _stamps(stamps)
+                except ProtocolError:
+                    extra = _stamps({})
+        n = len(payload) if type(payload) is bytes else payload.nbytes
+        record = _RECORD + n if stamps is None else _TRACED + n + len(extra)
+        if _FRAME_HEAD + record > max_frame:
+            replaced.append((job_id, f"a reply of {_FRAME_HEAD + record} bytes is over the "
+                                     f"{max_frame} byte frame limit"))
+            tag, payload = _T_ERROR, _TOO_LARGE_BYTES
+            n = len(payload)
+            record = _RECORD + n if stamps is None else _TRACED + n + len(extra)
+        if size + record > max_frame and count:
+            _RESULTS_HEAD.pack_into(first, 0, _W.results, count)
+            frames.append(chunks)
+            first = cur = bytearray(_FRAME_HEAD)
+            chunks = [cur]
+            size, count = _FRAME_HEAD, 0
+        failures += tag == _T_ERROR
+        if stamps is None:
+            cur += _pack_record(job_id, tag, n)
+        else:
+            cur += _pack_record(job_id, _T_TRACED, _INNER_HEAD.size + n + len(extra))
+            cur += _pack_inner(tag, n)
+        if n < SMALL_PAYLOAD:
+            cur += payload
+        else:
+            chunks.append(payload)
+            cur = bytearray()
+            chunks.append(cur)
+        if extra:
+            cur += extra
+        size += record
+        count += 1
+    if count:
+        _RESULTS_HEAD.pack_into(first, 0, _W.results, count)
+        frames.append(chunks)
+    return Encoded(frames, failures, replaced)
 
 
-def _result_term(res: Result) -> Any:
-    if isinstance(res, Failure):
-        return (_ERROR, res.term)
-    value = res.value
-    if isinstance(value, np.ndarray):
-        return (OK, value if res.binary else etf.FloatList(value))
-    return (OK, value)
-
-
-# -- worker -> Erlang ------------------------------------------------------------------------
+# -- worker -> Erlang: ETF frames ------------------------------------------------------------
 
 
 def _encode(term: Any) -> Chunks:
     try:
-        return etf.encode(term)
+        return etf.encode(term)  # type: ignore[return-value]
     except etf.CodecError as exc:
         raise ProtocolError(f"not encodable: {exc}") from exc
-
-
-def encode_reply(reply_to: Any, job_id: Any, res: Result) -> Chunks:
-    """``{'M', ReplyTo, {erlcuda, JobId, Result}}``. Arrays are sent from their own memory."""
-    return _encode((_MESSAGE, reply_to, (_ERLCUDA, job_id, _result_term(res))))
-
-
-def encode_traced_reply(reply_to: Any, job_id: Any, res: Result,
-                        stamps: Mapping[str, int]) -> Chunks:
-    """``{'M', ReplyTo, {erlcuda, JobId, Result, Stamps}}``: the worker's timestamps
-    (``perf_counter_ns``) in a map whose keys are binaries, for the benchmarks."""
-    return _encode((_MESSAGE, reply_to, (_ERLCUDA, job_id, _result_term(res), dict(stamps))))
 
 
 def encode_answer(call_id: Any, answer: Any) -> Chunks:

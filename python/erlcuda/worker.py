@@ -27,7 +27,7 @@ from . import __version__, contract, kernels, protocol
 from .backends import select
 from .backends.base import Backend, BackendUnavailable, Device
 from .framing import FrameError, FrameReader, FrameWriter, frame_size
-from .lanes import Control, Job, Lane, reply_frame
+from .lanes import Control, Job, Lane, results_frames
 from .protocol import Call, Failure, Launch, ProtocolError
 
 log = logging.getLogger("erlcuda.worker")
@@ -122,31 +122,40 @@ class Worker:
             self._calls.put(message)
 
     def launch(self, message: Launch, recv: int = 0) -> None:
-        job = Job(message.job_id, message.reply_to, message.binary)
+        """Check a job and queue it on its device's lane, or answer it at once.
+
+        A malformed frame is ``{bad_args, _}``; it goes through its device's lane (keeping
+        the order of the replies) where the frame named a device, else it is answered here.
+        """
+        job = Job(message.job_id)
         if message.trace:
             job.trace = {"recv": recv, "queued": time.perf_counter_ns()}
         if self.refusal is not None:
             return self._reply_now(job, self.refusal)
         device = message.device
-        if isinstance(device, bool) or not isinstance(device, int) or not (
-                0 <= device < max(len(self.lanes), 1)):
+        lanes = len(self.lanes)
+        if message.error is not None:
+            log.error("job %d: malformed launch: %s", message.job_id, message.error)
+            job.error = protocol.bad_args(message.error)
+            if not 0 <= device < lanes:
+                return self._reply_now(job, job.error)
+        elif not 0 <= device < (lanes or 1):
             return self._reply_now(job, protocol.bad_device(device))
-        kernel = message.kernel_name
-        if kernel is None or kernel not in kernels.KERNELS:
+        elif message.kernel not in kernels.KERNELS:
             job.error = protocol.unknown_kernel(message.kernel)
         else:
             try:
-                job.request = kernels.parse(kernel, message.args)
+                job.request = kernels.parse(message.kernel, message.args)
             except kernels.BadArgs as exc:
                 job.error = protocol.bad_args(str(exc))
-        if not self.lanes:  # the backend never started: answer at once
+        if not lanes:  # the backend never started: answer at once
             return self._reply_now(
                 job, job.error or self.unavailable or protocol.backend_unavailable("no device"))
         self.lanes[device].submit(job)
 
     def _reply_now(self, job: Job, failure: Failure) -> None:
-        frame, _ = reply_frame(job, failure, self.writer.max_frame)
-        self.writer.write(frame)
+        encoded = results_frames([(job.job_id, failure, job.trace)], self.writer.max_frame)
+        self.writer.write_many(encoded.frames)
 
     # -- control calls ---------------------------------------------------------------------
     def _handlers(self) -> dict[str, Handler]:

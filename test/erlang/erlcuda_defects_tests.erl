@@ -190,7 +190,9 @@ telemetry_test_() ->
         try
             {ok, 3.0} = erlcuda:launch_sync(reduce, [[1.0, 2.0]]),
             Big = [3.0e38, 3.0e38],
-            {error, {non_finite, _}} = erlcuda:launch_sync(vector_add, [Big, Big]),
+            %% an async launch: its list is made (and found non-finite) before delivery
+            {ok, Id} = erlcuda:launch(vector_add, [Big, Big]),
+            receive {erlcuda, Id, {error, {non_finite, _}}} -> ok after 5000 -> error(no_reply) end,
             receive {telemetry, [erlcuda, job, start], #{system_time := _}, #{kernel := reduce}} -> ok
             after 1000 -> error(no_start)
             end,
@@ -223,3 +225,25 @@ wait_until(Cond, N) ->
 
 no_message() ->
     receive Any -> error({stray, Any}) after 0 -> ok end.
+
+%% Elixir writes strings as binaries: `config :erlcuda, python: "/usr/bin/python3"' was
+%% refused as bad_config.
+text_settings_as_binaries_test_() ->
+    application:load(erlcuda),
+    Python = list_to_binary(erlcuda_paths:python(default)),
+    with_app([{python, Python}, {worker_args, [<<"--spin-us">>, <<"0">>]}], fun() ->
+        ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]]))
+    end).
+
+%% A result no reply frame can carry was computed first (a 40000 x 40000 matmul grew the
+%% worker to 20 GB for 30 s), then refused as internal or too_large; now it is refused at
+%% once.
+result_too_large_for_a_frame_test_() ->
+    with_app([], fun() ->
+        T0 = erlang:monotonic_time(millisecond),
+        ?assertEqual({error, too_large}, erlcuda:launch(matmul, [[], [], 40000, 40000, 0])),
+        ?assertEqual({error, too_large},
+                     erlcuda:launch_sync(matmul, [[], [], 33000, 33000, 0], [{format, binary}])),
+        ?assert(erlang:monotonic_time(millisecond) - T0 < 100),
+        ?assertEqual(0, erlcuda_jobs:size())
+    end).

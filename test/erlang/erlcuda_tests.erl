@@ -138,7 +138,7 @@ bad_input() ->
         {bad_args, matmul, [[1.0], [1.0], 1, 1, 2], []},
         {bad_args, matmul, [[1.0], [1.0], -1, -1, -1], []},
         {bad_args, matmul, [[1.0], [1.0], 1.0, 1, 1], []},
-        {bad_args, matmul, [[], [], 100000, 100000, 0], []}
+        {too_large, matmul, [[], [], 100000, 100000, 0], []}
     ],
     lists:foreach(
       fun({Expected, Kernel, Args, Opts}) ->

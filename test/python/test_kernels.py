@@ -57,6 +57,17 @@ def test_batch_keys() -> None:
     assert kernels.KERNELS == ("vector_add", "reduce", "dot_product", "matmul")
 
 
+def test_a_request_knows_its_sizes_however_it_was_made() -> None:
+    a, b = np.ones(6, np.float32), np.ones(12, np.float32)
+    parsed = parse("matmul", [a, b, 2, 4, 3])
+    made = kernels.Request("matmul", a, b, 2, 4, 3)
+    for request in (parsed, made):
+        assert (request.elements, request.result_elements) == (18, 8)
+        assert request.device_bytes == 4 * 26 and request.key == ("matmul", 2, 4, 3)
+    assert parse("dot_product", [a, a]).result_elements == 1
+    assert parse("reduce", [a]).b is None and parse("reduce", [a]).a is a  # no copy
+
+
 def test_the_catalogue_is_the_contracts() -> None:
     assert kernels.KERNELS == tuple(contract.KERNELS)
     for spec in contract.KERNELS.values():

@@ -9,11 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from erlcuda import etf, kernels
+from erlcuda import kernels
 from erlcuda.backends.base import Backend, BackendError, Device, Result
 from erlcuda.backends.cpu import CpuDevice
 from erlcuda.framing import MAX_FRAME, FrameReader, FrameWriter
 from erlcuda.lanes import Job, Lane
+from workerpipe import Reply, W, parse_results
 
 
 class StagingDevice(Device):
@@ -63,10 +64,17 @@ class CapturingWriter:
     max_frame = MAX_FRAME
 
     def __init__(self) -> None:
-        self.frames: list[Any] = []
+        self.frames: list[list[Reply]] = []
 
     def write_many(self, frames: Sequence[Sequence[bytes | memoryview]]) -> None:
-        self.frames.extend(etf.decode(b"".join(bytes(c) for c in f)) for f in frames)
+        self.frames.extend(parse_results(b"".join(bytes(c) for c in f)) for f in frames)
+
+    @property
+    def replies(self) -> list[Reply]:
+        return [r for frame in self.frames for r in frame]
+
+    def results(self) -> dict[int, Any]:
+        return {r.job_id: r.result for r in self.replies}
 
 
 def make_lane() -> tuple[Lane, CapturingWriter, list[str]]:
@@ -89,29 +97,29 @@ def test_mixed_batch_keeps_each_result_and_the_order() -> None:
         else:
             request = kernels.parse("matmul", [a, b, 2, 2, 4])
             expected[job_id] = (a.reshape(2, 4) @ b.reshape(4, 2)).ravel()
-        lane.submit(Job(job_id, etf.Atom("caller"), job_id % 4 < 2, request))
+        lane.submit(Job(job_id, request))
     lane.start()
     lane.stop()
     lane.join(5)
     assert not fatal
-    assert [f[2][1] for f in writer.frames] == list(range(40))
-    for frame in writer.frames:
-        _, _, (_, job_id, (status, value)) = frame
-        assert status == "ok"
-        got = np.frombuffer(value, "<f4") if isinstance(value, memoryview) else np.array(value)
-        np.testing.assert_allclose(got, expected[job_id], rtol=1e-5)
+    assert len(writer.frames) == 1  # one batch, one results frame
+    assert [r.job_id for r in writer.replies] == list(range(40))
+    for reply in writer.replies:
+        assert reply.result[0] == "ok" and reply.tag == W.tag_vector
+        np.testing.assert_allclose(np.frombuffer(reply.payload, "<f4"), expected[reply.job_id],
+                                   rtol=1e-5)
     assert lane.stats.launches == 2 and lane.stats.max_batch == 20
 
 
 def test_a_fatal_error_answers_the_batch_then_reports() -> None:
     lane, writer, fatal = make_lane()
     ones = np.ones(13, np.float32)
-    lane.submit(Job(1, etf.Atom("c"), False, kernels.parse("dot_product", [ones, ones])))
-    lane.submit(Job(2, etf.Atom("c"), False, kernels.parse("reduce", [ones])))
+    lane.submit(Job(1, kernels.parse("dot_product", [ones, ones])))
+    lane.submit(Job(2, kernels.parse("reduce", [ones])))
     lane.start()
     lane.stop()
     lane.join(5)
-    replies = {f[2][1]: f[2][2] for f in writer.frames}
+    replies = writer.results()
     assert replies[1][0] == "error" and replies[1][1][:2] == ("cuda", "illegal_address")
     assert replies[2] == ("ok", 13.0)
     assert fatal and "illegal_address" in fatal[0]
@@ -120,48 +128,48 @@ def test_a_fatal_error_answers_the_batch_then_reports() -> None:
 def test_a_job_larger_than_the_device_memory_is_too_large() -> None:
     lane, writer, _ = make_lane()
     big = np.ones(200_000, np.float32)  # 2.4 MB with its output, over the 1 MiB device
-    lane.submit(Job(1, etf.Atom("c"), False, kernels.parse("vector_add", [big, big])))
-    lane.submit(Job(2, etf.Atom("c"), False, kernels.parse("reduce", [big[:10]])))
+    lane.submit(Job(1, kernels.parse("vector_add", [big, big])))
+    lane.submit(Job(2, kernels.parse("reduce", [big[:10]])))
     lane.start()
     lane.stop()
     lane.join(5)
-    replies = {f[2][1]: f[2][2] for f in writer.frames}
+    replies = writer.results()
     assert replies == {1: ("error", "too_large"), 2: ("ok", 10.0)}
 
 
 def test_a_result_the_codec_refuses_still_gets_one_reply() -> None:
     lane, writer, _ = make_lane()
     seven = np.ones(7, np.float32)  # StagingDevice answers this one with object dtype
-    lane.submit(Job(1, etf.Atom("c"), True, kernels.parse("vector_add", [seven, seven])))
-    lane.submit(Job(2, etf.Atom("c"), False, kernels.parse("reduce", [seven[:3]])))
+    lane.submit(Job(1, kernels.parse("vector_add", [seven, seven])))
+    lane.submit(Job(2, kernels.parse("reduce", [seven[:3]])))
     lane.start()
     lane.stop()
     lane.join(5)
-    replies = {f[2][1]: f[2][2] for f in writer.frames}
+    replies = writer.results()
     assert replies[1][0] == "error" and replies[1][1][0] == "internal"
     assert replies[2] == ("ok", 3.0)
+    assert lane.stats.errors == 1
 
 
-def test_a_reply_over_the_frame_limit_is_too_large_and_the_batch_is_delivered() -> None:
-    # One oversized reply made write_many refuse the whole batch: every job lost its reply.
+def run_lane_on_a_pipe(max_frame: int, jobs: list[Job]) -> tuple[Lane, list[list[Reply]]]:
+    """Run ``jobs`` as one batch through a lane writing to a real pipe; the frames read."""
     r, w = os.pipe()
+    frames: list[list[Reply]] = []
     try:
-        writer = FrameWriter(w, max_frame=2000)
+        writer = FrameWriter(w, max_frame=max_frame)
         fatal: list[str] = []
         lane = Lane(0, StagingBackend(), writer, max_batch=256, max_elements=1 << 20,
                     on_fatal=fatal.append)
-        small, big = np.ones(10, np.float32), np.ones(300, np.float32)  # 300 floats: 2.7 KB
-        for job_id, vector in enumerate([small, big, small, big[:100]]):
-            lane.submit(Job(job_id, etf.Atom("c"), False,
-                            kernels.parse("vector_add", [vector, vector])))
-        replies: list[Any] = []
+        for job in jobs:
+            lane.submit(job)
 
         def read() -> None:
             reader = FrameReader(r)
-            for _ in range(4):
+            while sum(map(len, frames)) < len(jobs):
                 frame = reader.read()
                 assert frame is not None
-                replies.append(etf.decode(frame))
+                assert len(frame) <= max_frame
+                frames.append(parse_results(frame))
 
         reading = threading.Thread(target=read, daemon=True)
         reading.start()
@@ -169,12 +177,34 @@ def test_a_reply_over_the_frame_limit_is_too_large_and_the_batch_is_delivered() 
         lane.stop()
         lane.join(5)
         reading.join(5)
+        assert not fatal
     finally:
         os.close(r)
         os.close(w)
+    return lane, frames
+
+
+def test_a_reply_over_the_frame_limit_is_too_large_and_the_batch_is_delivered() -> None:
+    # One oversized reply made write_many refuse the whole batch: every job lost its reply.
+    small, big = np.ones(10, np.float32), np.ones(600, np.float32)  # 600 floats: 2.4 KB
+    lane, frames = run_lane_on_a_pipe(2000, [
+        Job(job_id, kernels.parse("vector_add", [vector, vector]))
+        for job_id, vector in enumerate([small, big, small, big[:100]])])
     assert lane.stats.launches == 1  # one batch
-    results = {f[2][1]: f[2][2] for f in replies}
+    assert len(frames) == 1  # whose records all fit one frame
+    results = {r.job_id: r.result for r in frames[0]}
     assert results[1] == ("error", "too_large")
     assert results[0] == ("ok", [2.0] * 10) and results[2] == ("ok", [2.0] * 10)
     assert results[3] == ("ok", [2.0] * 100)
-    assert lane.stats.errors == 1 and not fatal
+    assert lane.stats.errors == 1
+
+
+def test_a_batch_over_the_frame_limit_is_split_over_frames() -> None:
+    # Each record fits a frame, no two of them do: four frames, in the jobs' order.
+    vector = np.ones(300, np.float32)  # a record of 13 + 1200 bytes
+    lane, frames = run_lane_on_a_pipe(2000, [
+        Job(job_id, kernels.parse("vector_add", [vector, vector])) for job_id in range(4)])
+    assert lane.stats.launches == 1
+    assert [[r.job_id for r in f] for f in frames] == [[0], [1], [2], [3]]
+    assert all(r.result == ("ok", [2.0] * 300) for f in frames for r in f)
+    assert lane.stats.errors == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,13 +17,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from erlcuda import contract, etf, protocol
+from erlcuda import contract, etf, kernels, protocol
 from erlcuda.backends.base import ERROR_CODES, BackendError
 from erlcuda.backends.cpu import CpuBackend
 from erlcuda.etf import Atom, ImproperList
 from erlcuda.protocol import Call, Failure, Launch, ProtocolError
-from workerpipe import PID, WorkerPipe
+from strategies import PID
+from workerpipe import Reply, Vector, W, WorkerPipe, launch_frame, parse_results
 
 # An atom only Erlang knows: the worker may send it back only where Erlang sent it.
 THEIRS = Atom("only_erlang_knows_this")
@@ -68,40 +72,121 @@ def test_backend_error_codes_are_the_contracts() -> None:
 
 
 def every_result() -> list[protocol.Result]:
-    vector = np.array([1.0, 2.0], np.float32)
     return [
-        protocol.result(vector), protocol.result(vector, binary=True), protocol.result(2.5),
-        protocol.result(np.array([np.inf], np.float32)), protocol.result(float("nan")),
-        protocol.bad_args("A: not a number"), protocol.bad_device(THEIRS),
-        protocol.bad_device((THEIRS, [1])), protocol.unknown_kernel(THEIRS),
+        np.array([1.0, 2.0], np.float32), np.array([np.inf], np.float32), 2.5, float("nan"),
+        protocol.bad_args("A: not a number"), protocol.bad_device(7),
+        protocol.unknown_kernel("fft"), protocol.unknown_kernel("ok"),
+        protocol.unknown_kernel(str(THEIRS)),
         protocol.backend_unavailable("no GPU"), protocol.internal("bug"),
         protocol.version_mismatch("0.1.0 and 0.2.0"), protocol.TOO_LARGE,
         *(protocol.cuda_error(code, "message") for code in (*contract.CUDA_CODES, "other")),
     ]
 
 
-def test_every_reply_holds_contract_atoms_or_erlangs() -> None:
-    reply_to, job_id = PID, (THEIRS, 7)
+def records(chunks_of_frames: list[list[bytes | bytearray | memoryview]]) -> list[Reply]:
+    return [r for chunks in chunks_of_frames for r in parse_results(joined(chunks))]
+
+
+def joined(chunks: list[bytes | bytearray | memoryview]) -> bytes:
+    return b"".join(bytes(c) for c in chunks)
+
+
+def test_every_record_holds_contract_atoms_only() -> None:
+    # No term of Erlang's travels back in a job's record any more (no ReplyTo; the JobId
+    # and the device are integers; a kernel name is an atom only where the contract has it).
     for res in every_result():
-        for chunks in (protocol.encode_reply(reply_to, job_id, res),
-                       protocol.encode_traced_reply(reply_to, job_id, res, {"recv": 1})):
-            term = decoded(chunks)
-            assert set(atoms_in(term)) <= contract.ATOMS | {THEIRS}, term
-            assert term[1] == PID and term[2][1] == job_id
+        for stamps in (None, {"recv": 1}):
+            (reply,) = records(protocol.encode_results([(7, res, stamps)]).frames)
+            assert reply.job_id == 7
+            for blob in reply.etf:
+                assert set(atoms_in(etf.decode(blob))) <= contract.ATOMS, blob
 
 
-def test_results_and_their_terms() -> None:
-    assert decoded(protocol.encode_reply(PID, 1, protocol.result(3.0)))[2][2] == ("ok", 3.0)
-    as_list = decoded(protocol.encode_reply(PID, 1, protocol.result(np.ones(2, np.float32))))
-    assert as_list[2][2] == ("ok", [1.0, 1.0])
-    raw = decoded(protocol.encode_reply(PID, 1, protocol.result(np.ones(2, np.float32),
-                                                                binary=True)))
-    assert bytes(raw[2][2][1]) == np.ones(2, "<f4").tobytes()
-    nan = decoded(protocol.encode_reply(PID, 1, protocol.result(np.array([np.nan]))))
-    assert nan[2][2][0] == "error" and nan[2][2][1][0] == "non_finite"
-    assert protocol.TOO_LARGE.term == "too_large"
-    traced = decoded(protocol.encode_traced_reply(PID, 1, protocol.TOO_LARGE, {"recv": 5}))
-    assert traced[2][3] == {b"recv": 5}
+def test_results_and_their_records() -> None:
+    vector = np.array([1.5, -2.0, np.nan], np.float32)
+    encoded = protocol.encode_results([
+        (1, vector, None), (2, 3.0, None), (3, np.float32(0.5), None), (4, float("inf"), None),
+        (5, protocol.TOO_LARGE, None), (6, protocol.bad_device(3), {"recv": 5}),
+        (2**64 - 1, np.empty(0, np.float32), None)])
+    assert encoded.errors == 2 and encoded.replaced == []
+    (frame,) = encoded.frames
+    replies = parse_results(joined(frame))
+    assert [r.job_id for r in replies] == [1, 2, 3, 4, 5, 6, 2**64 - 1]
+    assert replies[0].tag == W.tag_vector and replies[0].payload == vector.tobytes()
+    assert replies[1].tag == W.tag_scalar and replies[1].payload == struct.pack("<d", 3.0)
+    assert replies[2].result == ("ok", 0.5)
+    assert replies[3].result == ("ok", float("inf"))  # Erlang refuses it, not the worker
+    assert replies[4].result == ("error", "too_large")
+    assert replies[5].result == ("error", ("bad_device", 3))
+    assert replies[5].stamps == {b"recv": 5} and replies[5].tag == W.tag_error
+    assert replies[6].result == ("ok", [])
+    assert protocol.encode_results([]).frames == []
+
+
+def test_the_bytes_of_a_results_frame() -> None:
+    (frame,) = protocol.encode_results([(258, 1.0, None)]).frames
+    assert joined(frame) == (b"R\0\0\0\x01" + (258).to_bytes(8, "big") + b"s\0\0\0\x08"
+                             + struct.pack("<d", 1.0))
+    (frame,) = protocol.encode_results([(1, np.ones(1, np.float32), {})]).frames
+    assert joined(frame) == (b"R\0\0\0\x01" + (1).to_bytes(8, "big") + b"T\0\0\0\x0f"
+                             + b"v\0\0\0\x04" + np.ones(1, "<f4").tobytes()
+                             + b"\x83t\0\0\0\0")
+
+
+@given(st.dictionaries(st.text(max_size=10), st.integers(-(2**70), 2**2100), max_size=8))
+def test_stamps_travel_as_etf_would_encode_them(stamps: dict[str, int]) -> None:
+    # The stamps' encoder has a fast path of its own: it must write what etf writes.
+    (frame,) = protocol.encode_results([(1, 1.0, stamps)]).frames
+    (reply,) = parse_results(joined(frame))
+    assert reply.etf == (etf.encode_bytes(dict(stamps)),)
+    assert reply.stamps == {k.encode(): v for k, v in stamps.items()}
+
+
+def test_vectors_are_sent_from_their_own_memory() -> None:
+    big = np.arange(1000, dtype=np.float32)
+    small = np.arange(3, dtype=np.float32)
+    (frame,) = protocol.encode_results([(1, big, None), (2, small, None)]).frames
+    shared = [c for c in frame if isinstance(c, memoryview) and np.shares_memory(c, big)]
+    assert len(shared) == 1 and shared[0].nbytes == big.nbytes
+    assert not any(isinstance(c, memoryview) and np.shares_memory(c, small) for c in frame)
+    # Another dtype or a strided array is converted (a copy) and still travels as f32.
+    (frame,) = protocol.encode_results([(1, np.arange(4.0)[::2], None)]).frames
+    assert parse_results(joined(frame))[0].result == ("ok", [0.0, 2.0])
+
+
+def test_a_result_that_cannot_travel_is_internal_for_its_job_alone() -> None:
+    encoded = protocol.encode_results([
+        (1, np.array([object()]), None), (2, 1.0, None), (3, "text", {"recv": 1}),
+        (4, protocol.bad_args("fine"), None)])
+    replies = records(encoded.frames)
+    assert [r.job_id for r in replies] == [1, 2, 3, 4]
+    assert replies[0].result[1][0] == "internal"
+    assert replies[1].result == ("ok", 1.0)
+    assert replies[2].result[1][0] == "internal" and replies[2].stamps == {b"recv": 1}
+    assert encoded.errors == 3 and [job for job, _ in encoded.replaced] == [1, 3]
+
+
+def test_frames_split_at_the_limit_and_an_oversized_record_is_too_large() -> None:
+    vector = np.ones(100, np.float32)  # a record of 13 + 400 bytes
+    batch = [(i, vector, None) for i in range(5)]
+    for limit in (5 + 413, 5 + 2 * 413, 5 + 2 * 413 + 412, 5 + 5 * 413):
+        encoded = protocol.encode_results(batch, limit)
+        per_frame = (limit - 5) // 413
+        sizes = [len(joined(f)) for f in encoded.frames]
+        assert all(size <= limit for size in sizes), (limit, sizes)
+        assert [len(parse_results(joined(f))) for f in encoded.frames] == \
+            [per_frame] * (5 // per_frame) + ([5 % per_frame] if 5 % per_frame else [])
+        assert [r.job_id for r in records(encoded.frames)] == list(range(5))
+        assert encoded.errors == 0
+    # One record over the limit alone is too_large; its neighbours are delivered.
+    encoded = protocol.encode_results(
+        [(1, np.ones(2, np.float32), None), (2, np.ones(500, np.float32), {"recv": 1}),
+         (3, 2.0, None)], 400)
+    replies = records(encoded.frames)
+    assert [(r.job_id, r.result) for r in replies] == [
+        (1, ("ok", [1.0, 1.0])), (2, ("error", "too_large")), (3, ("ok", 2.0))]
+    assert replies[1].stamps == {b"recv": 1}
+    assert encoded.errors == 1 and encoded.replaced[0][0] == 2
 
 
 def test_logs_answers_and_info_hold_contract_atoms_only() -> None:
@@ -129,20 +214,75 @@ def test_logs_answers_and_info_hold_contract_atoms_only() -> None:
 
 
 def test_decode_gives_typed_messages() -> None:
-    opts = {Atom("format"): Atom("binary"), Atom("trace"): True}
-    launch = protocol.decode(etf.encode_bytes(
-        (Atom("M"), (Atom("launch"), 5, PID, 0, Atom("reduce"), [b"\0" * 4], opts))))
-    assert launch == Launch(5, PID, 0, Atom("reduce"), [memoryview(b"\0" * 4)], True, True)
-    assert isinstance(launch, Launch) and launch.kernel_name == "reduce"
-    plain = protocol.decode(etf.encode_bytes(
-        (Atom("M"), (Atom("launch"), 5, PID, 0, b"reduce", [], {}))))
-    assert isinstance(plain, Launch) and plain.kernel_name is None and not plain.binary
+    a = np.arange(5, dtype="<f4")
+    frame = bytearray(launch_frame(2**64 - 1, "matmul", [a, Vector(b""), 7, 0, 2**64 - 1],
+                                   device=65535, trace=True))
+    launch = protocol.decode(frame)
+    assert isinstance(launch, Launch) and launch.error is None
+    assert (launch.job_id, launch.device, launch.kernel, launch.trace) == (
+        2**64 - 1, 65535, "matmul", True)
+    assert launch.args[2:] == [7, 0, 2**64 - 1]
+    vector = launch.args[0]
+    assert vector.dtype == np.dtype("<f4") and vector.tolist() == a.tolist()
+    assert np.shares_memory(vector, np.frombuffer(frame, np.uint8))  # a view, no copy
+    assert launch.args[1].size == 0
+    plain = protocol.decode(memoryview(launch_frame(1, "reduce", [a], flags=0xFF ^ W.flag_trace)))
+    assert isinstance(plain, Launch) and not plain.trace and plain.error is None
+    assert protocol.decode(launch_frame(1, "тест", [])).kernel == "тест"
     call = protocol.decode(etf.encode_bytes((Atom("C"), 9, Atom("erlcuda"), Atom("info"), [])))
     assert call == Call(9, "info", [])
-    for frame in (b"\x83\xff", etf.encode_bytes((Atom("M"), 1)),
-                  etf.encode_bytes((Atom("C"), 9, Atom("erlcuda"), Atom("info"), 1))):
+    for bad in (b"", b"\x83\xff", b"Z", bytes((W.launch,)) + bytes(7),
+                etf.encode_bytes((Atom("M"), 1)),
+                etf.encode_bytes((Atom("C"), 9, Atom("erlcuda"), Atom("info"), 1)),
+                etf.encode_bytes((Atom("M"), (Atom("launch"), 5, PID, 0, Atom("reduce"), [],
+                                              {})))):
         with pytest.raises(ProtocolError):
-            protocol.decode(frame)
+            protocol.decode(bad)
+
+
+def test_vectors_may_sit_at_any_offset() -> None:
+    # The kernel name's length decides the alignment of what follows: views may be unaligned.
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((2, 33), dtype=np.float32)
+    for name in ("", "x", "xy", "xyz"):
+        frame = bytearray(launch_frame(1, name + "vector_add", [a, b]))
+        launch = protocol.decode(frame)
+        assert isinstance(launch, Launch)
+        got_a, got_b = launch.args
+        np.testing.assert_array_equal(got_a + got_b, a + b)
+        request = kernels.parse("vector_add", launch.args) if not name else None
+        assert request is None or request.elements == 66
+
+
+@given(st.lists(st.one_of(st.integers(0, 2**64 - 1),
+                          st.binary(max_size=40).map(lambda b: b[: len(b) // 4 * 4])),
+                max_size=8),
+       st.integers(0, 2**64 - 1), st.integers(0, 65535), st.booleans(),
+       st.text(max_size=30).filter(lambda t: len(t.encode()) < 256))
+def test_any_launch_frame_decodes_to_what_it_says(args: list[Any], job_id: int, device: int,
+                                                  trace: bool, kernel: str) -> None:
+    launch = protocol.decode(launch_frame(job_id, kernel, args, device=device, trace=trace))
+    assert isinstance(launch, Launch) and launch.error is None
+    assert (launch.job_id, launch.device, launch.kernel, launch.trace) == (
+        job_id, device, kernel, trace)
+    assert [x if isinstance(x, int) else x.tobytes() for x in launch.args] == args
+
+
+@given(st.binary(max_size=80), st.integers(0, 80))
+def test_a_damaged_launch_frame_is_an_error_never_an_exception(tail: bytes, cut: int) -> None:
+    good = launch_frame(3, "matmul", [np.ones(2, np.float32), np.ones(2, np.float32), 1, 1, 2])
+    for frame in (good[:cut], good[:cut] + tail, bytes((W.launch,)) + tail):
+        try:
+            launch = protocol.decode(frame)
+        except ProtocolError:
+            # only a frame without a JobId is dropped (or one that is not a launch)
+            assert len(frame) < 9 or frame[0] != W.launch
+            continue
+        assert isinstance(launch, Launch)
+        if launch.error is None:  # what parses is whole: its vectors lie inside the frame
+            assert all(isinstance(x, int) or x.base is not None for x in launch.args)
+        else:
+            assert launch.args == []
 
 
 def test_the_erlang_module_lists_every_worker_atom() -> None:
@@ -171,6 +311,8 @@ def every_frame_a_worker_sends() -> tuple[list[bytes], set[str]]:
         hooked.call("no_such_call")
         hooked.call("hello", b"0.0.1", 1)  # a mismatch: jobs are refused from here on
         hooked.launch(1, "reduce", [f32])
+        hooked.launch(2, "reduce", [f32], trace=True)
+        hooked.receive()
         hooked.receive()
     finally:
         assert hooked.close() == 0
@@ -179,15 +321,16 @@ def every_frame_a_worker_sends() -> tuple[list[bytes], set[str]]:
         plain.call("hello", b"0.2.0", contract.PROTOCOL)
         plain.call("stall", 0, 1)  # disabled
         plain.writer.write([b"\x83\xff"])  # undecodable: logged
-        jobs: list[tuple[str, list[Any], Any]] = [
+        plain.send_raw(launch_frame(50, "reduce", [f32])[:-1])  # malformed: bad_args
+        jobs: list[tuple[str, list[Any], int]] = [
             ("reduce", [f32], 0), ("vector_add", [f32, f32], 0),
             ("matmul", [f32, f32, 1, 1, 3], 0), ("reduce", [b"\0\0"], 0), ("fft", [f32], 0),
-            ("reduce", [f32], 7), ("reduce", [f32], THEIRS)]
+            ("reduce", [f32], 7), ("ok", [f32], 0), (str(THEIRS), [f32], 0)]
         for job_id, (kernel, args, device) in enumerate(jobs):
             plain.launch(job_id, kernel, args, device=device)
-        plain.send((Atom("M"), (Atom("launch"), 99, PID, 0, THEIRS, [f32],
-                                {Atom("trace"): True})))
-        for _ in range(len(jobs) + 1):
+        plain.launch(99, str(THEIRS), [f32], trace=True)
+        plain.launch(98, "reduce", [f32], trace=True)
+        for _ in range(len(jobs) + 3):
             plain.receive()
         plain.call("info")  # after the log line of the undecodable frame
     finally:
@@ -196,13 +339,32 @@ def every_frame_a_worker_sends() -> tuple[list[bytes], set[str]]:
     return hooked.received + plain.received, sent
 
 
+def etf_blobs(frames: list[bytes]) -> list[bytes]:
+    """Every ETF term in ``frames``: the ETF frames, and a results frame's reasons and stamps."""
+    blobs = []
+    for frame in frames:
+        if frame[0] == W.results:
+            blobs += [blob for reply in parse_results(frame) for blob in reply.etf]
+        else:
+            blobs.append(frame)
+    return blobs
+
+
 def test_every_frame_of_a_real_worker_holds_contract_atoms_or_erlangs() -> None:
     frames, sent = every_frame_a_worker_sends()
-    kinds = {str(etf.decode(f)[0]) for f in frames}
-    assert kinds == {"M", "r", "e", "L"}
+    kinds = {str(etf.decode(f)[0]) for f in frames if f[0] == etf.VERSION}
+    assert kinds == {"r", "e", "L"}
+    replies = [r for f in frames if f[0] == W.results for r in parse_results(f)]
+    assert {r.tag for r in replies} == {W.tag_vector, W.tag_scalar, W.tag_error}
+    assert any(r.stamps for r in replies)
     for frame in frames:
-        term = etf.decode(frame)
+        assert frame[0] in (etf.VERSION, W.results)
+    for blob in etf_blobs(frames):
+        term = etf.decode(blob)
         assert set(atoms_in(term)) <= contract.ATOMS | sent, term
+    for reply in replies:  # a job's record names no atom of Erlang's
+        for blob in reply.etf:
+            assert set(atoms_in(etf.decode(blob))) <= contract.ATOMS
 
 
 ERL_SAFE = r"""
@@ -226,6 +388,7 @@ def test_erlang_decodes_every_frame_with_safe(tmp_path: Path) -> None:
     if shutil.which("erl") is None:
         pytest.skip("erl is not on PATH")
     frames, sent = every_frame_a_worker_sends()
+    frames = etf_blobs(frames)
     module = tmp_path / "erlcuda_contract.erl"
     module.write_text(contract.erlang_module())
     listing = tmp_path / "frames.txt"

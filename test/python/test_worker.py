@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Iterator
 
@@ -11,7 +12,7 @@ import pytest
 import erlcuda
 from erlcuda import contract
 from erlcuda.etf import Atom
-from workerpipe import PID, WorkerPipe
+from workerpipe import Reply, Vector, W, WorkerPipe, launch_frame
 
 
 @pytest.fixture
@@ -101,13 +102,45 @@ def test_each_kernel_replies_to_its_caller(worker: WorkerPipe) -> None:
     worker.launch(2, "reduce", [f32([1, 2, 3.5])])
     worker.launch(3, "dot_product", [f32([1, 2]), f32([3, 4])], device=1)
     worker.launch(4, "matmul", [f32([1, 2, 3, 4]), f32([5, 6, 7, 8]), 2, 2, 2])
-    worker.launch(5, "vector_add", [f32([1]), f32([2])], fmt="binary")
-    results = dict(worker.result() for _ in range(5))
+    worker.launch(5, "vector_add", [f32([]), f32([])])
+    replies = {r.job_id: r for r in (worker.reply() for _ in range(5))}
+    results = {job_id: r.result for job_id, r in replies.items()}
     assert results[1] == ("ok", [4.0, 6.0])
     assert results[2] == ("ok", 6.5)
     assert results[3] == ("ok", 11.0)
     assert results[4] == ("ok", [19.0, 22.0, 43.0, 50.0])
-    assert results[5][0] == "ok" and bytes(results[5][1]) == f32([3])
+    assert results[5] == ("ok", [])
+    # Vectors travel as raw little-endian f32, scalars as a little-endian f64.
+    assert (replies[1].tag, replies[1].payload) == (W.tag_vector, f32([4, 6]))
+    assert (replies[2].tag, replies[2].payload) == (W.tag_scalar, struct.pack("<d", 6.5))
+    assert all(r.stamps is None for r in replies.values())
+
+
+def test_non_finite_values_travel_as_they_are(worker: WorkerPipe) -> None:
+    # Erlang, not the worker, refuses what its floats cannot hold ({non_finite, _}).
+    worker.launch(1, "vector_add", [f32([np.inf, np.nan, 1]), f32([1, 1, 1])])
+    worker.launch(2, "reduce", [f32([3e38, 3e38])])
+    vector, scalar = worker.reply(), worker.reply()
+    assert vector.tag == W.tag_vector
+    got = np.frombuffer(vector.payload, "<f4")
+    assert got[0] == np.inf and np.isnan(got[1]) and got[2] == 2.0
+    assert scalar.tag == W.tag_scalar and struct.unpack("<d", scalar.payload)[0] == np.inf
+
+
+def test_a_traced_job_carries_the_workers_stamps(worker: WorkerPipe) -> None:
+    worker.launch(1, "reduce", [f32([1, 2])], trace=True)
+    worker.launch(2, "reduce", [f32([1])], device=9, trace=True)  # answered at once
+    worker.launch(3, "reduce", [f32([4])])
+    replies = {r.job_id: r for r in (worker.reply() for _ in range(3))}
+    assert replies[1].result == ("ok", 3.0) and replies[1].tag == W.tag_scalar
+    assert set(replies[1].stamps or {}) == {b"recv", b"queued", b"take", b"run", b"done",
+                                            b"encode"}
+    stamps = replies[1].stamps or {}
+    order = [stamps[k] for k in (b"recv", b"queued", b"take", b"run", b"done", b"encode")]
+    assert order == sorted(order) and all(isinstance(t, int) for t in order)
+    assert replies[2].result == ("error", ("bad_device", 9))
+    assert set(replies[2].stamps or {}) == {b"recv", b"queued"}
+    assert replies[3].stamps is None and replies[3].result == ("ok", 4.0)
 
 
 @pytest.mark.parametrize(
@@ -116,9 +149,12 @@ def test_each_kernel_replies_to_its_caller(worker: WorkerPipe) -> None:
         ("vector_add", [f32([1]), f32([1, 2])], 0, "bad_args"),
         ("reduce", [b"\x00\x00\x00"], 0, "bad_args"),
         ("matmul", [f32([1]), f32([1]), 1, 1, 2], 0, "bad_args"),
+        ("matmul", [f32([1]), f32([1]), 1, 1, 2**64 - 1], 0, "bad_args"),
         ("reduce", [f32([1]), f32([1])], 0, "bad_args"),
+        ("reduce", [1], 0, "bad_args"),
         ("fft", [f32([1])], 0, "unknown_kernel"),
         ("reduce", [f32([1])], 2, "bad_device"),
+        ("reduce", [f32([1])], 65535, "bad_device"),
     ],
 )
 def test_bad_jobs_get_an_error_and_the_next_job_works(
@@ -128,8 +164,82 @@ def test_bad_jobs_get_an_error_and_the_next_job_works(
     assert (job_id, status, got) == (1, "error", reason)
     if reason == "bad_args":
         assert isinstance(detail, memoryview) and len(detail) > 0
+    if reason == "bad_device":
+        assert detail == device
     worker.launch(2, "reduce", [f32([2, 3])])
     assert worker.result() == (2, ("ok", 5.0))
+
+
+def test_an_unknown_kernel_is_named_as_erlang_can_read_it(worker: WorkerPipe) -> None:
+    # A name the contract has as an atom travels as that atom; any other as a binary.
+    worker.launch(1, "fft", [f32([1])])
+    worker.launch(2, "ok", [f32([1])])
+    worker.launch(3, "ядро", [f32([1])])
+    results = dict(worker.result() for _ in range(3))
+    assert results[1] == ("error", ("unknown_kernel", memoryview(b"fft")))
+    assert results[2] == ("error", ("unknown_kernel", Atom("ok")))
+    assert isinstance(results[2][1][1], Atom)
+    assert results[3] == ("error", ("unknown_kernel", memoryview("ядро".encode())))
+
+
+def _head(job_id: int, device: int = 0, flags: int = 0, kernel: bytes = b"reduce") -> bytes:
+    return struct.pack(">BQHBB", W.launch, job_id, device, flags, len(kernel)) + kernel
+
+
+GOOD = launch_frame(5, "reduce", [f32([1, 2])])
+MALFORMED = {
+    "header only": _head(5),
+    "kernel name cut": _head(5)[:-2],
+    "short header": _head(5)[:12],
+    "just a job id": _head(5)[:9],
+    "no args byte": _head(5, kernel=b""),
+    "trailing byte": GOOD + b"\0",
+    "missing arg": _head(5) + b"\x02" + GOOD[len(_head(5)) + 1 :],
+    "cut vector header": GOOD[: len(_head(5)) + 6],
+    "cut vector": GOOD[:-1],
+    "bytes past the frame": _head(5) + b"\x01" + struct.pack(">BBQ", W.arg_vector, 0, 2**64 - 1),
+    "element type": launch_frame(5, "reduce",
+                                 [Vector(f32([1]), etype=len(contract.ELEMENT_TYPES))]),
+    "unknown kind": _head(5) + b"\x01" + struct.pack(">BQ", 0x77, 4),
+    "cut dim": launch_frame(5, "matmul", [f32([1]), f32([1]), 1, 1, 1])[:-3],
+    "not utf-8": _head(5, kernel=b"\xff\xfe") + b"\x00",
+    "bad device too": _head(5, device=77) + b"\x01",
+}
+
+
+@pytest.mark.parametrize("frame", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_launch_is_bad_args_for_its_job(worker: WorkerPipe, frame: bytes) -> None:
+    worker.send_raw(frame)
+    job_id, (status, (reason, detail)) = worker.result()
+    assert (job_id, status, reason) == (5, "error", "bad_args")
+    assert len(bytes(detail)) > 0
+    worker.launch(6, "reduce", [f32([2, 3])])
+    assert worker.result() == (6, ("ok", 5.0))
+    assert any("malformed launch" in text for _, text in worker.logs)
+
+
+def test_a_malformed_traced_launch_keeps_its_trace(worker: WorkerPipe) -> None:
+    worker.send_raw(_head(8, flags=W.flag_trace | 0x80) + b"\x01")
+    reply = worker.reply()
+    assert reply.job_id == 8 and reply.result[1][0] == "bad_args" and reply.stamps
+
+
+@pytest.mark.parametrize("frame", [bytes((W.launch,)), _head(5)[:8], b"", b"Z" * 20])
+def test_a_frame_without_a_job_id_is_dropped_and_logged(worker: WorkerPipe,
+                                                        frame: bytes) -> None:
+    worker.send_raw(frame)
+    worker.launch(7, "reduce", [f32([1])])
+    assert worker.result() == (7, ("ok", 1.0))
+    assert any("dropped" in text for _, text in worker.logs)
+
+
+def test_a_launch_as_a_term_is_no_longer_understood(worker: WorkerPipe) -> None:
+    # Protocol 2's launch: the worker logs it and drops it, and answers the next job.
+    worker.send((Atom("M"), (Atom("launch"), 1, Atom("caller"), 0, Atom("reduce"),
+                             [f32([1])], {})))
+    worker.launch(2, "reduce", [f32([1])])
+    assert worker.result() == (2, ("ok", 1.0))
+    assert any("not an erlcuda message" in text for _, text in worker.logs)
 
 
 def test_an_undecodable_frame_is_dropped_and_logged(worker: WorkerPipe) -> None:
@@ -161,17 +271,19 @@ def test_queued_jobs_batch_and_keep_their_order(worker: WorkerPipe) -> None:
     order = []
     call_answer = None
     while len(order) < len(jobs):
-        term = worker.receive()
-        if term[0] == "r":
-            call_answer = term
+        got = worker.receive()
+        if not isinstance(got, Reply):
+            call_answer = got
             continue
-        _, pid, (_, job_id, (status, value)) = term
-        assert pid == PID and status == "ok"
-        np.testing.assert_allclose(np.asarray(value, dtype=np.float64), jobs[job_id],
+        status, value = got.result
+        assert status == "ok"
+        np.testing.assert_allclose(np.asarray(value, dtype=np.float64), jobs[got.job_id],
                                    rtol=1e-5, atol=1e-5)
-        order.append(job_id)
+        order.append(got.job_id)
     assert order == sorted(jobs)  # one caller, one device: replies in launch order
     assert call_answer is not None or worker.receive()[0] == "r"
+    assert call_answer is None or call_answer[0] == "r"
+    assert worker.results_frames < 200  # a batch's records share one results frame
     _, _, info = worker.call("info")
     lane = info["device_info"][0]
     assert lane["jobs"] == 200
@@ -187,12 +299,13 @@ def test_batching_off_runs_one_job_per_launch() -> None:
             pipe.launch(job_id, "reduce", [f32([job_id])])
         replies, answered = [], False
         while len(replies) < 20 or not answered:
-            term = pipe.receive()
-            if term[0] == "M":
-                replies.append(term[2][1])
+            got = pipe.receive()
+            if isinstance(got, Reply):
+                replies.append(got.job_id)
             else:
-                answered = term[:2] == ("r", 99)
+                answered = got[:2] == ("r", 99)
         assert replies == list(range(20))
+        assert pipe.results_frames == 20  # one job a batch, one frame a batch
         _, _, info = pipe.call("info")
         assert info["batching"] is False
         assert info["device_info"][0]["launches"] == 20

@@ -1,20 +1,116 @@
-"""Drive a real ``python -m erlcuda serve`` through pipes on its fds 3 and 4, as Erlang does."""
+"""Drive a real ``python -m erlcuda serve`` through pipes on its fds 3 and 4, as Erlang does.
+
+Also the wire's two binary frames as Erlang sees them: ``launch_frame`` builds a launch and
+``parse_results`` reads a results frame, written here from the spec (``contract.WIRE``), not
+from ``erlcuda.protocol``, so that the tests check the worker against the spec.
+"""
 
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from erlcuda import etf
-from erlcuda.etf import Atom, Opaque
+import numpy as np
+
+from erlcuda import contract, etf
+from erlcuda.etf import Atom
 from erlcuda.framing import FrameReader, FrameWriter
 
 ROOT = Path(__file__).resolve().parents[2]
-# A real pid as erl encodes it (NEW_PID_EXT of nonode@nohost), so replies carry a true pid.
-PID = Opaque(bytes.fromhex("58770d6e6f6e6f6465406e6f686f7374000000510000000000000000"))
+W = contract.WIRE
+
+@dataclass(frozen=True)
+class Vector:
+    """A vector argument of ``launch_frame`` with its ElemType (an index into
+    ``contract.ELEMENT_TYPES``), for vectors of another type than f32."""
+
+    data: bytes
+    etype: int = 0
+
+
+def launch_frame(job_id: int, kernel: str | bytes, args: list[Any], *, device: int = 0,
+                 trace: bool = False, flags: int | None = None) -> bytes:
+    """The launch frame Erlang writes: bytes (or a numpy array) are an f32 vector argument,
+    an int a dim, a ``Vector`` a vector of its element type."""
+    name = kernel.encode() if isinstance(kernel, str) else kernel
+    if flags is None:
+        flags = W.flag_trace if trace else 0
+    parts = [struct.pack(">BQHBB", W.launch, job_id, device, flags, len(name)), name,
+             bytes((len(args),))]
+    for arg in args:
+        if isinstance(arg, int):
+            parts.append(struct.pack(">BQ", W.arg_dim, arg))
+            continue
+        if isinstance(arg, np.ndarray):
+            arg = Vector(arg.astype("<f4").tobytes())
+        elif not isinstance(arg, Vector):
+            arg = Vector(bytes(arg))
+        parts += [struct.pack(">BBQ", W.arg_vector, arg.etype, len(arg.data)), arg.data]
+    return b"".join(parts)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One record of a results frame, as Erlang reads it.
+
+    ``result`` is ``("ok", Value)`` (a vector as a list of floats, a scalar a float) or
+    ``("error", Reason)`` (the decoded term); ``payload`` the raw payload of the result's
+    tag; ``stamps`` the decoded map of a traced record (else ``None``); ``etf`` every ETF
+    blob in the record (the reason, the stamps) as sent.
+    """
+
+    job_id: int
+    tag: int
+    payload: bytes
+    result: tuple[str, Any]
+    stamps: dict[Any, Any] | None
+    etf: tuple[bytes, ...]
+
+
+def _result(tag: int, payload: bytes) -> tuple[str, Any]:
+    if tag == W.tag_vector:
+        assert len(payload) % 4 == 0, "a vector's payload is whole f32s"
+        return "ok", np.frombuffer(payload, "<f4").astype(float).tolist()
+    if tag == W.tag_scalar:
+        assert len(payload) == 8, "a scalar is one f64"
+        return "ok", struct.unpack("<d", payload)[0]
+    if tag == W.tag_error:
+        return "error", etf.decode(payload)
+    raise AssertionError(f"unknown tag {tag}")
+
+
+def parse_results(frame: bytes | bytearray | memoryview) -> list[Reply]:
+    """The records of a results frame, checking its layout to the last byte."""
+    data = bytes(frame)
+    assert data[0] == W.results, f"not a results frame: {data[:1]!r}"
+    (count,) = struct.unpack_from(">I", data, 1)
+    pos, replies = 5, []
+    for _ in range(count):
+        job_id, tag, n = struct.unpack_from(">QBI", data, pos)
+        pos += 13
+        payload = data[pos : pos + n]
+        assert len(payload) == n, "a record's payload runs past the frame"
+        pos += n
+        stamps, blobs = None, ()
+        if tag == W.tag_traced:
+            tag, inner = struct.unpack_from(">BI", payload)
+            assert tag != W.tag_traced and 5 + inner <= n
+            stamps_etf = payload[5 + inner :]
+            stamps = etf.decode(stamps_etf)
+            assert isinstance(stamps, dict)
+            payload = payload[5 : 5 + inner]
+            blobs = (stamps_etf,)
+        if tag == W.tag_error:
+            blobs = (payload, *blobs)
+        replies.append(Reply(job_id, tag, payload, _result(tag, payload), stamps, blobs))
+    assert pos == len(data), f"{len(data) - pos} trailing bytes after {count} records"
+    return replies
 
 
 class WorkerPipe:
@@ -41,6 +137,8 @@ class WorkerPipe:
         self.record = record
         self.received: list[bytes] = []
         self.sent: list[Any] = []
+        self.results_frames = 0  # results frames received
+        self._pending: deque[Reply] = deque()
         self._next_call = 1
 
     def send(self, term: Any) -> None:
@@ -48,29 +146,44 @@ class WorkerPipe:
             self.sent.append(term)
         self.writer.write(etf.encode(term))
 
+    def send_raw(self, frame: bytes) -> None:
+        self.writer.write([frame])
+
     def launch(self, job_id: int, kernel: str, args: list[Any], *, device: int = 0,
-               fmt: str = "list") -> None:
-        self.send((Atom("M"), (Atom("launch"), job_id, PID, device, Atom(kernel), args,
-                               {Atom("format"): Atom(fmt), Atom("trace"): False})))
+               trace: bool = False) -> None:
+        if self.record:
+            self.sent.append(Atom(kernel))
+        self.send_raw(launch_frame(job_id, kernel, args, device=device, trace=trace))
 
     def receive(self) -> Any:
-        """The next frame that is not a log line."""
-        while True:
+        """The next message that is not a log line: a ``Reply`` (one record of a results
+        frame at a time) or an ETF term."""
+        while not self._pending:
             frame = self.reader.read()
             assert frame is not None, "worker closed its output"
             if self.record:
                 self.received.append(bytes(frame))
+            if frame[0] == W.results:
+                self.results_frames += 1
+                self._pending.extend(parse_results(frame))
+                continue
             term = etf.decode(frame)
             if term[0] == "L":
                 self.logs.append((str(term[1]), bytes(term[2]).decode()))
                 continue
             return term
+        return self._pending.popleft()
+
+    def reply(self) -> Reply:
+        """The next job's record."""
+        got = self.receive()
+        assert isinstance(got, Reply), f"expected a result, got {got!r:.200}"
+        return got
 
     def result(self) -> tuple[int, Any]:
         """(JobId, Result) of the next reply."""
-        tag, pid, (erlcuda, job_id, result) = self.receive()
-        assert (tag, pid, erlcuda) == ("M", PID, "erlcuda")
-        return job_id, result
+        reply = self.reply()
+        return reply.job_id, reply.result
 
     def call(self, function: str, *args: Any) -> Any:
         call_id = self._next_call
@@ -78,7 +191,7 @@ class WorkerPipe:
         self.send((Atom("C"), call_id, Atom("erlcuda"), Atom(function), list(args)))
         while True:
             term = self.receive()
-            if term[0] in ("r", "e") and term[1] == call_id:
+            if isinstance(term, tuple) and term[0] in ("r", "e") and term[1] == call_id:
                 return term
             raise AssertionError(f"unexpected frame {term!r:.200}")
 

@@ -3,7 +3,7 @@ defmodule MixSample.MixProject do
 
   def project do
     [app: :mix_sample, version: "0.1.0", elixir: "~> 1.14", deps: deps(),
-     releases: [mix_sample: [include_executables_for: [:unix]]]]
+     releases: [mix_sample: [include_executables_for: [:unix], strip_beams: [keep: ["Docs"]]]]]
   end
 
   def application do
