@@ -7,7 +7,8 @@
 %% (contract.json's `wire' section, the macros of erlcuda_contract.hrl):
 %%   to the worker:   a launch, `<<J, JobId:64, Device:16, Flags:8, KernelLen:8, Kernel,
 %%                    NArgs:8, Args>>', each argument a vector (`<<V, Type:8, Bytes:64,
-%%                    Data>>') or a dim (`<<D, N:64>>');
+%%                    Data>>') or a dim (`<<D, N:64>>'); or a batch of launches,
+%%                    `<<B, Count:32, [<<Size:32, Launch:Size>>]>>';
 %%   from the worker: results, `<<R, Count:32, Records>>', one frame per batch, each record
 %%                    `<<JobId:64, Tag:8, Len:32, Payload:Len>>'.
 %% Control calls and logs are one term each, in erlport's shapes:
@@ -15,7 +16,7 @@
 %%   from the worker: `{'r', Id, Reply}', `{'e', Id, Error}', `{'L', Level, Text}'.
 -module(erlcuda_protocol).
 
--export([encode_launch/5, encode_call/3, decode/1, each_result/2, message/4, f32_list/1,
+-export([encode_launch/5, encode_batch/1, encode_call/3, decode/1, each_result/2, message/4, f32_list/1,
          max_result_bytes/0,
          worker_command/1, hello_args/0, check_hello/1, load_atoms/0]).
 
@@ -56,6 +57,11 @@ encode_launch(JobId, Device, Kernel, Args, Trace) ->
                     Name/binary, (length(Args)):8>>
                   | [arg(A) || A <- Args]]}
     end.
+
+%% @doc Several launch frames as one batch frame, in order.
+-spec encode_batch([iodata()]) -> iolist().
+encode_batch(Frames) ->
+    [<<?WIRE_BATCH, (length(Frames)):32>> | [[<<(iolist_size(F)):32>>, F] || F <- Frames]].
 
 %% Vectors are f32 (element type 0) until the catalogue has other types.
 arg(Bin) when is_binary(Bin) -> [<<?WIRE_ARG_VECTOR, 0:8, (byte_size(Bin)):64>>, Bin];

@@ -16,7 +16,7 @@ submit(Job, ReplyTo) ->
     end.
 
 route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace := Trace},
-      ReplyTo, #{port := Port, queues := Queues} = Status) ->
+      ReplyTo, #{queues := Queues} = Status) ->
     JobId = erlcuda_jobs:next_id(),
     case erlcuda_status:pick(Want, Status) of
         {ok, Device} ->
@@ -29,7 +29,7 @@ route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace 
                                                          queues => Queues, kernel => Kernel,
                                                          format => Format,
                                                          sync => is_reference(ReplyTo)}),
-                            write(Port, Frame, JobId);
+                            write(Status, Frame, JobId);
                         overloaded ->
                             {error, overloaded}
                     end;
@@ -40,15 +40,35 @@ route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace 
             Error
     end.
 
-write(Port, Frame, JobId) ->
-    try erlang:port_command(Port, Frame) of
-        true -> {ok, JobId}
-    catch
-        error:badarg ->
-            %% The port died under us. If the owner's sweep took the job first, the caller
-            %% already has its worker_down.
-            case erlcuda_jobs:withdraw(JobId) of
-                true -> {error, {worker_down, port_closed}};
-                false -> {ok, JobId}
+%% The caller writes its frame itself while nothing waits for the writer and the port is
+%% not busy (a lone job pays no hop), else hands it to the port's writer. Never suspended.
+write(#{port := Port, writer := Writer, writer_counters := Counters}, Frame, JobId) ->
+    Direct = case erlcuda_writer:pending(Counters) of
+                 0 -> port_write(Port, Frame);
+                 _ -> busy
+             end,
+    case Direct of
+        true -> {ok, JobId};
+        closed -> port_closed(JobId);
+        _ ->
+            case erlcuda_writer:hand_over(Writer, Counters, Frame, iolist_size(Frame)) of
+                true -> {ok, JobId};
+                false -> port_closed(JobId)
             end
+    end.
+
+port_write(Port, Frame) ->
+    try erlang:port_command(Port, Frame, [nosuspend]) of
+        true -> true;
+        false -> busy
+    catch
+        error:badarg -> closed
+    end.
+
+%% The port died under us. If the owner's sweep took the job first, the caller already has
+%% its worker_down.
+port_closed(JobId) ->
+    case erlcuda_jobs:withdraw(JobId) of
+        true -> {error, {worker_down, port_closed}};
+        false -> {ok, JobId}
     end.

@@ -47,6 +47,7 @@
                down_reason :: term(),
                last_frame = 0 :: integer(),
                busy_since :: integer() | undefined,
+               writer :: {pid(), erlcuda_writer:counters()} | undefined,
                waiting = [] :: [gen_statem:from()]}).
 
 %% API.
@@ -106,6 +107,12 @@ handle_event(info, {Port, {exit_status, Status}}, _, #data{port = Port} = D) ->
     worker_died({exit_status, Status}, D);
 handle_event(info, {'EXIT', Port, Why}, _, #data{port = Port} = D) ->
     worker_died({port_exit, Why}, D);
+handle_event(info, {'EXIT', Writer, Why}, _, #data{writer = {Writer, _}, os_pid = OsPid} = D)
+  when Why =/= killed ->
+    %% Frames it held are lost: their jobs must fail, so the worker goes too.
+    ?LOG_ERROR("erlcuda: the port's writer died: ~0P", [Why, 20]),
+    kill(OsPid),
+    worker_died({writer_died, Why}, D);
 handle_event(info, tick, State, D) ->
     _ = erlcuda_jobs:sweep_dead_callers(),
     _ = erlang:send_after(tick_ms(D), self(), tick),
@@ -154,6 +161,7 @@ terminate(Reason, _State, #data{port = Port, os_pid = OsPid} = D) ->
     ok = erlcuda_status:set_down(stopping),
     ok = erlcuda_status:set_worker_os_pid(undefined),
     _ = [catch port_close(Port) || Port =/= undefined],
+    stop_writer(D#data.writer),
     fail_calls({worker_down, stopping}, stopping, D),
     ok = erlcuda_jobs:fail_all({server_stopped, Reason}),
     %% The worker ends on its own once its input closes (popping its CUDA contexts); one
@@ -194,7 +202,7 @@ hello({ok, Info}, #data{port = Port, os_pid = OsPid, config = Config} = D) ->
     case erlcuda_protocol:check_hello(Info) of
         ok ->
             ?LOG_NOTICE("erlcuda: worker ~p started: ~ts", [OsPid, maps:get(reason, Info, "")]),
-            ok = erlcuda_status:set_up(Port, maps:get(devices, Info),
+            ok = erlcuda_status:set_up(Port, D#data.writer, maps:get(devices, Info),
                                        maps:get(max_queue, Config)),
             ready(D#data{hello = Info});
         {unavailable, Why} ->
@@ -237,10 +245,12 @@ start_worker(#data{config = Previous} = D0) ->
             %% its hello): until the hello says otherwise, the last worker's device count
             %% serves, or the configured one.
             Devices = maps:get(devices, D#data.hello, provisional_devices(Config)),
-            ok = erlcuda_status:set_up(Port, Devices, maps:get(max_queue, Config)),
+            Writer = erlcuda_writer:start_link(Port),
+            ok = erlcuda_status:set_up(Port, Writer, Devices, maps:get(max_queue, Config)),
             %% A port just opened is not busy; if it is already closed, its exit follows.
             {_, D1} = send_call(hello, erlcuda_protocol:hello_args(), hello,
-                                D#data{port = Port, os_pid = OsPid, last_frame = now_ms()}),
+                                D#data{port = Port, os_pid = OsPid, last_frame = now_ms(),
+                                       writer = Writer}),
             {next_state, starting, D1,
              [{state_timeout, maps:get(start_timeout, Config), hello_timeout}]}
     catch
@@ -252,15 +262,25 @@ start_worker(#data{config = Previous} = D0) ->
 provisional_devices(#{backend := cpu, cpu_devices := N}) -> N;
 provisional_devices(_) -> 1.
 
-worker_died(Why, #data{port = Port, os_pid = OsPid} = D) ->
+worker_died(Why, #data{port = Port, os_pid = OsPid, writer = Writer} = D) ->
     ?LOG_ERROR("erlcuda: worker ~p down: ~p", [OsPid, Why]),
     ok = erlcuda_status:set_down(Why),
     ok = erlcuda_status:set_worker_os_pid(undefined),
     _ = [catch port_close(Port) || Port =/= undefined],
+    %% Before the jobs are failed: a caller that hands a frame over after this sees the
+    %% writer gone and takes its job back itself.
+    stop_writer(Writer),
     fail_calls({worker_down, Why}, backing_off, D),
     ok = erlcuda_jobs:fail_all(Why),
     back_off(Why, D#data{port = undefined, os_pid = undefined, calls = #{},
-                         busy_since = undefined}).
+                         busy_since = undefined, writer = undefined}).
+
+stop_writer(undefined) ->
+    ok;
+stop_writer({Pid, _}) ->
+    unlink(Pid),
+    exit(Pid, kill),
+    ok.
 
 back_off(Why, #data{restarts = N, backoff = Backoff, started = Started, waiting = W} = D) ->
     ok = erlcuda_status:set_down(Why),
@@ -324,7 +344,7 @@ unanswered_info(State, D) ->
     (merge_info(D#data.hello, State, D))#{worker_answered => false}.
 
 merge_info(Worker, State, #data{os_pid = OsPid, restarts = Restarts, down_reason = Down,
-                                hello = Hello}) ->
+                                hello = Hello, writer = Writer}) ->
     Status = erlcuda_status:status(),
     Queues = maps:get(queues, Status),
     Devices = device_info(Worker, device_info(Hello, [])),
@@ -343,7 +363,11 @@ merge_info(Worker, State, #data{os_pid = OsPid, restarts = Restarts, down_reason
         worker_status => WorkerStatus,
         restarts => Restarts,
         last_down_reason => Down,
-        jobs => erlcuda_jobs:counters()}.
+        jobs => erlcuda_jobs:counters(),
+        writer => erlcuda_writer:stats(writer_counters(Writer))}.
+
+writer_counters({_, Counters}) -> Counters;
+writer_counters(undefined) -> undefined.
 
 %% The worker's per-device maps, where it sent a list of maps; else the fallback.
 device_info(#{device_info := Devices}, Fallback) when is_list(Devices) ->

@@ -105,6 +105,7 @@ class Wire:
     """The bytes that mark the hot path's binary frames (see ``wire.about`` in the JSON)."""
 
     launch: int
+    batch: int
     results: int
     flag_trace: int
     arg_vector: int
@@ -122,6 +123,7 @@ class Wire:
 _WIRE = _RAW["wire"]
 WIRE = Wire(
     launch=_WIRE["launch"],
+    batch=_WIRE["batch"],
     results=_WIRE["results"],
     flag_trace=_WIRE["flags"]["trace"],
     arg_vector=_WIRE["arg"]["vector"],

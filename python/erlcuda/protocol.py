@@ -57,6 +57,7 @@ __all__ = [
     "bad_device",
     "cuda_error",
     "decode",
+    "decode_all",
     "encode_answer",
     "encode_call_error",
     "encode_info",
@@ -136,6 +137,8 @@ _VECTOR_HEAD = struct.Struct(">BQ")
 _DIM = struct.Struct(">Q")
 
 _W_LAUNCH = _W.launch
+_W_BATCH = _W.batch
+_U32 = struct.Struct(">I")
 _W_VECTOR = _W.arg_vector
 _W_DIM = _W.arg_dim
 _W_TRACE = _W.flag_trace
@@ -168,6 +171,44 @@ def decode(frame: bytes | bytearray | memoryview) -> Message:
         return _decode_call(frame)
     raise ProtocolError(f"a frame of {len(frame)} bytes starting with byte {first} is neither "
                         "a launch nor an external term")
+
+
+def decode_all(frame: bytes | bytearray | memoryview) -> tuple[list[Message], list[str]]:
+    """The messages in ``frame`` (a batch frame's launches in order, else
+    ``[decode(frame)]``) and what was wrong with the frame, for the log.
+
+    A launch inside a batch that is no launch at all is skipped; a batch whose framing breaks
+    off keeps the launches before the break (its writer, Erlang, would have a bug).
+    """
+    if not frame or frame[0] != _W_BATCH:
+        return [decode(frame)], []
+    view = memoryview(frame)
+    size = len(view)
+    if size < 5:
+        raise ProtocolError(f"a batch frame of {size} bytes has no count")
+    (count,) = _U32.unpack_from(view, 1)
+    messages: list[Message] = []
+    problems: list[str] = []
+    pos = 5
+    for i in range(1, count + 1):
+        if pos + 4 > size:
+            problems.append(f"batch frame: ends before launch {i} of {count}")
+            break
+        (n,) = _U32.unpack_from(view, pos)
+        pos += 4
+        if n > size - pos:
+            problems.append(f"batch frame: launch {i} of {count} announces {n} bytes, "
+                            f"{size - pos} left")
+            break
+        try:
+            messages.append(decode(view[pos : pos + n]))
+        except ProtocolError as exc:
+            problems.append(f"batch frame: launch {i} of {count} dropped: {exc}")
+        pos += n
+    else:
+        if pos != size:
+            problems.append(f"batch frame: {size - pos} bytes after its {count} launches")
+    return messages, problems
 
 
 def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:

@@ -106,11 +106,14 @@ class Worker:
                     return self.shutdown(0)
                 recv = time.perf_counter_ns()
                 try:
-                    message = protocol.decode(frame)
+                    messages, problems = protocol.decode_all(frame)
                 except ProtocolError as exc:
                     log.error("frame of %d bytes dropped: %s", len(frame), exc)
                     continue
-                self.dispatch(message, recv)
+                for problem in problems:
+                    log.error("%s", problem)
+                for message in messages:
+                    self.dispatch(message, recv)
         except FrameError as exc:
             log.error("port closed: %s", exc)
             return self.shutdown(1)

@@ -33,7 +33,9 @@ erlcuda_test_() ->
       {"info", fun info/0},
       {"timeout leaves no stray message", {timeout, 20, fun timeout_no_stray/0}},
       {"killed worker: in-flight jobs fail, worker restarts", {timeout, 60, fun killed_worker/0}},
-      {"concurrent callers get their own replies in order", {timeout, 60, fun concurrent/0}}]}.
+      {"concurrent callers get their own replies in order", {timeout, 60, fun concurrent/0}},
+      {"a busy port's launches go through its writer, batched", {timeout, 60, fun writer/0}},
+      {"callers of large jobs wait for the writer, not pile up", {timeout, 60, fun writer_bound/0}}]}.
 
 close(A, B) when is_list(A), is_list(B) ->
     length(A) =:= length(B) andalso lists:all(fun({X, Y}) -> close(X, Y) end, lists:zip(A, B));
@@ -207,6 +209,55 @@ caller(C, Jobs) ->
                   end, [0, 1]),
     receive {erlcuda, _, _} = Extra -> error({extra, Extra}) after 0 -> ok end,
     ok.
+
+%% 200 callers of 64 KiB jobs keep the port busy: their frames go through the port's writer,
+%% several to a batch frame, and every caller still gets its own results, in order.
+writer() ->
+    #{writer := #{jobs := Before}} = erlcuda:info(),
+    Self = self(),
+    N = 16384,
+    Pids = [spawn_link(fun() ->
+                               V = binary:copy(<<(float(C)):32/float-little>>, N),
+                               Ids = [begin {ok, Id} = erlcuda:launch(reduce, [V]), Id end
+                                      || _ <- lists:seq(1, 10)],
+                               Got = [receive {erlcuda, Id, R} -> R after 20000 -> lost end
+                                      || Id <- Ids],
+                               Self ! {done, self(), Got =:= lists:duplicate(10, {ok, float(C * N)})}
+                       end) || C <- lists:seq(1, 200)],
+    ?assertEqual(lists:duplicate(200, true),
+                 [receive {done, P, Ok} -> Ok after 30000 -> error(caller_hung) end || P <- Pids]),
+    #{writer := #{jobs := After, frames := Frames}} = erlcuda:info(),
+    ?debugFmt("writer: ~b jobs in ~b batch frames", [After - Before, Frames]),
+    ?assert(After - Before > 0),
+    ?assert(Frames < After).
+
+%% 100 callers launching 1 MiB jobs as fast as they can for two seconds: what waits in
+%% the node stays bounded (the writer holds at most 64 MiB; callers past that wait; without
+%% that bound this reached a GiB within half a second and went on growing).
+writer_bound() ->
+    Mb = binary:copy(<<1.0:32/float-little>>, 1 bsl 18),
+    %% a fresh binary a job, as real callers have
+    Loop = fun Loop() -> _ = erlcuda:launch(reduce, [binary:copy(Mb)]), Loop() end,
+    Callers = [spawn(Loop) || _ <- lists:seq(1, 100)],
+    Peak = binary_peak(20, 0),
+    [exit(C, kill) || C <- Callers],
+    ?debugFmt("binary memory peak with 100 callers of 1 MiB jobs: ~b MiB", [Peak bsr 20]),
+    ?assert(Peak < 800 bsl 20),
+    wait_drained(100).
+
+%% The most binary memory seen in N samples 100 ms apart; stops early past 1 GiB.
+binary_peak(0, Peak) -> Peak;
+binary_peak(_, Peak) when Peak > 1 bsl 30 -> Peak;
+binary_peak(N, Peak) ->
+    timer:sleep(100),
+    binary_peak(N - 1, max(Peak, erlang:memory(binary))).
+
+wait_drained(0) -> error(jobs_left);
+wait_drained(N) ->
+    case erlcuda_jobs:size() of
+        0 -> ok;
+        _ -> timer:sleep(100), wait_drained(N - 1)
+    end.
 
 dev(Id, Launched) ->
     {Id, Dev, _} = lists:keyfind(Id, 1, Launched),

@@ -12,7 +12,7 @@ import pytest
 import erlcuda
 from erlcuda import contract
 from erlcuda.etf import Atom
-from workerpipe import Reply, Vector, W, WorkerPipe, launch_frame
+from workerpipe import Reply, Vector, W, WorkerPipe, batch_frame, launch_frame
 
 
 @pytest.fixture
@@ -231,6 +231,35 @@ def test_a_frame_without_a_job_id_is_dropped_and_logged(worker: WorkerPipe,
     worker.launch(7, "reduce", [f32([1])])
     assert worker.result() == (7, ("ok", 1.0))
     assert any("dropped" in text for _, text in worker.logs)
+
+
+def test_a_batch_frame_runs_each_launch_in_order(worker: WorkerPipe) -> None:
+    worker.send_raw(batch_frame([launch_frame(1, "reduce", [f32([1, 2])]),
+                                 launch_frame(2, "vector_add", [f32([1]), f32([2])]),
+                                 _head(3) + b"\x01",  # malformed: bad_args for job 3
+                                 b"Z" * 4,  # no launch: dropped and logged
+                                 launch_frame(4, "reduce", [f32([5])], device=9)]))
+    got = [worker.result() for _ in range(4)]
+    # device 0's jobs in the order launched; a bad device is answered at once
+    assert [job_id for job_id, _ in got if job_id != 4] == [1, 2, 3]
+    results = dict(got)
+    assert results[1] == ("ok", 3.0)
+    assert np.array_equal(results[2][1], np.frombuffer(f32([3]), "<f4"))
+    assert results[3][1][0] == "bad_args"
+    assert results[4] == ("error", ("bad_device", 9))
+    assert any("launch 4 of 5 dropped" in text for _, text in worker.logs)
+
+
+@pytest.mark.parametrize("cut", [1, 7, 12])
+def test_a_batch_frame_cut_short_keeps_the_launches_before_the_cut(worker: WorkerPipe,
+                                                                   cut: int) -> None:
+    whole = batch_frame([launch_frame(1, "reduce", [f32([1])]),
+                         launch_frame(2, "reduce", [f32([2])])])
+    worker.send_raw(whole[:-cut])
+    assert worker.result() == (1, ("ok", 1.0))
+    worker.launch(3, "reduce", [f32([3])])
+    assert worker.result() == (3, ("ok", 3.0))
+    assert any("batch frame" in text for _, text in worker.logs)
 
 
 def test_a_launch_as_a_term_is_no_longer_understood(worker: WorkerPipe) -> None:

@@ -55,6 +55,12 @@ def launch_frame(job_id: int, kernel: str | bytes, args: list[Any], *, device: i
     return b"".join(parts)
 
 
+def batch_frame(launches: list[bytes]) -> bytes:
+    """Several launch frames as the one batch frame Erlang's writer sends."""
+    return b"".join([struct.pack(">BI", W.batch, len(launches)),
+                     *(struct.pack(">I", len(f)) + f for f in launches)])
+
+
 @dataclass(frozen=True)
 class Reply:
     """One record of a results frame, as Erlang reads it.

@@ -1,0 +1,105 @@
+%% @private
+%% One writer per worker port, for launches that find the port busy. A caller writes its own
+%% frame while the port keeps up; once it does not (many callers at once), callers hand their
+%% frames to this process, which writes everything queued as one batch frame: a thousand
+%% callers then cost the port a few writes instead of a thousand contended ones, and it is
+%% this process, not a caller, that waits while the port is busy.
+%%
+%% Its counters count the frames handed over and not yet written (a caller writes directly
+%% only while there are none, so one caller's frames keep their order) and their bytes: past
+%% ?MAX_PENDING_BYTES a caller waits until its frame is written, as it would wait on a busy
+%% port, so many callers of large jobs cannot pile up gigabytes here.
+-module(erlcuda_writer).
+
+-export([start_link/1, init/1, new_counters/0, pending/1, hand_over/4, stats/1]).
+
+%% counters: frames handed over and not yet written; jobs written here; batch frames written;
+%% bytes handed over and not yet written
+-define(PENDING, 1).
+-define(JOBS, 2).
+-define(FRAMES, 3).
+-define(BYTES, 4).
+-define(MAX_PENDING_BYTES, 67108864).
+%% A batch frame holds at most this many launches, or about this many bytes.
+-define(MAX_JOBS, 1024).
+-define(MAX_BYTES, 16777216).
+
+-export_type([counters/0]).
+
+-type counters() :: atomics:atomics_ref().
+
+-spec new_counters() -> counters().
+new_counters() ->
+    atomics:new(4, [{signed, true}]).
+
+-spec start_link(port()) -> {pid(), counters()}.
+start_link(Port) ->
+    Counters = new_counters(),
+    {proc_lib:spawn_link(?MODULE, init, [{Port, Counters}]), Counters}.
+
+%% @doc Frames handed over and not yet written.
+-spec pending(counters()) -> integer().
+pending(Counters) ->
+    atomics:get(Counters, ?PENDING).
+
+%% @doc Hand a launch frame of `Size' bytes to the writer, waiting for it to be written when
+%% too many bytes are already waiting; `false' when the writer is gone (its port closed),
+%% in which case the frame may never be written.
+-spec hand_over(pid(), counters(), iodata(), non_neg_integer()) -> boolean().
+hand_over(Writer, Counters, Frame, Size) ->
+    atomics:add(Counters, ?PENDING, 1),
+    case atomics:add_get(Counters, ?BYTES, Size) > ?MAX_PENDING_BYTES of
+        false ->
+            Writer ! {launch, Frame, Size, none},
+            is_process_alive(Writer);
+        true ->
+            Ref = monitor(process, Writer),
+            Writer ! {launch, Frame, Size, {self(), Ref}},
+            receive
+                {Ref, written} -> demonitor(Ref, [flush]), true;
+                {'DOWN', Ref, process, _, _} -> false
+            end
+    end.
+
+%% @doc Jobs written through the writer, and the batch frames that carried them.
+-spec stats(counters() | undefined) -> #{jobs := integer(), frames := integer()}.
+stats(undefined) ->
+    #{jobs => 0, frames => 0};
+stats(Counters) ->
+    #{jobs => atomics:get(Counters, ?JOBS), frames => atomics:get(Counters, ?FRAMES)}.
+
+-spec init({port(), counters()}) -> no_return().
+init({Port, Counters}) ->
+    loop(Port, Counters).
+
+loop(Port, Counters) ->
+    receive
+        {launch, Frame, Size, Waiter} ->
+            gather(Port, Counters, [Frame], Size, 1, [Waiter || Waiter =/= none])
+    end.
+
+%% Everything already queued, without waiting for more.
+gather(Port, Counters, Frames, Bytes, N, Waiters) when N < ?MAX_JOBS, Bytes < ?MAX_BYTES ->
+    receive
+        {launch, Frame, Size, Waiter} ->
+            gather(Port, Counters, [Frame | Frames], Bytes + Size, N + 1,
+                   [Waiter || Waiter =/= none] ++ Waiters)
+    after 0 ->
+        write(Port, Counters, Frames, Bytes, N, Waiters)
+    end;
+gather(Port, Counters, Frames, Bytes, N, Waiters) ->
+    write(Port, Counters, Frames, Bytes, N, Waiters).
+
+write(Port, Counters, Frames, Bytes, N, Waiters) ->
+    try port_command(Port, erlcuda_protocol:encode_batch(lists:reverse(Frames))) of
+        true -> ok
+    catch
+        %% The port closed: the owner answers every job still registered.
+        error:badarg -> ok
+    end,
+    atomics:sub(Counters, ?PENDING, N),
+    atomics:sub(Counters, ?BYTES, Bytes),
+    atomics:add(Counters, ?JOBS, N),
+    atomics:add(Counters, ?FRAMES, 1),
+    _ = [Pid ! {Ref, written} || {Pid, Ref} <- Waiters],
+    loop(Port, Counters).
