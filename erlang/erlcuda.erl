@@ -85,13 +85,20 @@ launch_sync(Kernel, Args, Opts) ->
     case erlcuda_job:validate(Kernel, Args, Opts) of
         {ok, #{timeout := Timeout} = Job} ->
             Alias = alias([explicit_unalias]),
-            case erlcuda_submit:submit(Job, Alias) of
-                {ok, JobId} -> await(JobId, Alias, Timeout);
+            Deadline = case Timeout of
+                           infinity -> infinity;
+                           _ -> erlang:monotonic_time(millisecond) + Timeout
+                       end,
+            case erlcuda_submit:submit(Job#{deadline => Deadline}, Alias) of
+                {ok, JobId} -> await(JobId, Alias, remaining(Deadline));
                 {error, _} = Error -> unalias(Alias), Error
             end;
         {error, _} = Error ->
             Error
     end.
+
+remaining(infinity) -> infinity;
+remaining(Deadline) -> max(Deadline - erlang:monotonic_time(millisecond), 0).
 
 await(JobId, Alias, Timeout) ->
     receive

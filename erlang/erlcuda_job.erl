@@ -12,7 +12,9 @@
                  device := erlcuda:device(),
                  format := erlcuda:format(),
                  timeout := timeout(),
-                 trace := boolean()}.
+                 trace := boolean(),
+                 %% launch_sync's: when a caller waiting on a busy writer gives up
+                 deadline => integer() | infinity}.
 
 %% Larger numbers would silently become infinities.
 -define(F32_MAX, 3.4028234663852886e38).

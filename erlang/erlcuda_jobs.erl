@@ -27,11 +27,13 @@
               kernel :: atom(),
               format :: erlcuda:format(),
               sync :: boolean(),
+              trace :: boolean(),
               started :: integer()}).
 
 -type entry() :: #{id := erlcuda:job_id(), reply_to := pid() | reference(), caller := pid(),
                    device := non_neg_integer(), queues := erlcuda_status:queues(),
-                   kernel := atom(), format := erlcuda:format(), sync := boolean()}.
+                   kernel := atom(), format := erlcuda:format(), sync := boolean(),
+                   trace := boolean()}.
 
 %% @doc The table, created by the application's process so that it outlives the port owner.
 -spec create() -> ok.
@@ -49,11 +51,13 @@ next_id() ->
 
 -spec register(entry()) -> ok.
 register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
-           queues := Queues, kernel := Kernel, format := Format, sync := Sync}) ->
+           queues := Queues, kernel := Kernel, format := Format, sync := Sync,
+           trace := Trace}) ->
     Started = erlcuda_telemetry:job_start(Id, Kernel, Device),
     true = ets:insert(?TAB, #job{id = Id, reply_to = ReplyTo, caller = Caller,
                                  device = Device, queues = Queues, kernel = Kernel,
-                                 format = Format, sync = Sync, started = Started}),
+                                 format = Format, sync = Sync, trace = Trace,
+                                 started = Started}),
     counters:add(counters_ref(), ?SUBMITTED, 1).
 
 %% @doc Deliver the job's reply (its record from the worker, or an error decided here) to
@@ -62,8 +66,12 @@ register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
     ok | none.
 complete(Id, Reply) ->
     case ets:take(?TAB, Id) of
-        [#job{format = Format, sync = Sync} = Job] ->
+        [#job{format = Format, sync = Sync, trace = Trace} = Job] ->
             Message = case Reply of
+                          %% a traced job keeps its shape: no worker stamps, this side's
+                          {error, _} when Trace ->
+                              {erlcuda, Id, Reply,
+                               #{<<"forward">> => erlang:monotonic_time(nanosecond)}};
                           {error, _} -> {erlcuda, Id, Reply};
                           _ -> erlcuda_protocol:message(Id, Reply, Format, Sync)
                       end,

@@ -16,7 +16,7 @@
 %%   from the worker: `{'r', Id, Reply}', `{'e', Id, Error}', `{'L', Level, Text}'.
 -module(erlcuda_protocol).
 
--export([encode_launch/5, encode_batch/1, encode_call/3, decode/1, each_result/2, message/4, f32_list/1,
+-export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, decode/1, each_result/2, message/4, f32_list/1,
          max_result_bytes/0,
          worker_command/1, hello_args/0, check_hello/1, load_atoms/0]).
 
@@ -63,6 +63,11 @@ encode_launch(JobId, Device, Kernel, Args, Trace) ->
 encode_batch(Frames) ->
     [<<?WIRE_BATCH, (length(Frames)):32>> | [[<<(iolist_size(F)):32>>, F] || F <- Frames]].
 
+%% @doc The bytes a batch adds to each launch frame it carries, and once for itself.
+-spec batch_overhead(non_neg_integer()) -> non_neg_integer().
+batch_overhead(Count) ->
+    5 + 4 * Count.
+
 %% Vectors are f32 (element type 0) until the catalogue has other types.
 arg(Bin) when is_binary(Bin) -> [<<?WIRE_ARG_VECTOR, 0:8, (byte_size(Bin)):64>>, Bin];
 arg(N) when is_integer(N) -> <<?WIRE_ARG_DIM, N:64>>.
@@ -83,6 +88,9 @@ encode_call(Id, Function, Args) ->
 -spec decode(binary()) -> event().
 decode(<<?WIRE_RESULTS, _Count:32, Records/binary>>) ->
     {results, Records};
+decode(<<131, 80, _/binary>> = Frame) ->
+    %% The worker never compresses: a compressed term could inflate without bound here.
+    {undecodable, byte_size(Frame)};
 decode(<<131, _/binary>> = Frame) ->
     try binary_to_term(Frame, [safe]) of
         {'r', Id, Reply} when is_integer(Id) -> {answer, Id, {ok, Reply}};
@@ -124,9 +132,9 @@ message(JobId, Reply, Format, Sync) ->
     {erlcuda, JobId, result(Reply, Format, Sync)}.
 
 result({wire, ?WIRE_TAG_VECTOR, Bin}, binary, _) when byte_size(Bin) rem 4 =:= 0 ->
-    {ok, Bin};
+    {ok, own(Bin)};
 result({wire, ?WIRE_TAG_VECTOR, Bin}, list, true) when byte_size(Bin) rem 4 =:= 0 ->
-    {f32, Bin};
+    {f32, own(Bin)};
 result({wire, ?WIRE_TAG_VECTOR, Bin}, list, false) when byte_size(Bin) rem 4 =:= 0 ->
     f32_list(Bin);
 result({wire, ?WIRE_TAG_SCALAR, <<F:64/float-little>>}, _, _) ->
@@ -151,6 +159,16 @@ f32_list(Bin) ->
         false -> {error, {non_finite, ?NON_FINITE_VECTOR}}
     end.
 
+%% A result is a sub-binary of its batch's frame: one that is most of the frame keeps it,
+%% a smaller one is copied, so a kept result does not keep other callers' results alive.
+own(Bin) ->
+    case byte_size(Bin) * 2 < binary:referenced_byte_size(Bin) of
+        true -> binary:copy(Bin);
+        false -> Bin
+    end.
+
+term(<<131, 80, _/binary>>) ->
+    error;
 term(Etf) ->
     try binary_to_term(Etf, [safe]) of
         Term -> {ok, Term}

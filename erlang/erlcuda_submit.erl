@@ -15,7 +15,7 @@ submit(Job, ReplyTo) ->
         #{status := {down, Why}} -> {error, {worker_down, Why}}
     end.
 
-route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace := Trace},
+route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace := Trace} = Job,
       ReplyTo, #{queues := Queues} = Status) ->
     JobId = erlcuda_jobs:next_id(),
     case erlcuda_status:pick(Want, Status) of
@@ -28,8 +28,9 @@ route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace 
                                                          caller => self(), device => Device,
                                                          queues => Queues, kernel => Kernel,
                                                          format => Format,
-                                                         sync => is_reference(ReplyTo)}),
-                            write(Status, Frame, JobId);
+                                                         sync => is_reference(ReplyTo),
+                                                         trace => Trace}),
+                            write(Status, Frame, JobId, maps:get(deadline, Job, infinity));
                         overloaded ->
                             {error, overloaded}
                     end;
@@ -41,20 +42,31 @@ route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace 
     end.
 
 %% The caller writes its frame itself while nothing waits for the writer and the port is
-%% not busy (a lone job pays no hop), else hands it to the port's writer. Never suspended.
-write(#{port := Port, writer := Writer, writer_counters := Counters}, Frame, JobId) ->
+%% not busy (a lone job pays no hop), else hands it to the port's writer. Never suspended;
+%% it waits for the writer only past the writer's byte bound, and at most until `Deadline'.
+write(#{port := Port, writer := Writer, writer_counters := Counters}, Frame, JobId, Deadline) ->
     Direct = case erlcuda_writer:pending(Counters) of
-                 0 -> port_write(Port, Frame);
+                 P when P =< 0 -> port_write(Port, Frame);
                  _ -> busy
              end,
     case Direct of
         true -> {ok, JobId};
         closed -> port_closed(JobId);
-        _ ->
-            case erlcuda_writer:hand_over(Writer, Counters, Frame, iolist_size(Frame)) of
-                true -> {ok, JobId};
-                false -> port_closed(JobId)
+        busy ->
+            case erlcuda_writer:hand_over(Writer, Counters, Frame, iolist_size(Frame), Deadline) of
+                ok -> still_up(Writer, JobId);
+                gone -> port_closed(JobId);
+                late -> take_back(JobId, {error, timeout})
             end
+    end.
+
+%% The writer took the frame; if the worker went down meanwhile (its writer is no longer the
+%% one published), the frame may never be written: take the job back unless the owner's
+%% sweep already answered it.
+still_up(Writer, JobId) ->
+    case erlcuda_status:status() of
+        #{writer := Writer} -> {ok, JobId};
+        _ -> port_closed(JobId)
     end.
 
 port_write(Port, Frame) ->
@@ -68,7 +80,10 @@ port_write(Port, Frame) ->
 %% The port died under us. If the owner's sweep took the job first, the caller already has
 %% its worker_down.
 port_closed(JobId) ->
+    take_back(JobId, {error, {worker_down, port_closed}}).
+
+take_back(JobId, Error) ->
     case erlcuda_jobs:withdraw(JobId) of
-        true -> {error, {worker_down, port_closed}};
+        true -> Error;
         false -> {ok, JobId}
     end.

@@ -107,9 +107,9 @@ handle_event(info, {Port, {exit_status, Status}}, _, #data{port = Port} = D) ->
     worker_died({exit_status, Status}, D);
 handle_event(info, {'EXIT', Port, Why}, _, #data{port = Port} = D) ->
     worker_died({port_exit, Why}, D);
-handle_event(info, {'EXIT', Writer, Why}, _, #data{writer = {Writer, _}, os_pid = OsPid} = D)
-  when Why =/= killed ->
-    %% Frames it held are lost: their jobs must fail, so the worker goes too.
+handle_event(info, {'EXIT', Writer, Why}, _, #data{writer = {Writer, _}, os_pid = OsPid} = D) ->
+    %% Frames it held are lost: their jobs must fail, so the worker goes too. (stop_writer/1
+    %% unlinks first: its own kill never comes here.)
     ?LOG_ERROR("erlcuda: the port's writer died: ~0P", [Why, 20]),
     kill(OsPid),
     worker_died({writer_died, Why}, D);
@@ -170,12 +170,18 @@ terminate(Reason, _State, #data{port = Port, os_pid = OsPid} = D) ->
 
 %% The worker's frames.
 
-frame({results, Records}, _, D) ->
+frame({results, Records}, _, #data{os_pid = OsPid} = D) ->
     case erlcuda_protocol:each_result(fun erlcuda_jobs:complete/2, Records) of
-        ok -> ok;
-        malformed -> ?LOG_ERROR("erlcuda: a malformed results frame from the worker")
-    end,
-    {keep_state, D};
+        ok ->
+            {keep_state, D};
+        malformed ->
+            %% A job whose record broke off would never be answered: the worker is broken,
+            %% and its death answers every job still open.
+            ?LOG_ERROR("erlcuda: a malformed results frame from worker ~p; killing it",
+                       [OsPid]),
+            kill(OsPid),
+            worker_died({protocol, malformed_results}, D)
+    end;
 frame({answer, Id, Reply}, State, #data{calls = Calls} = D) ->
     case maps:take(Id, Calls) of
         {{info, From}, Rest} ->
@@ -246,11 +252,13 @@ start_worker(#data{config = Previous} = D0) ->
             %% serves, or the configured one.
             Devices = maps:get(devices, D#data.hello, provisional_devices(Config)),
             Writer = erlcuda_writer:start_link(Port),
-            ok = erlcuda_status:set_up(Port, Writer, Devices, maps:get(max_queue, Config)),
-            %% A port just opened is not busy; if it is already closed, its exit follows.
+            %% The hello goes first, while nobody else knows the port: callers' frames could
+            %% fill the pipe before the new worker reads it. If it is already closed, its
+            %% exit follows.
             {_, D1} = send_call(hello, erlcuda_protocol:hello_args(), hello,
                                 D#data{port = Port, os_pid = OsPid, last_frame = now_ms(),
                                        writer = Writer}),
+            ok = erlcuda_status:set_up(Port, Writer, Devices, maps:get(max_queue, Config)),
             {next_state, starting, D1,
              [{state_timeout, maps:get(start_timeout, Config), hello_timeout}]}
     catch

@@ -11,7 +11,7 @@
 %% port, so many callers of large jobs cannot pile up gigabytes here.
 -module(erlcuda_writer).
 
--export([start_link/1, init/1, new_counters/0, pending/1, hand_over/4, stats/1]).
+-export([start_link/1, init/1, new_counters/0, pending/1, hand_over/5, stats/1]).
 
 %% counters: frames handed over and not yet written; jobs written here; batch frames written;
 %% bytes handed over and not yet written
@@ -20,6 +20,8 @@
 -define(FRAMES, 3).
 -define(BYTES, 4).
 -define(MAX_PENDING_BYTES, 67108864).
+%% Idle this long, the counters are put right (see loop/2).
+-define(IDLE_MS, 1000).
 %% A batch frame holds at most this many launches, or about this many bytes.
 -define(MAX_JOBS, 1024).
 -define(MAX_BYTES, 16777216).
@@ -37,29 +39,40 @@ start_link(Port) ->
     Counters = new_counters(),
     {proc_lib:spawn_link(?MODULE, init, [{Port, Counters}]), Counters}.
 
-%% @doc Frames handed over and not yet written.
+%% @doc Frames handed over and not yet written (at most 0: none).
 -spec pending(counters()) -> integer().
 pending(Counters) ->
     atomics:get(Counters, ?PENDING).
 
 %% @doc Hand a launch frame of `Size' bytes to the writer, waiting for it to be written when
-%% too many bytes are already waiting; `false' when the writer is gone (its port closed),
-%% in which case the frame may never be written.
--spec hand_over(pid(), counters(), iodata(), non_neg_integer()) -> boolean().
-hand_over(Writer, Counters, Frame, Size) ->
+%% too many bytes are already waiting, at most until `Deadline' (a monotonic time in ms, or
+%% `infinity'). `gone' when the writer is gone (its port closed: the frame may never be
+%% written), `late' when the deadline passed first (the frame is written later).
+-spec hand_over(pid(), counters(), iodata(), non_neg_integer(), integer() | infinity) ->
+    ok | gone | late.
+hand_over(Writer, Counters, Frame, Size, Deadline) ->
     atomics:add(Counters, ?PENDING, 1),
     case atomics:add_get(Counters, ?BYTES, Size) > ?MAX_PENDING_BYTES of
         false ->
             Writer ! {launch, Frame, Size, none},
-            is_process_alive(Writer);
+            case is_process_alive(Writer) of
+                true -> ok;
+                false -> gone
+            end;
         true ->
             Ref = monitor(process, Writer),
             Writer ! {launch, Frame, Size, {self(), Ref}},
             receive
-                {Ref, written} -> demonitor(Ref, [flush]), true;
-                {'DOWN', Ref, process, _, _} -> false
+                {Ref, written} -> demonitor(Ref, [flush]), ok;
+                {'DOWN', Ref, process, _, _} -> gone
+            after wait_ms(Deadline) ->
+                demonitor(Ref, [flush]),
+                late
             end
     end.
+
+wait_ms(infinity) -> infinity;
+wait_ms(Deadline) -> max(Deadline - erlang:monotonic_time(millisecond), 0).
 
 %% @doc Jobs written through the writer, and the batch frames that carried them.
 -spec stats(counters() | undefined) -> #{jobs := integer(), frames := integer()}.
@@ -76,19 +89,38 @@ loop(Port, Counters) ->
     receive
         {launch, Frame, Size, Waiter} ->
             gather(Port, Counters, [Frame], Size, 1, [Waiter || Waiter =/= none])
+    after ?IDLE_MS ->
+        %% Idle with nothing in the mailbox: a count still up belongs to a caller killed
+        %% between counting its frame and sending it. Left, it would send every later
+        %% launch through here, and past the byte bound make every caller wait.
+        atomics:put(Counters, ?PENDING, 0),
+        atomics:put(Counters, ?BYTES, 0),
+        loop(Port, Counters)
     end.
 
-%% Everything already queued, without waiting for more.
+%% Everything already queued, without waiting for more, within the bounds of a batch and of
+%% a frame (a frame that would not fit starts the next batch).
 gather(Port, Counters, Frames, Bytes, N, Waiters) when N < ?MAX_JOBS, Bytes < ?MAX_BYTES ->
     receive
         {launch, Frame, Size, Waiter} ->
-            gather(Port, Counters, [Frame | Frames], Bytes + Size, N + 1,
-                   [Waiter || Waiter =/= none] ++ Waiters)
+            case fits(Bytes + Size, N + 1) of
+                true ->
+                    gather(Port, Counters, [Frame | Frames], Bytes + Size, N + 1,
+                           [Waiter || Waiter =/= none] ++ Waiters);
+                false ->
+                    write(Port, Counters, Frames, Bytes, N, Waiters),
+                    gather(Port, Counters, [Frame], Size, 1, [Waiter || Waiter =/= none])
+            end
     after 0 ->
-        write(Port, Counters, Frames, Bytes, N, Waiters)
+        write(Port, Counters, Frames, Bytes, N, Waiters),
+        loop(Port, Counters)
     end;
 gather(Port, Counters, Frames, Bytes, N, Waiters) ->
-    write(Port, Counters, Frames, Bytes, N, Waiters).
+    write(Port, Counters, Frames, Bytes, N, Waiters),
+    loop(Port, Counters).
+
+fits(Bytes, N) ->
+    Bytes + erlcuda_protocol:batch_overhead(N) =< erlcuda_contract:max_frame().
 
 write(Port, Counters, Frames, Bytes, N, Waiters) ->
     try port_command(Port, erlcuda_protocol:encode_batch(lists:reverse(Frames))) of
@@ -102,4 +134,4 @@ write(Port, Counters, Frames, Bytes, N, Waiters) ->
     atomics:add(Counters, ?JOBS, N),
     atomics:add(Counters, ?FRAMES, 1),
     _ = [Pid ! {Ref, written} || {Pid, Ref} <- Waiters],
-    loop(Port, Counters).
+    ok.
