@@ -212,19 +212,11 @@ telemetry_test_() ->
         end
     end).
 
-in_flight() ->
-    #{device_info := Devices} = erlcuda:info(),
-    lists:sum([maps:get(in_flight, D) || D <- Devices]).
+in_flight() -> erlcuda_test_util:in_flight().
 
-wait_until(_, 0) -> timeout;
-wait_until(Cond, N) ->
-    case Cond() of
-        true -> ok;
-        false -> timer:sleep(100), wait_until(Cond, N - 1)
-    end.
+wait_until(Cond, N) -> erlcuda_test_util:wait_until(Cond, N).
 
-no_message() ->
-    receive Any -> error({stray, Any}) after 0 -> ok end.
+no_message() -> erlcuda_test_util:no_message().
 
 %% Elixir writes strings as binaries: `config :erlcuda, python: "/usr/bin/python3"' was
 %% refused as bad_config.

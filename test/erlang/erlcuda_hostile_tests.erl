@@ -409,9 +409,7 @@ is_reply({ok, _}) -> true;
 is_reply({error, _}) -> true;
 is_reply(_) -> false.
 
-in_flight() ->
-    #{device_info := Devices} = erlcuda:info(),
-    lists:sum([maps:get(in_flight, D) || D <- Devices]).
+in_flight() -> erlcuda_test_util:in_flight().
 
 kill9(Pid) ->
     _ = os:cmd("kill -9 " ++ integer_to_list(Pid) ++ " 2>/dev/null"),
@@ -433,5 +431,4 @@ flush_stalled() ->
 flush() ->
     receive M -> [M | flush()] after 0 -> [] end.
 
-no_message() ->
-    receive Any -> error({stray, Any}) after 0 -> ok end.
+no_message() -> erlcuda_test_util:no_message().

@@ -1,7 +1,25 @@
 %% Helpers shared by the eunit suites.
 -module(erlcuda_test_util).
 
--export([wait_restarted/2, stall/2, with_app/3, reset/2]).
+-export([wait_restarted/2, stall/2, with_app/3, reset/2, in_flight/0, wait_until/2,
+         no_message/0]).
+
+%% Jobs in flight over every device, as info/0 counts them.
+in_flight() ->
+    #{device_info := Devices} = erlcuda:info(),
+    lists:sum([maps:get(in_flight, D) || D <- Devices]).
+
+%% ok once Cond() holds (N tries, 100 ms apart), else timeout.
+wait_until(_, 0) -> timeout;
+wait_until(Cond, N) ->
+    case Cond() of
+        true -> ok;
+        false -> timer:sleep(100), wait_until(Cond, N - 1)
+    end.
+
+%% Fails on any message in the caller's mailbox.
+no_message() ->
+    receive Any -> error({stray, Any}) after 0 -> ok end.
 
 %% An eunit fixture: erlcuda started with Defaults overridden by Env, and afterwards
 %% stopped with Defaults restored and every other key Env set removed again.

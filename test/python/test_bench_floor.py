@@ -18,26 +18,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from workerpipe import spawn_on_port_fds
+
 ROOT = Path(__file__).resolve().parents[2]
 FLOOR = ROOT / "bench" / "floor.py"
 
 
 class FloorPipe:
     def __init__(self) -> None:
-        to_child_r, self.to_child = os.pipe()
-        self.from_child, from_child_w = os.pipe()
-        high = [os.dup(fd) for fd in (to_child_r, from_child_w)]  # keep clear of 3 and 4
-
-        def remap() -> None:
-            os.dup2(high[0], 3)
-            os.dup2(high[1], 4)
-
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
-        self.proc = subprocess.Popen(
-            [sys.executable, str(FLOOR), "--backend", "cpu"], pass_fds=(3, 4),
-            preexec_fn=remap, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-        for fd in (to_child_r, from_child_w, *high):
-            os.close(fd)
+        self.proc, self.to_child, self.from_child = spawn_on_port_fds(
+            [sys.executable, str(FLOOR), "--backend", "cpu"], stdout=subprocess.PIPE)
 
     def send(self, body: bytes) -> None:
         os.write(self.to_child, struct.pack(">I", len(body)) + body)

@@ -119,24 +119,31 @@ def parse_results(frame: bytes | bytearray | memoryview) -> list[Reply]:
     return replies
 
 
+def spawn_on_port_fds(argv: list[str], **popen: Any) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Start ``argv`` as an Erlang port would (its input on fd 3, its output on fd 4), with
+    the package on its path; returns the process, the fd to write to and the fd to read."""
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
+    high = [os.dup(fd) for fd in (to_child_r, from_child_w)]  # keep clear of 3 and 4
+
+    def remap() -> None:
+        os.dup2(high[0], 3)
+        os.dup2(high[1], 4)
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    proc = subprocess.Popen(argv, pass_fds=(3, 4), preexec_fn=remap, env=env,
+                            stdin=subprocess.DEVNULL, **popen)
+    for fd in (to_child_r, from_child_w, *high):
+        os.close(fd)
+    return proc, to_child_w, from_child_r
+
+
 class WorkerPipe:
     """A worker started with ``args``; ``record`` keeps every frame received and term sent."""
 
     def __init__(self, *args: str, record: bool = False) -> None:
-        to_child_r, self._to_child_w = os.pipe()
-        self._from_child_r, from_child_w = os.pipe()
-        high = [os.dup(fd) for fd in (to_child_r, from_child_w)]  # keep clear of 3 and 4
-
-        def remap() -> None:
-            os.dup2(high[0], 3)
-            os.dup2(high[1], 4)
-
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "erlcuda", "serve", *args], pass_fds=(3, 4),
-            preexec_fn=remap, env=env, stdin=subprocess.DEVNULL)
-        for fd in (to_child_r, from_child_w, *high):
-            os.close(fd)
+        self.proc, self._to_child_w, self._from_child_r = spawn_on_port_fds(
+            [sys.executable, "-m", "erlcuda", "serve", *args])
         self.writer = FrameWriter(self._to_child_w)
         self.reader = FrameReader(self._from_child_r)
         self.logs: list[tuple[str, str]] = []
