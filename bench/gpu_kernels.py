@@ -66,13 +66,6 @@ class PrimaryContextBackend(CudaBackend):
     device_type = PrimaryContextDevice
 
 
-def open_primary(backend: CudaBackend, index: int) -> CudaDevice:
-    """Device ``index`` of ``backend`` (a ``PrimaryContextBackend``), or exit saying why."""
-    if not 0 <= index < backend.device_count():
-        raise SystemExit(f"no CUDA device {index} ({backend.device_count()} found)")
-    return backend.open(index)
-
-
 def time_ours(dev: CudaDevice, launch: Callable[[], None], warmup: int, repeat: int) -> list[float]:
     """Milliseconds of each of ``repeat`` launches, events on the device's own stream."""
     start, end = cuda.Event(), cuda.Event()
@@ -351,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = PrimaryContextBackend()
     # Our device runs on the GPU's primary context, the one CuPy uses (see
     # PrimaryContextDevice); the worker itself uses a context of its own.
-    dev = open_primary(backend, args.device)
+    dev = backend.open(args.device)
     try:
         info = dev.info()
         env = {

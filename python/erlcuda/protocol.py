@@ -387,7 +387,7 @@ _T_ERROR = _W.tag_error
 _T_TRACED = _W.tag_traced
 #: Payloads shorter than this are copied next to their header; longer ones are chunks of
 #: their own that share the result's memory (``writev``).
-SMALL_PAYLOAD = 256
+SMALL_PAYLOAD = etf.SMALL_PAYLOAD
 
 
 def _error_bytes(failure: Failure) -> bytes:
@@ -423,40 +423,8 @@ def _payload(res: Any, errors: dict[int, bytes]) -> tuple[int, bytes | memoryvie
     raise ProtocolError(f"a result of type {cls.__name__} has no record")
 
 
-_MAP_HEAD = struct.Struct(">BBI")  # version, MAP_EXT, arity
-_INTEGER = struct.Struct(">Bi")
-_STAMP_KEYS: dict[str, bytes] = {}  # a stamp's name as its BINARY_EXT
-
-
 def _stamps(stamps: Mapping[str, int]) -> bytes:
-    """The ETF of the stamps map (binary keys): what ``etf.encode_bytes`` makes of
-    ``dict(stamps)``, written here for the common case of names and non-negative ints."""
-    out = [_MAP_HEAD.pack(etf.VERSION, etf.MAP_EXT, len(stamps))]
-    for key, value in stamps.items():
-        encoded = _STAMP_KEYS.get(key)
-        if encoded is None:
-            if type(key) is not str:
-                return _stamps_term(stamps)
-            encoded = etf.encode_bytes(key)[1:]
-            if len(_STAMP_KEYS) < 64:
-                _STAMP_KEYS[key] = encoded
-        out.append(encoded)
-        if type(value) is not int or value < 0:
-            return _stamps_term(stamps)
-        if value < 256:
-            out.append(bytes((etf.SMALL_INTEGER_EXT, value)))
-        elif value < 0x80000000:
-            out.append(_INTEGER.pack(etf.INTEGER_EXT, value))
-        else:
-            n = (value.bit_length() + 7) >> 3
-            if n > 255:
-                return _stamps_term(stamps)
-            out.append(bytes((etf.SMALL_BIG_EXT, n, 0)))
-            out.append(value.to_bytes(n, "little"))
-    return b"".join(out)
-
-
-def _stamps_term(stamps: Mapping[str, int]) -> bytes:
+    """The ETF of the stamps map (binary keys; traced jobs only, for the benchmarks)."""
     try:
         return etf.encode_bytes(dict(stamps))
     except etf.CodecError as exc:

@@ -135,7 +135,7 @@ def test_the_bytes_of_a_results_frame() -> None:
 
 @given(st.dictionaries(st.text(max_size=10), st.integers(-(2**70), 2**2100), max_size=8))
 def test_stamps_travel_as_etf_would_encode_them(stamps: dict[str, int]) -> None:
-    # The stamps' encoder has a fast path of its own: it must write what etf writes.
+    # The stamps travel as the ETF of their map, as etf writes it.
     (frame,) = protocol.encode_results([(1, 1.0, stamps)]).frames
     (reply,) = parse_results(joined(frame))
     assert reply.etf == (etf.encode_bytes(dict(stamps)),)
