@@ -26,14 +26,12 @@
               queues :: erlcuda_status:queues(),
               kernel :: atom(),
               format :: erlcuda:format(),
-              sync :: boolean(),
               trace :: boolean(),
               started :: integer()}).
 
 -type entry() :: #{id := erlcuda:job_id(), reply_to := pid() | reference(), caller := pid(),
                    device := non_neg_integer(), queues := erlcuda_status:queues(),
-                   kernel := atom(), format := erlcuda:format(), sync := boolean(),
-                   trace := boolean()}.
+                   kernel := atom(), format := erlcuda:format(), trace := boolean()}.
 
 %% @doc The table, created by the application's process so that it outlives the port owner.
 -spec create() -> ok.
@@ -51,13 +49,11 @@ next_id() ->
 
 -spec register(entry()) -> ok.
 register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
-           queues := Queues, kernel := Kernel, format := Format, sync := Sync,
-           trace := Trace}) ->
+           queues := Queues, kernel := Kernel, format := Format, trace := Trace}) ->
     Started = erlcuda_telemetry:job_start(Id, Kernel, Device),
     true = ets:insert(?TAB, #job{id = Id, reply_to = ReplyTo, caller = Caller,
                                  device = Device, queues = Queues, kernel = Kernel,
-                                 format = Format, sync = Sync, trace = Trace,
-                                 started = Started}),
+                                 format = Format, trace = Trace, started = Started}),
     counters:add(counters_ref(), ?SUBMITTED, 1).
 
 %% @doc Deliver the job's reply (its record from the worker, or an error decided here) to
@@ -66,18 +62,20 @@ register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
     ok | none.
 complete(Id, Reply) ->
     case ets:take(?TAB, Id) of
-        [#job{format = Format, sync = Sync, trace = Trace} = Job] ->
+        [#job{reply_to = ReplyTo, format = Format, trace = Trace} = Job] ->
             Message = case Reply of
                           %% a traced job keeps its shape: no worker stamps, this side's
                           {error, _} when Trace ->
                               {erlcuda, Id, Reply,
                                #{<<"forward">> => erlang:monotonic_time(nanosecond)}};
                           {error, _} -> {erlcuda, Id, Reply};
-                          _ -> erlcuda_protocol:message(Id, Reply, Format, Sync)
+                          %% launch_sync replies to an alias: its caller makes its own floats
+                          _ -> erlcuda_protocol:message(Id, Reply, Format,
+                                                        is_reference(ReplyTo))
                       end,
             Result = element(3, Message),
             count(Job, Result),
-            Job#job.reply_to ! Message,
+            ReplyTo ! Message,
             #job{id = Id, kernel = Kernel, device = Device, started = Started} = Job,
             erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, Result);
         [] ->

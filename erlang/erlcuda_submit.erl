@@ -28,7 +28,6 @@ route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace 
                                                          caller => self(), device => Device,
                                                          queues => Queues, kernel => Kernel,
                                                          format => Format,
-                                                         sync => is_reference(ReplyTo),
                                                          trace => Trace}),
                             write(Status, Frame, JobId, maps:get(deadline, Job, infinity));
                         overloaded ->

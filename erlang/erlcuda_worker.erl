@@ -99,20 +99,18 @@ handle_event(state_timeout, restart, backing_off, D) ->
 handle_event(state_timeout, hello_timeout, starting, #data{os_pid = OsPid} = D) ->
     ?LOG_ERROR("erlcuda: the worker ~p did not answer its hello in time; killing it",
                [OsPid]),
-    kill(OsPid),
-    worker_died(start_timeout, D);
+    kill_worker(start_timeout, D);
 handle_event(info, {Port, {data, Frame}}, State, #data{port = Port} = D) ->
     frame(erlcuda_protocol:decode(Frame), State, D#data{last_frame = now_ms()});
 handle_event(info, {Port, {exit_status, Status}}, _, #data{port = Port} = D) ->
     worker_died({exit_status, Status}, D);
 handle_event(info, {'EXIT', Port, Why}, _, #data{port = Port} = D) ->
     worker_died({port_exit, Why}, D);
-handle_event(info, {'EXIT', Writer, Why}, _, #data{writer = {Writer, _}, os_pid = OsPid} = D) ->
+handle_event(info, {'EXIT', Writer, Why}, _, #data{writer = {Writer, _}} = D) ->
     %% Frames it held are lost: their jobs must fail, so the worker goes too. (stop_writer/1
     %% unlinks first: its own kill never comes here.)
     ?LOG_ERROR("erlcuda: the port's writer died: ~0P", [Why, 20]),
-    kill(OsPid),
-    worker_died({writer_died, Why}, D);
+    kill_worker({writer_died, Why}, D);
 handle_event(info, tick, State, D) ->
     _ = erlcuda_jobs:sweep_dead_callers(),
     _ = erlang:send_after(tick_ms(D), self(), tick),
@@ -179,8 +177,7 @@ frame({results, Records}, _, #data{os_pid = OsPid} = D) ->
             %% and its death answers every job still open.
             ?LOG_ERROR("erlcuda: a malformed results frame from worker ~p; killing it",
                        [OsPid]),
-            kill(OsPid),
-            worker_died({protocol, malformed_results}, D)
+            kill_worker({protocol, malformed_results}, D)
     end;
 frame({answer, Id, Reply}, State, #data{calls = Calls} = D) ->
     case maps:take(Id, Calls) of
@@ -221,10 +218,9 @@ hello({ok, Info}, #data{port = Port, os_pid = OsPid, config = Config} = D) ->
 hello(Other, D) ->
     hello_failed(Other, D).
 
-hello_failed(Other, #data{os_pid = OsPid} = D) ->
+hello_failed(Other, D) ->
     ?LOG_ERROR("erlcuda: the worker's hello failed: ~0P", [Other, 20]),
-    kill(OsPid),
-    worker_died({hello_failed, Other}, D).
+    kill_worker({hello_failed, Other}, D).
 
 ready(#data{waiting = Waiting} = D) ->
     {next_state, ready, D#data{waiting = []}, [{reply, From, ok} || From <- Waiting]}.
@@ -269,6 +265,12 @@ start_worker(#data{config = Previous} = D0) ->
 
 provisional_devices(#{backend := cpu, cpu_devices := N}) -> N;
 provisional_devices(_) -> 1.
+
+%% A worker that is alive but of no use (silent, broken, without its writer): closing its
+%% port alone would leave it running.
+kill_worker(Why, #data{os_pid = OsPid} = D) ->
+    kill(OsPid),
+    worker_died(Why, D).
 
 worker_died(Why, #data{port = Port, os_pid = OsPid, writer = Writer} = D) ->
     ?LOG_ERROR("erlcuda: worker ~p down: ~p", [OsPid, Why]),
@@ -320,8 +322,7 @@ watchdog(_, #data{config = #{watchdog_ms := Limit}, os_pid = OsPid, last_frame =
                 Silent when Silent > Limit ->
                     ?LOG_ERROR("erlcuda: worker ~p made no progress for ~b ms with jobs "
                                "waiting; killing it", [OsPid, Silent]),
-                    kill(OsPid),
-                    worker_died({stuck, Silent}, D);
+                    kill_worker({stuck, Silent}, D);
                 _ ->
                     keep_state_and_data
             end
