@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--spin-us", type=int, default=-1, metavar="US",
                        help="device threads poll this long for more work before sleeping "
                             "(default: 300 on the cuda backend, 0 on cpu)")
+    serve.add_argument("--device-thread", action="store_true",
+                       help="run a lone device on a thread of its own, handed each job by "
+                            "the reading thread (default: the reading thread runs it)")
     serve.add_argument("--switch-interval-us", type=int, default=0, metavar="US",
                        help="the interpreter's thread switch interval (0: Python's default)")
     serve.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
@@ -138,7 +141,8 @@ def _serve(args: argparse.Namespace) -> int:
         sys.setswitchinterval(args.switch_interval_us / 1e6)
     options = Options(backend=args.backend, cpu_devices=args.cpu_devices,
                       max_batch=args.max_batch, test_hooks=args.test_hooks,
-                      bench_hooks=args.bench_hooks, spin_us=args.spin_us)
+                      bench_hooks=args.bench_hooks, spin_us=args.spin_us,
+                      device_thread=args.device_thread)
     worker = Worker(FrameReader(3), writer, options)
     return worker.serve()
 

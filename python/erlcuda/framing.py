@@ -7,8 +7,8 @@ This is what an Erlang port opened with ``{packet, 4}`` reads and writes. Both e
 from __future__ import annotations
 
 import errno
-import io
 import os
+import select
 import struct
 import threading
 from collections.abc import Sequence
@@ -46,12 +46,29 @@ class FrameReader:
     #: A growing frame's bytes are read through a scratch buffer of this size.
     CHUNK = 1 << 20
 
+    #: Bytes read ahead from the pipe at most: small frames come in one system call.
+    READ_AHEAD = 1 << 16
+
     def __init__(self, fd: int, *, max_frame: int = MAX_FRAME) -> None:
-        # What open(fd, "rb", buffering=65536, closefd=False) builds, spelled out for typing.
-        self._file = io.BufferedReader(io.FileIO(fd, "rb", closefd=False), buffer_size=65536)
+        self._fd = fd
         self._max_frame = max_frame
         self._pool: list[bytearray] = []
         self._scratch: bytearray | None = None
+        # Bytes read ahead and not yet handed out: self._ahead[self._lo:self._hi].
+        self._ahead = bytearray(self.READ_AHEAD)
+        self._ahead_view = memoryview(self._ahead)
+        self._lo = self._hi = 0
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
+
+    def pending(self) -> bool:
+        """Whether a frame has begun to arrive: ``read`` then waits only for its rest."""
+        if self._hi > self._lo:
+            return True
+        try:
+            return bool(self._poll.poll(0))
+        except OSError as e:
+            raise FrameError(f"poll failed: {e}") from e
 
     def read(self) -> bytearray | memoryview | None:
         """Return the next frame's body, or ``None`` on end of file between frames."""
@@ -117,22 +134,42 @@ class FrameReader:
             self._pool.append(buf)
 
     def _fill(self, buf: bytearray | memoryview) -> int:
-        """Read into ``buf`` until it is full or the file ends; return the bytes read."""
+        """Read into ``buf`` until it is full or the file ends; return the bytes read.
+
+        What was read ahead comes first; a large rest is read straight into ``buf``, a small
+        one through the read-ahead buffer, which may then hold the start of the next frame.
+        """
         got = 0
         with memoryview(buf) as view:
-            while got < len(buf):
+            n = len(view)
+            while got < n:
+                ahead = self._hi - self._lo
+                if ahead:
+                    k = min(ahead, n - got)
+                    view[got : got + k] = self._ahead_view[self._lo : self._lo + k]
+                    self._lo += k
+                    got += k
+                    continue
                 try:
-                    k = self._file.readinto(view[got:])
+                    if n - got >= self.READ_AHEAD:
+                        k = os.readv(self._fd, [view[got:]])
+                        got += k
+                    else:
+                        self._lo = 0
+                        self._hi = k = os.readv(self._fd, [self._ahead_view])
                 except OSError as e:
                     raise FrameError(f"read failed: {e}") from e
                 if not k:
                     break
-                got += k
         return got
 
     def close(self) -> None:
-        """Close the reader (the file descriptor itself stays open)."""
-        self._file.close()
+        """Stop reading (the file descriptor itself stays open)."""
+        try:
+            self._poll.unregister(self._fd)
+        except KeyError:
+            pass  # closed before
+        self._lo = self._hi = 0
 
 
 def _unused(buf: bytearray) -> bool:

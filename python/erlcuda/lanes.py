@@ -110,8 +110,7 @@ class Lane(threading.Thread):
 
     # -- the lane's own thread -------------------------------------------------------------
     def run(self) -> None:
-        device = self._open()
-        self.ready.set()
+        device = self.open_here()
         try:
             while True:
                 items = self._take()
@@ -122,11 +121,38 @@ class Lane(threading.Thread):
                 else:
                     self._batch(items, device)
         finally:
-            if device is not None:
-                try:
-                    device.close()
-                except Exception:
-                    log.exception("device %d: close failed", self.index)
+            self.close_here(device)
+
+    # -- a lane run by the port's reading thread (one device: no hand-off) ------------------
+    def open_here(self) -> Device | None:
+        """Open the device in the calling thread, which then owns it."""
+        device = self._open()
+        self.ready.set()
+        return device
+
+    def close_here(self, device: Device | None) -> None:
+        if device is not None:
+            try:
+                device.close()
+            except Exception:
+                log.exception("device %d: close failed", self.index)
+
+    def run_jobs(self, jobs: list[Job], device: Device | None) -> None:
+        """Run ``jobs`` in arrival order, in batches within ``max_batch`` and
+        ``max_elements`` (what ``_take`` would have formed from a queue)."""
+        start, count = 0, len(jobs)
+        while start < count:
+            end, elements = start + 1, jobs[start].elements
+            while end < count and end - start < self.max_batch:
+                elements += jobs[end].elements
+                if elements > self.max_elements:
+                    break
+                end += 1
+            self._batch(jobs[start:end] if start or end < count else jobs, device)
+            start = end
+
+    def run_control(self, item: Control, device: Device | None) -> None:
+        self._control(item, device)
 
     def _open(self) -> Device | None:
         if self.backend is None or self.unavailable is not None:

@@ -1,10 +1,18 @@
 """The worker behind the Erlang port: reads frames, routes jobs to device lanes, answers calls.
 
-The reading thread only decodes and routes; each device lane runs its jobs and writes its
-own replies (frames are written under one lock, never interleaved). Control calls run on a
-separate thread so that a slow one never stalls the reading of jobs; each is a handler in a
-table (``hello``, ``info``; the test and benchmark hooks only when the worker is started
-with them), so a call that is not in the table is refused, not run.
+With one device (one GPU, or the CPU backend's default), the thread that reads the port
+owns the device and runs the jobs itself: it reads every frame already in the pipe, runs
+them as batches and writes the replies, so a lone job pays no hand-off between threads
+(waking another thread cost 17-32 us a job, bench/results). Control calls then run on that
+thread too, between batches.
+
+With several devices, the reading thread only decodes and routes; each device lane runs its
+jobs on its own thread and writes its own replies (frames are written under one lock, never
+interleaved), and control calls run on a separate thread so that a slow one never stalls
+the reading of jobs. ``--device-thread`` gives a lone device that layout too.
+
+Each call is a handler in a table (``hello``, ``info``; the test and benchmark hooks only
+when the worker is started with them), so a call that is not in the table is refused.
 
 ``hello`` carries Erlang's version and protocol: a worker of another version (a stale copy
 in priv/, another checkout on the path) says so in its answer and refuses every job.
@@ -55,6 +63,7 @@ class Options:
     test_hooks: bool = False
     bench_hooks: bool = False
     spin_us: int = -1  # -1: AUTO_SPIN_US on a GPU, none on the CPU backend
+    device_thread: bool = False  # a lone device on a thread of its own, not the reader's
 
 
 class Worker:
@@ -90,12 +99,17 @@ class Worker:
             for i in range(count)
         ]
         self.handlers = self._handlers()
+        # One device: the reading thread owns it (``_serve_here``).
+        self.inline = len(self.lanes) == 1 and not options.device_thread
+        self._device: Device | None = None
         self._calls: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
         self._control = threading.Thread(target=self._serve_calls, name="erlcuda-control",
                                          daemon=True)
 
     # -- main loop -------------------------------------------------------------------------
     def serve(self) -> int:
+        if self.inline:
+            return self._serve_here()
         for lane in self.lanes:
             lane.start()
         self._control.start()
@@ -105,27 +119,75 @@ class Worker:
                 if frame is None:
                     return self.shutdown(0)
                 recv = time.perf_counter_ns()
-                try:
-                    messages, problems = protocol.decode_all(frame)
-                except ProtocolError as exc:
-                    log.error("frame of %d bytes dropped: %s", len(frame), exc)
-                    continue
-                for problem in problems:
-                    log.error("%s", problem)
-                for message in messages:
-                    self.dispatch(message, recv)
+                for message in self._messages(frame):
+                    if isinstance(message, Launch):
+                        job = self.launch(message, recv)
+                        if job is not None:
+                            self.lanes[message.device].submit(job)
+                    else:
+                        self._calls.put(message)
         except FrameError as exc:
             log.error("port closed: %s", exc)
             return self.shutdown(1)
 
+    def _serve_here(self) -> int:
+        """One device, owned and run by this thread: every frame already in the pipe is
+        read (up to a batch of jobs), then run, then answered; calls run in their turn."""
+        lane = self.lanes[0]
+        self._device = device = lane.open_here()
+        limit = self.options.max_batch
+        try:
+            while True:
+                frame = self.reader.read()
+                if frame is None:
+                    return self.shutdown(0)
+                jobs: list[Job] = []
+                while True:
+                    recv = time.perf_counter_ns()
+                    for message in self._messages(frame):
+                        if isinstance(message, Launch):
+                            job = self.launch(message, recv)
+                            if job is not None:
+                                jobs.append(job)
+                        else:
+                            if jobs:  # keep the order: what came before the call runs first
+                                lane.run_jobs(jobs, device)
+                                jobs = []
+                            self._answer_here(message)
+                    if len(jobs) >= limit or not self.reader.pending():
+                        break
+                    frame = self.reader.read()
+                    if frame is None:
+                        lane.run_jobs(jobs, device)
+                        return self.shutdown(0)
+                if jobs:
+                    lane.run_jobs(jobs, device)
+        except FrameError as exc:
+            log.error("port closed: %s", exc)
+            return self.shutdown(1)
+
+    def _messages(self, frame: bytearray | memoryview) -> list[Launch | Call]:
+        try:
+            messages, problems = protocol.decode_all(frame)
+        except ProtocolError as exc:
+            log.error("frame of %d bytes dropped: %s", len(frame), exc)
+            return []
+        for problem in problems:
+            log.error("%s", problem)
+        return messages
+
     def dispatch(self, message: Launch | Call, recv: int = 0) -> None:
+        """Route one message as ``serve`` does with several devices (tests drive this)."""
         if isinstance(message, Launch):
-            self.launch(message, recv)
+            job = self.launch(message, recv)
+            if job is not None:
+                self.lanes[message.device].submit(job)
         else:
             self._calls.put(message)
 
-    def launch(self, message: Launch, recv: int = 0) -> None:
-        """Check a job and queue it on its device's lane, or answer it at once.
+    def launch(self, message: Launch, recv: int = 0) -> Job | None:
+        """Check a job: the ``Job`` to run on ``message.device``'s lane, or ``None`` where it
+        was answered at once.
 
         A malformed frame is ``{bad_args, _}``; it goes through its device's lane (keeping
         the order of the replies) where the frame named a device, else it is answered here.
@@ -154,11 +216,12 @@ class Worker:
         if not lanes:  # the backend never started: answer at once
             return self._reply_now(
                 job, job.error or self.unavailable or protocol.backend_unavailable("no device"))
-        self.lanes[device].submit(job)
+        return job
 
     def _reply_now(self, job: Job, failure: Failure) -> None:
         encoded = results_frames([(job.job_id, failure, job.trace)], self.writer.max_frame)
         self.writer.write_many(encoded.frames)
+        return None
 
     # -- control calls ---------------------------------------------------------------------
     def _handlers(self) -> dict[str, Handler]:
@@ -176,6 +239,9 @@ class Worker:
                 self.writer.write(frame)
             except FrameError:
                 return
+
+    def _answer_here(self, call: Call) -> None:
+        self.writer.write(self.answer(call))
 
     def answer(self, call: Call) -> list[bytes | memoryview]:
         """The frame answering ``call``: ``{'r', Id, Answer}`` or ``{'e', Id, Text}``."""
@@ -265,8 +331,12 @@ class Worker:
 
     def on_device(self, index: int, fn: Callable[[Device | None], Any],
                   timeout: float | None = None) -> Any:
+        """``fn(device)`` on the thread that owns device ``index``; its result."""
         item = Control(fn)
-        self.lanes[index].submit(item)
+        if self.inline:  # calls run on the reading thread, which owns the device
+            self.lanes[index].run_control(item, self._device)
+        else:
+            self.lanes[index].submit(item)
         return item.future.result(timeout)
 
     # -- test hooks ------------------------------------------------------------------------
@@ -319,11 +389,15 @@ class Worker:
         os._exit(EXIT_FATAL)
 
     def shutdown(self, status: int) -> int:
-        self._calls.put(None)
-        for lane in self.lanes:
-            lane.stop()
-        for lane in self.lanes:
-            lane.join(timeout=10)
+        if self.inline:
+            self.lanes[0].close_here(self._device)
+            self._device = None
+        else:
+            self._calls.put(None)
+            for lane in self.lanes:
+                lane.stop()
+            for lane in self.lanes:
+                lane.join(timeout=10)
         if self.backend is not None:
             self.backend.close()
         return status

@@ -22,6 +22,25 @@ def worker() -> Iterator[WorkerPipe]:
     assert pipe.close() == 0
 
 
+#: The three ways a worker lays out its threads: two devices (a reading thread handing jobs
+#: to a thread per device), one device run by the reading thread itself (the default), and
+#: one device on a thread of its own (``--device-thread``).
+LAYOUTS = {
+    "two-devices": ("--cpu-devices", "2"),
+    "one-device-inline": ("--cpu-devices", "1"),
+    "one-device-thread": ("--cpu-devices", "1", "--device-thread"),
+}
+
+
+@pytest.fixture(params=list(LAYOUTS))
+def any_layout(request: pytest.FixtureRequest) -> Iterator[WorkerPipe]:
+    """A worker of each layout; its tests use device 0 only."""
+    pipe = WorkerPipe("--backend", "cpu", *LAYOUTS[request.param], "--test-hooks",
+                      "--bench-hooks")
+    yield pipe
+    assert pipe.close() == 0
+
+
 @pytest.fixture
 def plain_worker() -> Iterator[WorkerPipe]:
     pipe = WorkerPipe("--backend", "cpu")
@@ -116,11 +135,11 @@ def test_each_kernel_replies_to_its_caller(worker: WorkerPipe) -> None:
     assert all(r.stamps is None for r in replies.values())
 
 
-def test_non_finite_values_travel_as_they_are(worker: WorkerPipe) -> None:
+def test_non_finite_values_travel_as_they_are(any_layout: WorkerPipe) -> None:
     # Erlang, not the worker, refuses what its floats cannot hold ({non_finite, _}).
-    worker.launch(1, "vector_add", [f32([np.inf, np.nan, 1]), f32([1, 1, 1])])
-    worker.launch(2, "reduce", [f32([3e38, 3e38])])
-    vector, scalar = worker.reply(), worker.reply()
+    any_layout.launch(1, "vector_add", [f32([np.inf, np.nan, 1]), f32([1, 1, 1])])
+    any_layout.launch(2, "reduce", [f32([3e38, 3e38])])
+    vector, scalar = any_layout.reply(), any_layout.reply()
     assert vector.tag == W.tag_vector
     got = np.frombuffer(vector.payload, "<f4")
     assert got[0] == np.inf and np.isnan(got[1]) and got[2] == 2.0
@@ -233,13 +252,13 @@ def test_a_frame_without_a_job_id_is_dropped_and_logged(worker: WorkerPipe,
     assert any("dropped" in text for _, text in worker.logs)
 
 
-def test_a_batch_frame_runs_each_launch_in_order(worker: WorkerPipe) -> None:
-    worker.send_raw(batch_frame([launch_frame(1, "reduce", [f32([1, 2])]),
+def test_a_batch_frame_runs_each_launch_in_order(any_layout: WorkerPipe) -> None:
+    any_layout.send_raw(batch_frame([launch_frame(1, "reduce", [f32([1, 2])]),
                                  launch_frame(2, "vector_add", [f32([1]), f32([2])]),
                                  _head(3) + b"\x01",  # malformed: bad_args for job 3
                                  b"Z" * 4,  # no launch: dropped and logged
                                  launch_frame(4, "reduce", [f32([5])], device=9)]))
-    got = [worker.result() for _ in range(4)]
+    got = [any_layout.result() for _ in range(4)]
     # device 0's jobs in the order launched; a bad device is answered at once
     assert [job_id for job_id, _ in got if job_id != 4] == [1, 2, 3]
     results = dict(got)
@@ -247,60 +266,60 @@ def test_a_batch_frame_runs_each_launch_in_order(worker: WorkerPipe) -> None:
     assert np.array_equal(results[2][1], np.frombuffer(f32([3]), "<f4"))
     assert results[3][1][0] == "bad_args"
     assert results[4] == ("error", ("bad_device", 9))
-    assert any("launch 4 of 5 dropped" in text for _, text in worker.logs)
+    assert any("launch 4 of 5 dropped" in text for _, text in any_layout.logs)
 
 
 @pytest.mark.parametrize("cut", [1, 7, 12])
-def test_a_batch_frame_cut_short_keeps_the_launches_before_the_cut(worker: WorkerPipe,
+def test_a_batch_frame_cut_short_keeps_the_launches_before_the_cut(any_layout: WorkerPipe,
                                                                    cut: int) -> None:
     whole = batch_frame([launch_frame(1, "reduce", [f32([1])]),
                          launch_frame(2, "reduce", [f32([2])])])
-    worker.send_raw(whole[:-cut])
-    assert worker.result() == (1, ("ok", 1.0))
-    worker.launch(3, "reduce", [f32([3])])
-    assert worker.result() == (3, ("ok", 3.0))
-    assert any("batch frame" in text for _, text in worker.logs)
+    any_layout.send_raw(whole[:-cut])
+    assert any_layout.result() == (1, ("ok", 1.0))
+    any_layout.launch(3, "reduce", [f32([3])])
+    assert any_layout.result() == (3, ("ok", 3.0))
+    assert any("batch frame" in text for _, text in any_layout.logs)
 
 
-def test_a_launch_as_a_term_is_no_longer_understood(worker: WorkerPipe) -> None:
+def test_a_launch_as_a_term_is_no_longer_understood(any_layout: WorkerPipe) -> None:
     # Protocol 2's launch: the worker logs it and drops it, and answers the next job.
-    worker.send((Atom("M"), (Atom("launch"), 1, Atom("caller"), 0, Atom("reduce"),
+    any_layout.send((Atom("M"), (Atom("launch"), 1, Atom("caller"), 0, Atom("reduce"),
                              [f32([1])], {})))
-    worker.launch(2, "reduce", [f32([1])])
-    assert worker.result() == (2, ("ok", 1.0))
-    assert any("not an erlcuda message" in text for _, text in worker.logs)
+    any_layout.launch(2, "reduce", [f32([1])])
+    assert any_layout.result() == (2, ("ok", 1.0))
+    assert any("not an erlcuda message" in text for _, text in any_layout.logs)
 
 
-def test_an_undecodable_frame_is_dropped_and_logged(worker: WorkerPipe) -> None:
-    worker.writer.write([b"\x83\xff\x00"])
-    worker.launch(7, "reduce", [f32([1])])
-    assert worker.result() == (7, ("ok", 1.0))
-    assert any("undecodable" in text for _, text in worker.logs)
+def test_an_undecodable_frame_is_dropped_and_logged(any_layout: WorkerPipe) -> None:
+    any_layout.writer.write([b"\x83\xff\x00"])
+    any_layout.launch(7, "reduce", [f32([1])])
+    assert any_layout.result() == (7, ("ok", 1.0))
+    assert any("undecodable" in text for _, text in any_layout.logs)
 
 
-def test_queued_jobs_batch_and_keep_their_order(worker: WorkerPipe) -> None:
+def test_queued_jobs_batch_and_keep_their_order(any_layout: WorkerPipe) -> None:
     rng = np.random.default_rng(1)
     # Device 0's lane sleeps while the jobs queue up; the call's answer comes among them.
-    worker.send((Atom("C"), 99, Atom("erlcuda"), Atom("stall"), [0, 300]))
+    any_layout.send((Atom("C"), 99, Atom("erlcuda"), Atom("stall"), [0, 300]))
     jobs = {}
     kernels = ["vector_add", "reduce", "dot_product", "matmul"]
     for job_id in range(1, 201):
         kernel = kernels[job_id % 4]
         if kernel == "matmul":
             a, b = rng.standard_normal(6, dtype=np.float32), rng.standard_normal(6, np.float32)
-            worker.launch(job_id, kernel, [a.tobytes(), b.tobytes(), 2, 2, 3])
+            any_layout.launch(job_id, kernel, [a.tobytes(), b.tobytes(), 2, 2, 3])
             ref = (a.reshape(2, 3).astype(np.float64) @ b.reshape(3, 2)).ravel()
         else:
             a, b = rng.standard_normal((2, job_id), dtype=np.float32)
             args = [a.tobytes()] if kernel == "reduce" else [a.tobytes(), b.tobytes()]
-            worker.launch(job_id, kernel, args)
+            any_layout.launch(job_id, kernel, args)
             ref = {"vector_add": a + b, "reduce": a.astype(np.float64).sum(),
                    "dot_product": np.dot(a.astype(np.float64), b)}[kernel]
         jobs[job_id] = ref
     order = []
     call_answer = None
     while len(order) < len(jobs):
-        got = worker.receive()
+        got = any_layout.receive()
         if not isinstance(got, Reply):
             call_answer = got
             continue
@@ -310,10 +329,10 @@ def test_queued_jobs_batch_and_keep_their_order(worker: WorkerPipe) -> None:
                                    rtol=1e-5, atol=1e-5)
         order.append(got.job_id)
     assert order == sorted(jobs)  # one caller, one device: replies in launch order
-    assert call_answer is not None or worker.receive()[0] == "r"
+    assert call_answer is not None or any_layout.receive()[0] == "r"
     assert call_answer is None or call_answer[0] == "r"
-    assert worker.results_frames < 200  # a batch's records share one results frame
-    _, _, info = worker.call("info")
+    assert any_layout.results_frames < 200  # a batch's records share one results frame
+    _, _, info = any_layout.call("info")
     lane = info["device_info"][0]
     assert lane["jobs"] == 200
     assert lane["launches"] < 200  # batches formed while the lane was stalled
