@@ -24,6 +24,7 @@ from . import __version__, contract, kernels, logs, portenv
 from .backends import select
 from .backends.base import BackendError, BackendUnavailable
 from .framing import FrameReader, FrameWriter
+from .shm import SharedFolder, ShmError
 from .worker import Options, Worker
 
 #: Exit status of ``serve`` outside an Erlang port (and of a command-line mistake).
@@ -59,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--device-thread", action="store_true",
                        help="run a lone device on a thread of its own, handed each job by "
                             "the reading thread (default: the reading thread runs it)")
+    serve.add_argument("--shm-dir", metavar="DIR",
+                       help="the worker's shared-memory folder (an erlcuda-* folder that "
+                            "Erlang made): large operands and results travel through it")
     serve.add_argument("--switch-interval-us", type=int, default=0, metavar="US",
                        help="the interpreter's thread switch interval (0: Python's default)")
     serve.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
@@ -143,7 +147,15 @@ def _serve(args: argparse.Namespace) -> int:
                       max_batch=args.max_batch, test_hooks=args.test_hooks,
                       bench_hooks=args.bench_hooks, spin_us=args.spin_us,
                       device_thread=args.device_thread)
-    worker = Worker(FrameReader(3), writer, options)
+    shm = None
+    if args.shm_dir:
+        try:
+            shm = SharedFolder(args.shm_dir)
+            shm.start_reaper()
+        except (ShmError, OSError) as exc:
+            logging.getLogger("erlcuda").error("no shared memory: %s", exc)
+            shm = None
+    worker = Worker(FrameReader(3), writer, options, shm)
     return worker.serve()
 
 

@@ -108,12 +108,15 @@ class Wire:
     batch: int
     results: int
     flag_trace: int
+    flag_result_file: int
     arg_vector: int
     arg_dim: int
+    arg_file: int
     tag_vector: int
     tag_scalar: int
     tag_error: int
     tag_traced: int
+    tag_file: int
 
     def macros(self) -> dict[str, int]:
         """The Erlang macro names (``WIRE_...``) and their values."""
@@ -126,12 +129,15 @@ WIRE = Wire(
     batch=_WIRE["batch"],
     results=_WIRE["results"],
     flag_trace=_WIRE["flags"]["trace"],
+    flag_result_file=_WIRE["flags"]["result_file"],
     arg_vector=_WIRE["arg"]["vector"],
     arg_dim=_WIRE["arg"]["dim"],
+    arg_file=_WIRE["arg"]["file"],
     tag_vector=_WIRE["tag"]["vector"],
     tag_scalar=_WIRE["tag"]["scalar"],
     tag_error=_WIRE["tag"]["error"],
     tag_traced=_WIRE["tag"]["traced"],
+    tag_file=_WIRE["tag"]["file"],
 )
 
 

@@ -27,6 +27,7 @@ from .backends.base import Backend, BackendError, Device
 from .framing import FrameError, FrameWriter
 from .kernels import Request
 from .protocol import Failure, Result
+from .shm import SharedFolder, ShmError
 
 log = logging.getLogger("erlcuda.lane")
 
@@ -39,6 +40,7 @@ class Job:
     request: Request | None = None
     error: Failure | None = None  # decided before the job reached the device
     trace: dict[str, int] | None = None
+    result_file: bool = False  # a vector result goes to shared memory, where there is one
 
     @property
     def elements(self) -> int:
@@ -81,6 +83,7 @@ class Lane(threading.Thread):
         on_fatal: Callable[[str], None],
         unavailable: str | None = None,
         spin_us: int = 0,
+        shm: SharedFolder | None = None,
     ) -> None:
         super().__init__(name=f"erlcuda-device-{index}", daemon=True)
         self.index = index
@@ -91,6 +94,7 @@ class Lane(threading.Thread):
         self.on_fatal = on_fatal
         self.unavailable = unavailable
         self.spin_ns = spin_us * 1000
+        self.shm = shm
         self.stats = Stats()
         self.ready = threading.Event()
         self.device_info: dict[str, Any] = {}
@@ -275,6 +279,11 @@ class Lane(threading.Thread):
             assert result is not None  # every job was answered above
             if job.trace is not None:
                 job.trace.update(take=t_take, run=t_run, done=t_done, encode=t_encode)
+            elif job.result_file and self.shm is not None and type(result) is np.ndarray:
+                try:
+                    result = self.shm.write_result(job.job_id, result)
+                except ShmError as exc:
+                    result = protocol.internal(str(exc))
             records.append((job.job_id, result, job.trace))
         encoded = results_frames(records, self.writer.max_frame)
         self.stats.errors += encoded.errors

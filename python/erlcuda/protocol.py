@@ -1,4 +1,4 @@
-"""erlcuda's messages: the one place that turns them into bytes and back (protocol 3).
+"""erlcuda's messages: the one place that turns them into bytes and back (protocol 4).
 
 The hot path travels in fixed-layout binary frames (``contract.WIRE``; big-endian integers),
 everything else as one ETF term in erlport's shapes (first byte 131).
@@ -6,13 +6,16 @@ everything else as one ETF term in erlport's shapes (first byte 131).
 Erlang -> worker (``decode``):
     launch frame:  WIRE.launch, JobId:u64, Device:u16, Flags:u8, KernelLen:u8, Kernel (UTF-8),
                    NArgs:u8, then per argument WIRE.arg_vector, ElemType:u8, Bytes:u64 and the
-                   bytes (little-endian elements), or WIRE.arg_dim, Value:u64     ``Launch``
+                   bytes (little-endian elements), or WIRE.arg_dim, Value:u64, or
+                   WIRE.arg_file, ElemType:u8, Bytes:u64, NameLen:u8, Name (a vector in
+                   the worker's shared-memory folder, ``shm.FileArg``)            ``Launch``
     {'C', Id, erlcuda, Function, Args}                          a control call   ``Call``
 Worker -> Erlang:
     results frame: WIRE.results, Count:u32, then per job JobId:u64, Tag:u8, Len:u32 and the
                    payload: raw f32 (tag_vector), an f64 (tag_scalar), the ETF of the reason
-                   (tag_error), or an inner Tag:u8, Len:u32, payload and the ETF of the
-                   stamps map (tag_traced)                                 ``encode_results``
+                   (tag_error), Bytes:u64 (tag_file: the vector is in the file r<JobId>),
+                   or an inner Tag:u8, Len:u32, payload and the ETF of the stamps map
+                   (tag_traced)                                            ``encode_results``
     {'r', Id, Answer}                                  a call's answer     ``encode_answer``
     {'e', Id, Text}                                    a call refused      ``encode_call_error``
     {'L', Level, Text}                                 a log line          ``encode_log``
@@ -40,6 +43,7 @@ import numpy as np
 
 from . import contract, etf
 from .kernels import DTYPES
+from .shm import FileArg, FileResult
 
 __all__ = [
     "OK",
@@ -114,6 +118,7 @@ class Launch:
     args: list[Any]
     trace: bool = False  # flag_trace: the reply carries the worker's time stamps
     error: str | None = None
+    result_file: bool = False  # flag_result_file: a vector result goes to a file
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +146,9 @@ _W_BATCH = _W.batch
 _U32 = struct.Struct(">I")
 _W_VECTOR = _W.arg_vector
 _W_DIM = _W.arg_dim
+_W_FILE = _W.arg_file
 _W_TRACE = _W.flag_trace
+_W_RESULT_FILE = _W.flag_result_file
 _ETF = etf.VERSION
 
 #: numpy dtypes of the wire's element types, by index (a contract type without one fails
@@ -257,6 +264,23 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
                               f"{contract.ELEMENT_TYPES[etype]} elements")
             args.append(np.frombuffer(frame, _ELEMENT_DTYPES[etype], nbytes // itemsize, pos))
             pos += nbytes
+        elif kind == _W_FILE:
+            if pos + 11 > size:
+                return Launch(job_id, device, kernel, [], trace,
+                              f"launch of {size} bytes ends inside argument {i}'s header")
+            etype, nbytes = _VECTOR_HEAD.unpack_from(frame, pos + 1)
+            nlen = frame[pos + 10]
+            pos += 11
+            if etype >= _N_TYPES or nbytes % _ELEMENT_SIZES[etype] or nlen > size - pos:
+                return Launch(job_id, device, kernel, [], trace,
+                              f"argument {i}: a malformed shared-memory argument")
+            try:
+                name = bytes(frame[pos : pos + nlen]).decode("utf-8")
+            except UnicodeDecodeError:
+                return Launch(job_id, device, kernel, [], trace,
+                              f"argument {i}: the file name is not UTF-8")
+            args.append(FileArg(name, _ELEMENT_DTYPES[etype], nbytes))
+            pos += nlen
         elif kind == _W_DIM:
             if pos + 9 > size:
                 return Launch(job_id, device, kernel, [], trace,
@@ -269,7 +293,8 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
     if pos != size:
         return Launch(job_id, device, kernel, [], trace,
                       f"{size - pos} trailing bytes after the last argument")
-    return Launch(job_id, device, kernel, args, trace)
+    return Launch(job_id, device, kernel, args, trace,
+                  result_file=flags & _W_RESULT_FILE != 0)
 
 
 def _truncated_head(frame: bytes | bytearray | memoryview, size: int) -> Launch:
@@ -317,8 +342,9 @@ class Failure:
         return (tag, *self.detail) if self.detail else tag
 
 
-#: A job's result: an f32 vector (a numpy array), a scalar (a float) or a ``Failure``.
-Result = np.ndarray | float | Failure
+#: A job's result: an f32 vector (a numpy array, or a ``FileResult`` once written to
+#: shared memory), a scalar (a float) or a ``Failure``.
+Result = np.ndarray | float | Failure | FileResult
 
 TOO_LARGE = Failure("too_large")
 
@@ -385,6 +411,8 @@ _T_VECTOR = _W.tag_vector
 _T_SCALAR = _W.tag_scalar
 _T_ERROR = _W.tag_error
 _T_TRACED = _W.tag_traced
+_T_FILE = _W.tag_file
+_U64 = struct.Struct(">Q")
 #: Payloads shorter than this are copied next to their header; longer ones are chunks of
 #: their own that share the result's memory (``writev``).
 SMALL_PAYLOAD = etf.SMALL_PAYLOAD
@@ -413,6 +441,8 @@ def _payload(res: Any, errors: dict[int, bytes]) -> tuple[int, bytes | memoryvie
         return _T_VECTOR, res.data.cast("B")
     if cls is float:
         return _T_SCALAR, _pack_f64(res)
+    if cls is FileResult:
+        return _T_FILE, _U64.pack(res.nbytes)
     if cls is Failure:
         data = errors.get(id(res))
         if data is None:

@@ -37,6 +37,7 @@ from .backends.base import Backend, BackendUnavailable, Device
 from .framing import FrameError, FrameReader, FrameWriter, frame_size
 from .lanes import Control, Job, Lane, results_frames
 from .protocol import Call, Failure, Launch, ProtocolError
+from .shm import FileArg, SharedFolder, ShmError
 
 log = logging.getLogger("erlcuda.worker")
 
@@ -67,8 +68,10 @@ class Options:
 
 
 class Worker:
-    def __init__(self, reader: FrameReader, writer: FrameWriter, options: Options) -> None:
+    def __init__(self, reader: FrameReader, writer: FrameWriter, options: Options,
+                 shm: SharedFolder | None = None) -> None:
         self.reader = reader
+        self.shm = shm
         self.writer = writer
         self.options = options
         self.backend: Backend | None = None
@@ -95,7 +98,7 @@ class Worker:
         self.lanes = [
             Lane(i, self.backend, writer, max_batch=options.max_batch,
                  max_elements=options.max_batch_elements, on_fatal=self._fatal,
-                 unavailable=unavailable, spin_us=spin_us)
+                 unavailable=unavailable, spin_us=spin_us, shm=shm)
             for i in range(count)
         ]
         self.handlers = self._handlers()
@@ -192,7 +195,7 @@ class Worker:
         A malformed frame is ``{bad_args, _}``; it goes through its device's lane (keeping
         the order of the replies) where the frame named a device, else it is answered here.
         """
-        job = Job(message.job_id)
+        job = Job(message.job_id, result_file=message.result_file)
         if message.trace:
             job.trace = {"recv": recv, "queued": time.perf_counter_ns()}
         if self.refusal is not None:
@@ -210,13 +213,21 @@ class Worker:
             job.error = protocol.unknown_kernel(message.kernel)
         else:
             try:
-                job.request = kernels.parse(message.kernel, message.args)
-            except kernels.BadArgs as exc:
+                job.request = kernels.parse(message.kernel, self._mapped(message.args))
+            except (kernels.BadArgs, ShmError) as exc:
                 job.error = protocol.bad_args(str(exc))
         if not lanes:  # the backend never started: answer at once
             return self._reply_now(
                 job, job.error or self.unavailable or protocol.backend_unavailable("no device"))
         return job
+
+    def _mapped(self, args: list[Any]) -> list[Any]:
+        """``args`` with each shared-memory argument mapped (``ShmError`` where it cannot)."""
+        if not any(type(a) is FileArg for a in args):
+            return args
+        if self.shm is None:
+            raise ShmError("shared memory: this worker was started without --shm-dir")
+        return [self.shm.open_input(a) if type(a) is FileArg else a for a in args]
 
     def _reply_now(self, job: Job, failure: Failure) -> None:
         encoded = results_frames([(job.job_id, failure, job.trace)], self.writer.max_frame)

@@ -4,12 +4,13 @@
 %% (bench/soak compiles it into _build/soak); not part of the application. Each job's inputs
 %% are vectors of one small integer value, so its exact result is known without computing
 %% it; a reply is `right' when it equals that result, and every job must get exactly one
-%% reply.
+%% reply. `memory_soak/1' (`bench/soak --memory') is the same checking without faults, for
+%% watching the worker's memory over a long steady load.
 -module(erlcuda_load).
 
--export([run/1, soak/1, print/1]).
+-export([run/1, soak/1, print/1, memory_soak/1, memory_failures/1, print_memory/1]).
 
--export_type([config/0, summary/0]).
+-export_type([config/0, summary/0, sample/0, memory_summary/0]).
 
 -type config() :: #{processes => pos_integer(),
                     jobs => pos_integer(),
@@ -25,8 +26,39 @@
                      errors := #{term() => pos_integer()},
                      seconds := float(),
                      memory := map()}.
+-type sample() :: #{elapsed_s := float(),
+                    jobs := non_neg_integer(),
+                    worker_os_pid := integer() | undefined,
+                    worker_rss := non_neg_integer() | undefined,
+                    restarts := non_neg_integer() | undefined,
+                    beam_total := non_neg_integer(),
+                    job_table := non_neg_integer() | undefined}.
+-type memory_summary() :: #{jobs := non_neg_integer(),
+                            replies := non_neg_integer(),
+                            right := non_neg_integer(),
+                            wrong := non_neg_integer(),
+                            lost := non_neg_integer(),
+                            duplicated := non_neg_integer(),
+                            errors := #{term() => pos_integer()},
+                            seconds := float(),
+                            samples := [sample()],
+                            warmup_s := number(),
+                            rss_start := non_neg_integer() | undefined,
+                            rss_end := non_neg_integer() | undefined,
+                            worker_os_pid := #{start := integer() | undefined,
+                                               'end' := integer() | undefined},
+                            restarts := non_neg_integer() | undefined}.
 
 -define(REPLY_WAIT, 30000).
+%% memory_soak/1: callers, jobs in flight per caller, seconds between samples, and the
+%% warm-up after which the worker's allocator and buffer pools are taken to be at steady
+%% state (so the first samples, which only show them filling, are not counted as growth).
+-define(MEMORY_CALLERS, 200).
+-define(MEMORY_WINDOW, 8).
+-define(SAMPLE_S, 10).
+-define(WARMUP_S, 20).
+%% Results stay exact in f32 while every partial sum is an integer below 2^24.
+-define(F32_EXACT, 16777216).
 
 %% @doc Run one round: `processes' callers each launch `jobs' jobs, at most `window' of
 %% them in flight per caller, on random devices; optionally SIGKILL the worker part-way.
@@ -94,6 +126,134 @@ print(#{jobs := Jobs, replies := Replies, right := Right, wrong := Wrong, lost :
               [maps:get(node, B) bsr 20, mib(maps:get(worker, B)),
                maps:get(node, A) bsr 20, mib(maps:get(worker, A))]).
 
+%% @doc A steady mixed load for `Seconds' with nothing killed: ?MEMORY_CALLERS callers,
+%% every reply checked, and a sample of the worker's RSS, the node's memory and the job
+%% table every ?SAMPLE_S seconds and at the end. Prints each sample as it is taken and the
+%% summary; returns the summary.
+-spec memory_soak(pos_integer()) -> memory_summary().
+memory_soak(Seconds) ->
+    wait_up(100),
+    Start = worker_info(),
+    Done = counters:new(1, [write_concurrency]),
+    T0 = erlang:monotonic_time(millisecond),
+    Deadline = T0 + Seconds * 1000,
+    Self = self(),
+    Pids = [spawn_link(fun() -> Self ! {load_done, self(), steady_caller(Deadline, Done, C)} end)
+            || C <- lists:seq(1, ?MEMORY_CALLERS)],
+    print_sample_header(),
+    Samples = [begin sleep_until(Tick), S = sample(T0, Done), print_sample(S), S end
+               || Tick <- ticks(T0, Deadline)],
+    Results = [receive {load_done, P, R} -> R end || P <- Pids],
+    Elapsed = (erlang:monotonic_time(millisecond) - T0) / 1000,
+    End = worker_info(),
+    Warmup = min(?WARMUP_S, Seconds div 2),
+    Total = maps:remove(memory, lists:foldl(fun add/2, empty(), Results)),
+    Summary = Total#{seconds => Elapsed,
+                     samples => Samples,
+                     warmup_s => Warmup,
+                     rss_start => maps:get(worker_rss, after_warmup(Warmup, Samples)),
+                     rss_end => maps:get(worker_rss, lists:last(Samples)),
+                     worker_os_pid => #{start => maps:get(worker_os_pid, Start, undefined),
+                                        'end' => maps:get(worker_os_pid, End, undefined)},
+                     restarts => restarts(Start, End)},
+    print_memory(Summary),
+    Summary.
+
+%% @doc What went wrong in a memory soak: jobs lost, answered twice or wrongly, jobs
+%% neither answered nor counted lost, a worker restart; `[]' when nothing did.
+-spec memory_failures(memory_summary()) -> [lost | duplicated | wrong | unaccounted
+                                            | worker_restarted].
+memory_failures(#{jobs := Jobs, replies := Replies, lost := Lost, duplicated := Dup,
+                  wrong := Wrong, restarts := Restarts,
+                  worker_os_pid := #{start := PidStart, 'end' := PidEnd}}) ->
+    [lost || Lost > 0] ++ [duplicated || Dup > 0] ++ [wrong || Wrong > 0]
+        ++ [unaccounted || Jobs =/= Replies + Lost]
+        %% a restart count that could not be read is no proof of no restart
+        ++ [worker_restarted || Restarts =/= 0 orelse PidStart =:= undefined
+                                    orelse PidStart =/= PidEnd].
+
+%% @doc A memory soak's summary as a few readable lines.
+-spec print_memory(memory_summary()) -> ok.
+print_memory(#{jobs := Jobs, replies := Replies, right := Right, wrong := Wrong, lost := Lost,
+               duplicated := Dup, errors := Errors, seconds := Seconds, samples := Samples,
+               warmup_s := Warmup, rss_start := RssStart, rss_end := RssEnd,
+               worker_os_pid := #{start := PidStart, 'end' := PidEnd},
+               restarts := Restarts} = S) ->
+    io:format("~nworker RSS: start ~s MiB, end ~s MiB, growth ~s~n",
+              [mib_text(RssStart), mib_text(RssEnd), growth(RssStart, RssEnd)]),
+    io:format("  (start: the first sample at or after a ~b s warm-up, once the allocator and "
+              "buffer pools have reached steady state; end: the sample at the end of the "
+              "load)~n", [Warmup]),
+    BeamStart = maps:get(beam_total, after_warmup(Warmup, Samples)),
+    BeamEnd = maps:get(beam_total, lists:last(Samples)),
+    io:format("BEAM total: start ~s MiB, end ~s MiB, growth ~s~n",
+              [mib_text(BeamStart), mib_text(BeamEnd), growth(BeamStart, BeamEnd)]),
+    io:format("jobs ~b in ~.1f s (~.1f jobs/s): replies ~b, right ~b, wrong ~b, lost ~b, "
+              "duplicated ~b~n",
+              [Jobs, Seconds, Jobs / max(Seconds, 0.001), Replies, Right, Wrong, Lost, Dup]),
+    io:format("errors by kind: ~p~n", [Errors]),
+    io:format("worker os pid: start ~p, end ~p; restarts ~p~n", [PidStart, PidEnd, Restarts]),
+    case memory_failures(S) of
+        [] -> io:format("result: ok~n");
+        Failures -> io:format("result: FAILED ~p~n", [Failures])
+    end.
+
+print_sample_header() ->
+    io:format("~10s ~10s ~15s ~15s ~10s ~11s~n",
+              ["elapsed_s", "jobs", "worker_rss_MiB", "beam_total_MiB", "job_table",
+               "worker_pid"]).
+
+print_sample(#{elapsed_s := T, jobs := Jobs, worker_rss := Rss, beam_total := Beam,
+               job_table := Table, worker_os_pid := Pid}) ->
+    io:format("~10.1f ~10b ~15s ~15s ~10w ~11w~n",
+              [T, Jobs, mib_text(Rss), mib_text(Beam), Table, Pid]).
+
+mib_text(undefined) -> "?";
+mib_text(Bytes) -> io_lib:format("~.1f", [Bytes / 1048576]).
+
+growth(From, To) when is_integer(From), is_integer(To), From > 0 ->
+    io_lib:format("~s~.1f MiB (~s~.1f %)",
+                  [sign(To - From), (To - From) / 1048576, sign(To - From),
+                   (To - From) * 100 / From]);
+growth(_, _) ->
+    "?".
+
+sign(D) when D >= 0 -> "+";
+sign(_) -> "".
+
+%% Every ?SAMPLE_S seconds from the start, and the deadline itself.
+ticks(T0, Deadline) ->
+    Step = ?SAMPLE_S * 1000,
+    [T0 + I * Step || I <- lists:seq(0, (Deadline - T0 - 1) div Step)] ++ [Deadline].
+
+sleep_until(Ms) ->
+    timer:sleep(max(0, Ms - erlang:monotonic_time(millisecond))).
+
+sample(T0, Done) ->
+    Info = worker_info(),
+    Pid = maps:get(worker_os_pid, Info, undefined),
+    #{elapsed_s => (erlang:monotonic_time(millisecond) - T0) / 1000,
+      jobs => counters:get(Done, 1),
+      worker_os_pid => Pid,
+      worker_rss => case is_integer(Pid) of true -> rss(Pid); false -> undefined end,
+      restarts => maps:get(restarts, Info, undefined),
+      beam_total => erlang:memory(total),
+      job_table => ets:info(erlcuda_jobs, size)}.
+
+after_warmup(Warmup, Samples) ->
+    case [S || #{elapsed_s := T} = S <- Samples, T >= Warmup] of
+        [First | _] -> First;
+        [] -> lists:last(Samples)
+    end.
+
+restarts(#{restarts := From}, #{restarts := To}) when is_integer(From), is_integer(To) ->
+    To - From;
+restarts(_, _) ->
+    undefined.
+
+worker_info() ->
+    try erlcuda:info() catch _:_ -> #{} end.
+
 wait_up(0) ->
     ok;
 wait_up(N) ->
@@ -127,13 +287,10 @@ caller(#{jobs := Jobs, window := Window, max_size := MaxSize}, C) ->
     loop(Jobs, Window, MaxSize, Devices, #{}, (empty())#{jobs => Jobs}).
 
 loop(0, _, _, _, Open, Acc) when map_size(Open) =:= 0 ->
-    receive {erlcuda, _, _} -> Acc#{duplicated => maps:get(duplicated, Acc) + 1}
-    after 100 -> Acc
-    end;
+    stray(Acc);
 loop(Left, Window, MaxSize, Devices, Open, Acc) when Left > 0, map_size(Open) < Window ->
     {Kernel, Args, Expected} = job(MaxSize),
-    Device = case rand:uniform(Devices + 1) of 1 -> any; N -> N - 2 end,
-    case erlcuda:launch(Kernel, Args, [{device, Device}]) of
+    case erlcuda:launch(Kernel, Args, [{device, device(Devices)}]) of
         {ok, Id} -> loop(Left - 1, Window, MaxSize, Devices, Open#{Id => Expected}, Acc);
         %% an error returned by launch itself is that job's one reply
         {error, Why} -> loop(Left - 1, Window, MaxSize, Devices, Open,
@@ -144,12 +301,7 @@ loop(Left, Window, MaxSize, Devices, Open, Acc) ->
         {erlcuda, Id, Result} ->
             case maps:take(Id, Open) of
                 {Expected, Rest} ->
-                    Acc1 = case Result of
-                               {ok, Expected} -> bump(right, Acc);
-                               {ok, _} -> bump(wrong, Acc);
-                               {error, Why} -> failed(Why, Acc)
-                           end,
-                    loop(Left, Window, MaxSize, Devices, Rest, bump(replies, Acc1));
+                    loop(Left, Window, MaxSize, Devices, Rest, check(Result, Expected, Acc));
                 error ->
                     loop(Left, Window, MaxSize, Devices, Open, bump(duplicated, Acc))
             end
@@ -158,6 +310,25 @@ loop(Left, Window, MaxSize, Devices, Open, Acc) ->
         loop(0, Window, MaxSize, Devices, #{},
              Acc#{lost => maps:get(lost, Acc) + map_size(Open)})
     end.
+
+%% Replies that come after a caller has no job open: each one is a job answered twice.
+stray(Acc) ->
+    receive {erlcuda, _, _} -> stray(bump(duplicated, Acc))
+    after 100 -> Acc
+    end.
+
+%% `any' or one of the devices, evenly.
+device(Devices) ->
+    case rand:uniform(Devices + 1) of 1 -> any; N -> N - 2 end.
+
+%% One reply counted against the job's exact result.
+check(Result, Expected, Acc) ->
+    Acc1 = case Result of
+               {ok, Expected} -> bump(right, Acc);
+               {ok, _} -> bump(wrong, Acc);
+               {error, Why} -> failed(Why, Acc)
+           end,
+    bump(replies, Acc1).
 
 bump(Key, Acc) -> Acc#{Key => maps:get(Key, Acc) + 1}.
 
@@ -186,6 +357,101 @@ job(MaxSize) ->
     end.
 
 vec(V, S) -> binary:copy(<<V:32/float-little>>, S).
+
+%% One memory-soak caller: until the deadline, a quarter of its jobs through launch_sync,
+%% the rest through launch/3 with at most ?MEMORY_WINDOW in flight; then the open ones
+%% answered. Every reply also counts in `Done', which the sampler reads.
+steady_caller(Deadline, Done, C) ->
+    _ = rand:seed(exsss, {C, erlang:unique_integer(), 7}),
+    steady(#{deadline => Deadline, done => Done, devices => devices()}, #{}, empty()).
+
+steady(#{deadline := Deadline} = Ctx, Open, Acc) ->
+    case {erlang:monotonic_time(millisecond) < Deadline, map_size(Open)} of
+        {true, N} when N < ?MEMORY_WINDOW ->
+            {Open1, Acc1} = launch_mixed(Ctx, Open, bump(jobs, Acc)),
+            steady(Ctx, Open1, Acc1);
+        {false, 0} ->
+            stray(Acc);
+        _ ->
+            receive
+                {erlcuda, Id, Result} ->
+                    case maps:take(Id, Open) of
+                        {Expected, Rest} ->
+                            steady(Ctx, Rest, replied(Ctx, check(Result, Expected, Acc)));
+                        error ->
+                            steady(Ctx, Open, bump(duplicated, Acc))
+                    end
+            after ?REPLY_WAIT ->
+                %% every job still open is lost: count them and give up on this caller
+                stray(Acc#{lost => maps:get(lost, Acc) + map_size(Open)})
+            end
+    end.
+
+launch_mixed(#{devices := Devices} = Ctx, Open, Acc) ->
+    {Kernel, Args, Format, Expected} = mixed_job(),
+    Opts = [{device, device(Devices)}, {format, Format}],
+    case rand:uniform(4) of
+        1 ->
+            case erlcuda:launch_sync(Kernel, Args, [{timeout, ?REPLY_WAIT} | Opts]) of
+                {error, timeout} -> {Open, bump(lost, Acc)};
+                Result -> {Open, replied(Ctx, check(Result, Expected, Acc))}
+            end;
+        _ ->
+            case erlcuda:launch(Kernel, Args, Opts) of
+                {ok, Id} -> {Open#{Id => Expected}, Acc};
+                %% an error returned by launch itself is that job's one reply
+                {error, Why} -> {Open, replied(Ctx, bump(replies, failed(Why, Acc)))}
+            end
+    end.
+
+replied(#{done := Done}, Acc) ->
+    counters:add(Done, 1, 1),
+    Acc.
+
+%% All four kernels at sizes spread evenly over 1 to 1e5 elements on a log scale, now and
+%% then 1e6; inputs as lists or binaries, vector results in either format. The value is
+%% kept small enough for the size that every sum stays exact in f32.
+mixed_job() ->
+    Format = case rand:uniform(2) of 1 -> list; 2 -> binary end,
+    case rand:uniform(4) of
+        1 ->
+            S = mixed_size(),
+            V = value(50),
+            A = input(V, S),
+            {vector_add, [A, A], Format, vector(2 * V, S, Format)};
+        2 ->
+            S = mixed_size(),
+            V = value((?F32_EXACT - 1) div S),
+            {reduce, [input(V, S)], Format, S * V};
+        3 ->
+            S = mixed_size(),
+            V = value(trunc(math:sqrt((?F32_EXACT - 1) div S))),
+            A = input(V, S),
+            {dot_product, [A, A], Format, S * V * V};
+        4 ->
+            [M, N, K] = [log_uniform(2.5) || _ <- [m, n, k]],
+            V = value(50),
+            {matmul, [input(V, M * K), input(1.0, K * N), M, N, K], Format,
+             vector(K * V, M * N, Format)}
+    end.
+
+mixed_size() ->
+    case rand:uniform(500) of 1 -> 1000000; _ -> log_uniform(5) end.
+
+%% 1 to 10^Decades, evenly spread over the decades.
+log_uniform(Decades) ->
+    round(math:pow(10, Decades * rand:uniform_real())).
+
+value(Max) -> float(rand:uniform(max(1, min(50, Max)))).
+
+%% A list input costs the caller a conversion per element: up to 1e5 of them.
+input(V, S) when S =< 100000 ->
+    case rand:uniform(4) of 1 -> lists:duplicate(S, V); _ -> vec(V, S) end;
+input(V, S) ->
+    vec(V, S).
+
+vector(X, S, list) -> lists:duplicate(S, X);
+vector(X, S, binary) -> vec(X, S).
 
 devices() ->
     try erlcuda:info() of #{devices := N} -> max(N, 1) catch _:_ -> 1 end.

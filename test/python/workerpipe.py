@@ -34,18 +34,34 @@ class Vector:
     etype: int = 0
 
 
+@dataclass(frozen=True)
+class FileVector:
+    """A vector argument of ``launch_frame`` in the worker's shared-memory folder."""
+
+    name: str | bytes
+    nbytes: int
+    etype: int = 0
+
+
 def launch_frame(job_id: int, kernel: str | bytes, args: list[Any], *, device: int = 0,
-                 trace: bool = False, flags: int | None = None) -> bytes:
+                 trace: bool = False, flags: int | None = None,
+                 result_file: bool = False) -> bytes:
     """The launch frame Erlang writes: bytes (or a numpy array) are an f32 vector argument,
-    an int a dim, a ``Vector`` a vector of its element type."""
+    an int a dim, a ``Vector`` a vector of its element type, a ``FileVector`` a vector in
+    shared memory."""
     name = kernel.encode() if isinstance(kernel, str) else kernel
     if flags is None:
-        flags = W.flag_trace if trace else 0
+        flags = (W.flag_trace if trace else 0) | (W.flag_result_file if result_file else 0)
     parts = [struct.pack(">BQHBB", W.launch, job_id, device, flags, len(name)), name,
              bytes((len(args),))]
     for arg in args:
         if isinstance(arg, int):
             parts.append(struct.pack(">BQ", W.arg_dim, arg))
+            continue
+        if isinstance(arg, FileVector):
+            fname = arg.name.encode() if isinstance(arg.name, str) else arg.name
+            parts += [struct.pack(">BBQB", W.arg_file, arg.etype, arg.nbytes, len(fname)),
+                      fname]
             continue
         if isinstance(arg, np.ndarray):
             arg = Vector(arg.astype("<f4").tobytes())
@@ -88,6 +104,9 @@ def _result(tag: int, payload: bytes) -> tuple[str, Any]:
         return "ok", struct.unpack("<d", payload)[0]
     if tag == W.tag_error:
         return "error", etf.decode(payload)
+    if tag == W.tag_file:
+        assert len(payload) == 8, "a file result's payload is its size, a u64"
+        return "file", struct.unpack(">Q", payload)[0]
     raise AssertionError(f"unknown tag {tag}")
 
 
@@ -163,10 +182,11 @@ class WorkerPipe:
         self.writer.write([frame])
 
     def launch(self, job_id: int, kernel: str, args: list[Any], *, device: int = 0,
-               trace: bool = False) -> None:
+               trace: bool = False, result_file: bool = False) -> None:
         if self.record:
             self.sent.append(Atom(kernel))
-        self.send_raw(launch_frame(job_id, kernel, args, device=device, trace=trace))
+        self.send_raw(launch_frame(job_id, kernel, args, device=device, trace=trace,
+                                   result_file=result_file))
 
     def receive(self) -> Any:
         """The next message that is not a log line: a ``Reply`` (one record of a results
