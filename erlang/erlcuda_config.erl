@@ -20,6 +20,8 @@
                     watchdog_ms := pos_integer() | infinity,
                     spin_us := auto | non_neg_integer(),
                     worker_args := [string()],
+                    shm_dir := auto | none | string(),
+                    shm_threshold := pos_integer(),
                     test_hooks := boolean(),
                     bench_hooks := boolean()}.
 
@@ -28,7 +30,7 @@
 keys() ->
     [{backend, auto}, {cpu_devices, 1}, {python, default}, {batching, true},
      {max_batch, 256}, {max_queue, 10000}, {start_timeout, 120000}, {watchdog_ms, 30000},
-     {spin_us, auto}, {worker_args, []}, {test_hooks, false}, {bench_hooks, false}].
+     {spin_us, auto}, {worker_args, []}, {shm_dir, auto}, {shm_threshold, 1048576}, {test_hooks, false}, {bench_hooks, false}].
 
 %% @doc The checked configuration, or the first key whose value is wrong.
 -spec load() -> {ok, config()} | {error, {bad_config, atom(), term()}}.
@@ -48,6 +50,8 @@ valid(python, V) -> is_text(V) andalso V =/= [] andalso V =/= <<>>;
 valid(watchdog_ms, infinity) -> true;
 valid(spin_us, auto) -> true;
 valid(spin_us, V) -> is_integer(V) andalso V >= 0;
+valid(shm_dir, V) when V =:= auto; V =:= none -> true;
+valid(shm_dir, V) -> is_text(V) andalso V =/= [] andalso V =/= <<>>;
 valid(worker_args, V) ->
     try lists:all(fun is_text/1, V) catch error:_ -> false end;
 valid(K, V) when K =:= batching; K =:= test_hooks; K =:= bench_hooks -> is_boolean(V);
@@ -59,6 +63,7 @@ valid(_, V) -> is_integer(V) andalso V > 0.
 is_text(V) when is_binary(V) -> is_list(unicode:characters_to_list(V));
 is_text(V) -> io_lib:printable_unicode_list(V).
 
-text(python, V) when is_binary(V) -> unicode:characters_to_list(V);
+text(K, V) when is_binary(V), K =:= python; is_binary(V), K =:= shm_dir ->
+    unicode:characters_to_list(V);
 text(worker_args, V) -> [unicode:characters_to_list(A) || A <- V];
 text(_, V) -> V.

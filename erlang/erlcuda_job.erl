@@ -13,6 +13,7 @@
                  format := erlcuda:format(),
                  timeout := timeout(),
                  trace := boolean(),
+                 result_bytes := non_neg_integer(),
                  %% launch_sync's: when a caller waiting on a busy writer gives up
                  deadline => integer() | infinity}.
 
@@ -123,10 +124,10 @@ result(#{kind := vector, type := Type, length := [_ | _] = Length}, Values, Job)
               erlcuda_protocol:max_result_bytes() div elem_size(Type)),
     case product(Length, Values) of
         N when N > Max -> {error, too_large};
-        _ -> {ok, Job}
+        N -> {ok, Job#{result_bytes => N * elem_size(Type)}}
     end;
 result(_, _, Job) ->
-    {ok, Job}.
+    {ok, Job#{result_bytes => 0}}.
 
 product(Names, Values) ->
     lists:foldl(fun(Name, Acc) ->

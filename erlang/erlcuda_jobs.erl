@@ -27,11 +27,14 @@
               kernel :: atom(),
               format :: erlcuda:format(),
               trace :: boolean(),
-              started :: integer()}).
+              started :: integer(),
+              files = [] :: [file:filename()],
+              shm :: file:filename() | undefined}).
 
 -type entry() :: #{id := erlcuda:job_id(), reply_to := pid() | reference(), caller := pid(),
                    device := non_neg_integer(), queues := erlcuda_status:queues(),
-                   kernel := atom(), format := erlcuda:format(), trace := boolean()}.
+                   kernel := atom(), format := erlcuda:format(), trace := boolean(),
+                   files => [file:filename()], shm => file:filename() | undefined}.
 
 %% @doc The table, created by the application's process so that it outlives the port owner.
 -spec create() -> ok.
@@ -49,11 +52,13 @@ next_id() ->
 
 -spec register(entry()) -> ok.
 register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
-           queues := Queues, kernel := Kernel, format := Format, trace := Trace}) ->
+           queues := Queues, kernel := Kernel, format := Format, trace := Trace} = Entry) ->
     Started = erlcuda_telemetry:job_start(Id, Kernel, Device),
     true = ets:insert(?TAB, #job{id = Id, reply_to = ReplyTo, caller = Caller,
                                  device = Device, queues = Queues, kernel = Kernel,
-                                 format = Format, trace = Trace, started = Started}),
+                                 format = Format, trace = Trace, started = Started,
+                                 files = maps:get(files, Entry, []),
+                                 shm = maps:get(shm, Entry, undefined)}),
     counters:add(counters_ref(), ?SUBMITTED, 1).
 
 %% @doc Deliver the job's reply (its record from the worker, or an error decided here) to
@@ -62,25 +67,39 @@ register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
     ok | none.
 complete(Id, Reply) ->
     case ets:take(?TAB, Id) of
-        [#job{reply_to = ReplyTo, format = Format, trace = Trace} = Job] ->
-            Message = case Reply of
-                          %% a traced job keeps its shape: no worker stamps, this side's
-                          {error, _} when Trace ->
-                              {erlcuda, Id, Reply,
-                               #{<<"forward">> => erlang:monotonic_time(nanosecond)}};
-                          {error, _} -> {erlcuda, Id, Reply};
-                          %% launch_sync replies to an alias: its caller makes its own floats
-                          _ -> erlcuda_protocol:message(Id, Reply, Format,
-                                                        is_reference(ReplyTo))
-                      end,
-            Result = element(3, Message),
-            count(Job, Result),
-            ReplyTo ! Message,
-            #job{id = Id, kernel = Kernel, device = Device, started = Started} = Job,
-            erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, Result);
+        [#job{files = Files} = Job] ->
+            erlcuda_shm:delete(Files, undefined),
+            case erlcuda_protocol:file_result(Reply) of
+                {file, Bytes} when Job#job.shm =/= undefined ->
+                    %% Read in a process of its own: this one serves every job.
+                    erlcuda_status:dequeue(Job#job.queues, Job#job.device),
+                    _ = erlcuda_shm:deliver(Job#job.shm, Id, Bytes,
+                                            fun(R) -> _ = reply(Job, R, false), ok end),
+                    ok;
+                _ ->
+                    reply(Job, Reply, true)
+            end;
         [] ->
             none
     end.
+
+reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace} = Job, Reply,
+      Dequeue) ->
+    Message = case Reply of
+                  %% a traced job keeps its shape: no worker stamps, this side's
+                  {error, _} when Trace ->
+                      {erlcuda, Id, Reply,
+                       #{<<"forward">> => erlang:monotonic_time(nanosecond)}};
+                  {error, _} -> {erlcuda, Id, Reply};
+                  %% launch_sync replies to an alias: its caller makes its own floats
+                  _ -> erlcuda_protocol:message(Id, Reply, Format,
+                                                is_reference(ReplyTo))
+              end,
+    Result = element(3, Message),
+    count(Job, Result, Dequeue),
+    ReplyTo ! Message,
+    #job{kernel = Kernel, device = Device, started = Started} = Job,
+    erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, Result).
 
 %% @doc Take back a job whose frame was never written; `false' when someone else already
 %% took it (and so answered it).
@@ -122,7 +141,9 @@ drop(Id) ->
 %% Take a job out without a reply, give back its place in the queue and count it.
 discard(Id, Counter, Delta, Why) ->
     case ets:take(?TAB, Id) of
-        [#job{queues = Queues, device = Device, kernel = Kernel, started = Started}] ->
+        [#job{queues = Queues, device = Device, kernel = Kernel, started = Started,
+              files = Files}] ->
+            erlcuda_shm:delete(Files, undefined),
             erlcuda_status:dequeue(Queues, Device),
             counters:add(counters_ref(), Counter, Delta),
             erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, {error, Why}),
@@ -131,8 +152,8 @@ discard(Id, Counter, Delta, Why) ->
             false
     end.
 
-count(#job{queues = Queues, device = Device}, Result) ->
-    erlcuda_status:dequeue(Queues, Device),
+count(#job{queues = Queues, device = Device}, Result, Dequeue) ->
+    _ = [erlcuda_status:dequeue(Queues, Device) || Dequeue],
     Outcome = case Result of {error, _} -> ?ERROR; _ -> ?OK end,
     counters:add(counters_ref(), Outcome, 1).
 

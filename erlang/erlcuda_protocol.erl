@@ -17,10 +17,10 @@
 -module(erlcuda_protocol).
 
 -export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, decode/1, each_result/2, message/4, f32_list/1,
-         max_result_bytes/0,
-         worker_command/1, hello_args/0, check_hello/1, load_atoms/0]).
+         max_result_bytes/0, file_result/1, vector_reply/1,
+         worker_command/2, hello_args/0, check_hello/1, load_atoms/0]).
 
--export_type([event/0, command/0, reply/0]).
+-export_type([event/0, command/0, reply/0, launch_arg/0, flags/0]).
 
 -include("erlcuda_contract.hrl").
 
@@ -33,6 +33,10 @@
                      env := [{string(), string()}]}.
 %% One job's record of a results frame: its tag and payload, still undecoded.
 -type reply() :: {wire, byte(), binary()}.
+%% A launch's argument: a vector's bytes, a dim, or a vector in the worker's shared-memory
+%% folder (its file name and size).
+-type launch_arg() :: binary() | non_neg_integer() | {file, binary(), non_neg_integer()}.
+-type flags() :: #{trace := boolean(), result_file := boolean()}.
 
 %% The launch frame's bytes besides its arguments' data, at most.
 -define(LAUNCH_OVERHEAD, 512).
@@ -43,16 +47,17 @@
 %% @doc The launch as one frame, built as an iolist: the vectors go into the port's writev
 %% as they are, never copied. `too_large' when the frame would not fit its 4-byte length.
 -spec encode_launch(JobId :: erlcuda:job_id(), Device :: non_neg_integer(), Kernel :: atom(),
-                    Args :: [binary() | non_neg_integer()], Trace :: boolean()) ->
+                    Args :: [launch_arg()], flags()) ->
     {ok, iolist()} | {error, too_large}.
-encode_launch(JobId, Device, Kernel, Args, Trace) ->
+encode_launch(JobId, Device, Kernel, Args, #{trace := Trace, result_file := ResultFile}) ->
     Payload = lists:sum([byte_size(A) || A <- Args, is_binary(A)]),
     case Payload + ?LAUNCH_OVERHEAD + 16 * length(Args) > erlcuda_contract:max_frame() of
         true ->
             {error, too_large};
         false ->
             Name = atom_to_binary(Kernel, utf8),
-            Flags = case Trace of true -> ?WIRE_FLAG_TRACE; false -> 0 end,
+            Flags = case Trace of true -> ?WIRE_FLAG_TRACE; false -> 0 end
+                bor case ResultFile of true -> ?WIRE_FLAG_RESULT_FILE; false -> 0 end,
             {ok, [<<?WIRE_LAUNCH, JobId:64, Device:16, Flags:8, (byte_size(Name)):8,
                     Name/binary, (length(Args)):8>>
                   | [arg(A) || A <- Args]]}
@@ -70,7 +75,18 @@ batch_overhead(Count) ->
 
 %% Vectors are f32 (element type 0) until the catalogue has other types.
 arg(Bin) when is_binary(Bin) -> [<<?WIRE_ARG_VECTOR, 0:8, (byte_size(Bin)):64>>, Bin];
-arg(N) when is_integer(N) -> <<?WIRE_ARG_DIM, N:64>>.
+arg(N) when is_integer(N) -> <<?WIRE_ARG_DIM, N:64>>;
+arg({file, Name, Bytes}) -> <<?WIRE_ARG_FILE, 0:8, Bytes:64, (byte_size(Name)):8, Name/binary>>.
+
+%% @doc The size of a result the worker left in shared memory, if `Reply' is one.
+-spec file_result(reply()) -> {file, non_neg_integer()} | no.
+file_result({wire, ?WIRE_TAG_FILE, <<Bytes:64>>}) -> {file, Bytes};
+file_result(_) -> no.
+
+%% @doc A vector result read from shared memory, as if its record had carried it.
+-spec vector_reply(binary()) -> reply().
+vector_reply(Bin) ->
+    {wire, ?WIRE_TAG_VECTOR, Bin}.
 
 %% @doc The largest result one record of a results frame can carry.
 -spec max_result_bytes() -> pos_integer().
@@ -186,8 +202,8 @@ log_level(Level) ->
     end.
 
 %% @doc The interpreter, arguments and environment that start the worker.
--spec worker_command(erlcuda_config:config()) -> command().
-worker_command(Config) ->
+-spec worker_command(erlcuda_config:config(), erlcuda_shm:folder() | none) -> command().
+worker_command(Config, Shm) ->
     #{backend := Backend, cpu_devices := CpuDevices, batching := Batching,
       max_batch := MaxBatch, spin_us := SpinUs, worker_args := Extra,
       test_hooks := TestHooks, bench_hooks := BenchHooks, python := Python} = Config,
@@ -195,7 +211,8 @@ worker_command(Config) ->
             "--cpu-devices", integer_to_list(CpuDevices),
             "--max-batch", integer_to_list(case Batching of true -> MaxBatch; false -> 1 end),
             "--spin-us", case SpinUs of auto -> "-1"; Us -> integer_to_list(Us) end]
-        ++ ["--test-hooks" || TestHooks] ++ ["--bench-hooks" || BenchHooks] ++ Extra,
+        ++ ["--test-hooks" || TestHooks] ++ ["--bench-hooks" || BenchHooks]
+        ++ case Shm of #{dir := Dir} -> ["--shm-dir", Dir]; none -> [] end ++ Extra,
     #{python => erlcuda_paths:python(Python),
       args => Args,
       env => [{"PYTHONPATH", python_path(erlcuda_paths:python_dir())},

@@ -3,7 +3,7 @@
 %% row read by every launch, written only by the port owner (`erlcuda_worker').
 -module(erlcuda_status).
 
--export([create/0, set_up/4, set_down/1, set_unavailable/1, status/0, enqueue/2, dequeue/2,
+-export([create/0, set_up/5, set_down/1, set_unavailable/1, status/0, enqueue/2, dequeue/2,
          in_flight/2, pick/2, set_worker_os_pid/1, worker_os_pid/0, max_devices/0]).
 
 -export_type([status/0, queues/0]).
@@ -15,7 +15,8 @@
 -type queues() :: atomics:atomics_ref().
 -type status() :: #{status := up, port := port(), devices := non_neg_integer(),
                     queues := queues(), max_queue := pos_integer(), writer := pid(),
-                    writer_counters := erlcuda_writer:counters()}
+                    writer_counters := erlcuda_writer:counters(),
+                    shm := erlcuda_shm:folder() | none}
                 | #{status := {down, term()} | {unavailable, binary()},
                     queues := queues() | undefined}.
 
@@ -28,15 +29,17 @@ create() ->
 %% @doc Launches go to `Port' (or, while it is busy, to its `Writer'), spread over `Devices'.
 %% The counters of jobs already in flight are kept when the device count is unchanged (a
 %% hello confirming a restart).
--spec set_up(port(), {pid(), erlcuda_writer:counters()}, non_neg_integer(), pos_integer()) ->
+-spec set_up(port(), {pid(), erlcuda_writer:counters()}, non_neg_integer(), pos_integer(),
+             erlcuda_shm:folder() | none) ->
     ok.
-set_up(Port, {Writer, WriterCounters}, Devices, MaxQueue) ->
+set_up(Port, {Writer, WriterCounters}, Devices, MaxQueue, Shm) ->
     Queues = case status() of
                  #{devices := Devices, queues := Q} -> Q;
                  _ -> atomics:new(max(Devices, 1), [{signed, true}])
              end,
     store(#{status => up, port => Port, devices => Devices, queues => Queues,
-          max_queue => MaxQueue, writer => Writer, writer_counters => WriterCounters}).
+          max_queue => MaxQueue, writer => Writer, writer_counters => WriterCounters,
+          shm => Shm}).
 
 -spec set_down(term()) -> ok.
 set_down(Why) ->

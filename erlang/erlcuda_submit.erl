@@ -15,21 +15,45 @@ submit(Job, ReplyTo) ->
         #{status := {down, Why}} -> {error, {worker_down, Why}}
     end.
 
-route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace := Trace} = Job,
-      ReplyTo, #{queues := Queues} = Status) ->
+route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace := Trace,
+        result_bytes := ResultBytes} = Job, ReplyTo, #{queues := Queues} = Status) ->
     JobId = erlcuda_jobs:next_id(),
+    Shm = maps:get(shm, Status, none),
+    %% Operands and results over the threshold go through shared memory (traced jobs'
+    %% results through the pipe: their records carry the worker's stamps).
+    {LaunchArgs, Plan} = erlcuda_shm:plan(Shm, JobId, Args),
+    ResultFile = case Shm of
+                     #{threshold := T} -> not Trace andalso ResultBytes >= T;
+                     none -> false
+                 end,
     case erlcuda_status:pick(Want, Status) of
         {ok, Device} ->
-            case erlcuda_protocol:encode_launch(JobId, Device, Kernel, Args, Trace) of
+            Flags = #{trace => Trace, result_file => ResultFile},
+            case erlcuda_protocol:encode_launch(JobId, Device, Kernel, LaunchArgs, Flags) of
                 {ok, Frame} ->
                     case erlcuda_status:enqueue(Status, Device) of
                         ok ->
+                            %% Registered before the files are written: every way the job
+                            %% ends deletes them, even this caller's death while it writes.
                             ok = erlcuda_jobs:register(#{id => JobId, reply_to => ReplyTo,
                                                          caller => self(), device => Device,
                                                          queues => Queues, kernel => Kernel,
-                                                         format => Format,
-                                                         trace => Trace}),
-                            write(Status, Frame, JobId, maps:get(deadline, Job, infinity));
+                                                         format => Format, trace => Trace,
+                                                         files => [F || {F, _} <- Plan],
+                                                         shm => folder(Shm)}),
+                            Deadline = maps:get(deadline, Job, infinity),
+                            case erlcuda_shm:stage(Plan) of
+                                ok ->
+                                    write(Status, Frame, JobId, Deadline);
+                                {error, _} ->
+                                    %% No room in shared memory: the pipe carries it all.
+                                    case erlcuda_protocol:encode_launch(
+                                           JobId, Device, Kernel, Args,
+                                           Flags#{result_file := false}) of
+                                        {ok, Piped} -> write(Status, Piped, JobId, Deadline);
+                                        {error, _} = E -> take_back(JobId, E)
+                                    end
+                            end;
                         overloaded ->
                             {error, overloaded}
                     end;
@@ -39,6 +63,9 @@ route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace 
         {error, _} = Error ->
             Error
     end.
+
+folder(#{dir := Dir}) -> Dir;
+folder(none) -> undefined.
 
 %% The caller writes its frame itself while nothing waits for the writer and the port is
 %% not busy (a lone job pays no hop), else hands it to the port's writer. Never suspended;

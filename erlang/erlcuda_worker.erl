@@ -48,6 +48,7 @@
                last_frame = 0 :: integer(),
                busy_since :: integer() | undefined,
                writer :: {pid(), erlcuda_writer:counters()} | undefined,
+               shm = none :: erlcuda_shm:folder() | none,
                waiting = [] :: [gen_statem:from()]}).
 
 %% API.
@@ -86,6 +87,7 @@ init([]) ->
     kill(erlcuda_status:worker_os_pid()),
     ok = erlcuda_jobs:fail_all(server_restarted),
     {ok, Config} = erlcuda_config:load(),
+    _ = [erlcuda_shm:sweep_stale(Base) || Base <- [shm_base(Config)], Base =/= none],
     self() ! tick,
     {ok, backing_off, #data{config = Config}, [{next_event, internal, start}]}.
 
@@ -164,12 +166,15 @@ terminate(Reason, _State, #data{port = Port, os_pid = OsPid} = D) ->
     ok = erlcuda_jobs:fail_all({server_stopped, Reason}),
     %% The worker ends on its own once its input closes (popping its CUDA contexts); one
     %% that does not is killed rather than left behind.
-    reap(OsPid, ?REAP_MS div 50).
+    reap(OsPid, ?REAP_MS div 50),
+    _ = remove_folder(D),
+    ok.
 
 %% The worker's frames.
 
-frame({results, Records}, _, #data{os_pid = OsPid} = D) ->
-    case erlcuda_protocol:each_result(fun erlcuda_jobs:complete/2, Records) of
+frame({results, Records}, _, #data{os_pid = OsPid, shm = Shm} = D) ->
+    case erlcuda_protocol:each_result(fun(Id, Reply) -> complete(Id, Reply, Shm) end,
+                                      Records) of
         ok ->
             {keep_state, D};
         malformed ->
@@ -201,12 +206,20 @@ frame({undecodable, Size}, _, _) ->
     ?LOG_ERROR("erlcuda: undecodable frame of ~b bytes from the worker", [Size]),
     keep_state_and_data.
 
+%% A job already answered (its caller died, or it timed out) may still have left a result
+%% file: nobody will read it.
+complete(Id, Reply, Shm) ->
+    case {erlcuda_jobs:complete(Id, Reply), Shm} of
+        {none, #{dir := Dir}} -> erlcuda_shm:delete([], {Dir, Id});
+        _ -> ok
+    end.
+
 hello({ok, Info}, #data{port = Port, os_pid = OsPid, config = Config} = D) ->
     case erlcuda_protocol:check_hello(Info) of
         ok ->
             ?LOG_NOTICE("erlcuda: worker ~p started: ~ts", [OsPid, maps:get(reason, Info, "")]),
             ok = erlcuda_status:set_up(Port, D#data.writer, maps:get(devices, Info),
-                                       maps:get(max_queue, Config)),
+                                       maps:get(max_queue, Config), D#data.shm),
             ready(D#data{hello = Info});
         {unavailable, Why} ->
             ?LOG_ERROR("erlcuda: worker ~p cannot run jobs: ~ts", [OsPid, Why]),
@@ -235,8 +248,9 @@ start_worker(#data{config = Previous} = D0) ->
                                 "previous configuration", [Bad]),
                      Previous
              end,
-    D = D0#data{started = now_ms(), config = Config},
-    #{python := Python, args := Args, env := Env} = erlcuda_protocol:worker_command(Config),
+    D = D0#data{started = now_ms(), config = Config, shm = shm_folder(Config)},
+    #{python := Python, args := Args, env := Env} =
+        erlcuda_protocol:worker_command(Config, D#data.shm),
     try open_port({spawn_executable, Python},
                   [{args, Args}, {env, Env}, {packet, 4}, binary, exit_status, nouse_stdio,
                    hide]) of
@@ -254,14 +268,46 @@ start_worker(#data{config = Previous} = D0) ->
             {_, D1} = send_call(hello, erlcuda_protocol:hello_args(), hello,
                                 D#data{port = Port, os_pid = OsPid, last_frame = now_ms(),
                                        writer = Writer}),
-            ok = erlcuda_status:set_up(Port, Writer, Devices, maps:get(max_queue, Config)),
+            ok = erlcuda_status:set_up(Port, Writer, Devices, maps:get(max_queue, Config),
+                                       D#data.shm),
             {next_state, starting, D1,
              [{state_timeout, maps:get(start_timeout, Config), hello_timeout}]}
     catch
         error:Why ->
             ?LOG_ERROR("erlcuda: cannot start the worker ~ts: ~p", [Python, Why]),
-            back_off({spawn_failed, Why}, D)
+            back_off({spawn_failed, Why}, remove_folder(D))
     end.
+
+%% A folder for this worker's shared memory; none (everything through the pipe) where the
+%% configured place cannot hold one.
+shm_folder(#{shm_threshold := Threshold} = Config) ->
+    case shm_base(Config) of
+        none -> none;
+        Base -> shm_folder(Base, Threshold)
+    end.
+
+%% auto: /dev/shm where the system has one (Linux), else none.
+shm_base(#{shm_dir := auto}) ->
+    case filelib:is_dir("/dev/shm") of
+        true -> "/dev/shm";
+        false -> none
+    end;
+shm_base(#{shm_dir := Base}) ->
+    Base.
+
+shm_folder(Base, Threshold) ->
+    case erlcuda_shm:folder(Base) of
+        {ok, Dir} ->
+            #{dir => Dir, threshold => Threshold};
+        {error, Why} ->
+            ?LOG_WARNING("erlcuda: no shared memory, large data goes through the port: ~0p",
+                         [Why]),
+            none
+    end.
+
+remove_folder(#data{shm = Shm} = D) ->
+    ok = erlcuda_shm:remove(case Shm of #{dir := Dir} -> Dir; none -> undefined end),
+    D#data{shm = none}.
 
 provisional_devices(#{backend := cpu, cpu_devices := N}) -> N;
 provisional_devices(_) -> 1.
@@ -282,8 +328,8 @@ worker_died(Why, #data{port = Port, os_pid = OsPid, writer = Writer} = D) ->
     stop_writer(Writer),
     fail_calls({worker_down, Why}, backing_off, D),
     ok = erlcuda_jobs:fail_all(Why),
-    back_off(Why, D#data{port = undefined, os_pid = undefined, calls = #{},
-                         busy_since = undefined, writer = undefined}).
+    back_off(Why, remove_folder(D#data{port = undefined, os_pid = undefined, calls = #{},
+                                       busy_since = undefined, writer = undefined})).
 
 stop_writer(undefined) ->
     ok;

@@ -11,8 +11,10 @@
 %% An atom no module knows: written here only as a string, never as an atom literal.
 -define(NEVER_ATOM, "erlcuda_hostile2_never_an_atom").
 
+%% These tests load the pipe and its writer with large operands: shared memory, which would
+%% take those off the pipe, is off.
 with_app(Env, Test) ->
-    erlcuda_test_util:with_app(?DEFAULTS, Env, Test).
+    erlcuda_test_util:with_app(?DEFAULTS, [{shm_dir, none} | Env], Test).
 
 %%% ---------------------------------------------------------------------------------------
 %%% The writer
@@ -62,11 +64,12 @@ bug_batch_frame_over_frame_limit_test_() ->
     {timeout, 60, fun() ->
         Max = erlcuda_contract:max_frame(),
         {ok, Small} = erlcuda_protocol:encode_launch(1, 0, reduce, [binary:copy(<<0>>, 600)],
-                                                     false),
+                                                     #{trace => false, result_file => false}),
         %% a launch of reduce with one vector of BigN bytes, as encode_launch/5 writes it
         BigN = 4294966764,
         ?assert(BigN + 512 + 16 =< Max),           % encode_launch's own check passes
-        {ok, [Head | _]} = erlcuda_protocol:encode_launch(2, 0, reduce, [<<>>], false),
+        {ok, [Head | _]} = erlcuda_protocol:encode_launch(2, 0, reduce, [<<>>],
+                                                         #{trace => false, result_file => false}),
         Chunk = binary:copy(<<0>>, 1 bsl 24),
         Full = BigN div (1 bsl 24),
         Big = [Head, <<86, 0, BigN:64>>, lists:duplicate(Full, Chunk),

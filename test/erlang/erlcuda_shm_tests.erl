@@ -1,0 +1,173 @@
+%% Large operands and results through shared memory, and that every way a job, a worker or
+%% a node ends leaves no file behind. The folders go under a base of the test's own (the
+%% `shm_dir' setting), with a threshold of 4 KiB so that 10,000-element vectors use it.
+-module(erlcuda_shm_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+-define(N, 10000).
+-define(DEFAULTS, [{backend, cpu}, {cpu_devices, 1}, {test_hooks, false}, {shm_dir, auto},
+                   {shm_threshold, 1048576}]).
+
+base() ->
+    filename:join("/tmp", "erlcuda-shm-tests-" ++ os:getpid()).
+
+with_app(Test) ->
+    Base = base(),
+    _ = file:del_dir_r(Base),
+    ok = file:make_dir(Base),
+    erlcuda_test_util:with_app(?DEFAULTS, [{test_hooks, true}, {shm_dir, Base},
+                                           {shm_threshold, 4096}], Test).
+
+shm_test_() ->
+    with_app([{timeout, 60, fun results_through_files/0},
+              {timeout, 60, fun operands_wait_in_files_until_mapped/0},
+              {timeout, 60, fun killed_worker_leaves_no_file/0},
+              {timeout, 60, fun killed_caller_leaves_no_file/0},
+              {timeout, 60, fun timed_out_caller_leaves_no_file/0},
+              {timeout, 60, fun stop_leaves_no_folder/0}]).
+
+vec(N, Scale) ->
+    << <<(float(I * Scale)):32/float-little>> || I <- lists:seq(1, N) >>.
+
+%% Every file in the base, in any worker's folder.
+files() ->
+    lists:append([[filename:join(F, N) || N <- element(2, file:list_dir(F))]
+                  || F <- folders()]).
+
+folders() ->
+    filelib:wildcard(filename:join(base(), "erlcuda-*")).
+
+results_through_files() ->
+    A = vec(?N, 1), B = vec(?N, 2),
+    Want = vec(?N, 3),
+    ?assertEqual({ok, Want}, erlcuda:launch_sync(vector_add, [A, B], [{format, binary}])),
+    {ok, List} = erlcuda:launch_sync(vector_add, [A, B]),
+    ?assertEqual(erlcuda_protocol:f32_list(Want), {ok, List}),
+    {ok, Id} = erlcuda:launch(vector_add, [A, B], [{format, list}]),
+    receive {erlcuda, Id, Got} -> ?assertEqual({ok, List}, Got) after 10000 -> error(timeout) end,
+    {ok, Id2} = erlcuda:launch(vector_add, [A, B], [{format, binary}]),
+    receive {erlcuda, Id2, Got2} -> ?assertEqual({ok, Want}, Got2) after 10000 -> error(timeout)
+    end,
+    ?assertEqual({ok, float(?N * (?N + 1) div 2)}, erlcuda:launch_sync(reduce, [A])),
+    %% a small operand beside a large one, and a traced job (its result through the pipe)
+    ?assertEqual({ok, vec(2, 2)}, erlcuda:launch_sync(vector_add, [vec(2, 1), vec(2, 1)],
+                                                      [{format, binary}])),
+    {ok, Want, #{}} = erlcuda:launch_sync(vector_add, [A, B], [{format, binary},
+                                                                {trace, true}]),
+    ?assertEqual(1, length(folders())),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
+    erlcuda_test_util:no_message().
+
+%% While the device is busy the operands wait as files; once run, nothing is left.
+operands_wait_in_files_until_mapped() ->
+    erlcuda_test_util:stall(0, 600),
+    {ok, Id} = erlcuda:launch(vector_add, [vec(?N, 1), vec(?N, 1)], [{format, binary}]),
+    Names = [filename:basename(F) || F <- files()],
+    Prefix = "i" ++ integer_to_list(Id) ++ "-",
+    ?assertEqual([Prefix ++ "1", Prefix ++ "2"], lists:sort(Names)),
+    receive {erlcuda, Id, R} -> ?assertEqual({ok, vec(?N, 2)}, R) after 10000 -> error(timeout)
+    end,
+    receive {stalled, _} -> ok after 5000 -> error(no_stall) end,
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
+
+killed_worker_leaves_no_file() ->
+    #{worker_os_pid := Old} = erlcuda:info(),
+    [Before] = folders(),
+    erlcuda_test_util:stall(0, 3000),
+    Ids = [element(2, {ok, _} = erlcuda:launch(vector_add, [vec(?N, 1), vec(?N, 1)]))
+           || _ <- lists:seq(1, 5)],
+    ?assertEqual(10, length(files())),
+    os:cmd("kill -9 " ++ integer_to_list(Old)),
+    [receive {erlcuda, Id, R} -> ?assertMatch({error, {worker_down, _}}, R)
+     after 10000 -> error({no_reply, Id}) end || Id <- Ids],
+    receive {stalled, _} -> ok after 5000 -> error(no_stall) end,
+    erlcuda_test_util:wait_restarted(Old, 100),
+    %% the dead worker's folder is gone; the new worker has a new, empty one
+    ?assertEqual(ok, erlcuda_test_util:wait_until(
+                       fun() -> [F || F <- folders(), F =:= Before] =:= [] end, 50)),
+    ?assertMatch([_], folders()),
+    ?assertEqual([], files()),
+    ?assertEqual({ok, vec(?N, 2)}, erlcuda:launch_sync(vector_add, [vec(?N, 1), vec(?N, 1)],
+                                                       [{format, binary}])),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
+
+%% A caller that dies with its job in flight: its operands go with the sweep of dead
+%% callers, the result file that comes later is deleted unread.
+killed_caller_leaves_no_file() ->
+    erlcuda_test_util:stall(0, 800),
+    Self = self(),
+    Caller = spawn(fun() ->
+                           {ok, _} = erlcuda:launch(vector_add, [vec(?N, 1), vec(?N, 1)]),
+                           Self ! launched,
+                           timer:sleep(infinity)
+                   end),
+    receive launched -> ok after 5000 -> error(not_launched) end,
+    ?assertEqual(2, length(files())),
+    exit(Caller, kill),
+    receive {stalled, _} -> ok after 5000 -> error(no_stall) end,
+    ?assertEqual(ok, erlcuda_test_util:wait_until(
+                       fun() -> files() =:= [] andalso erlcuda_jobs:size() =:= 0 end, 50)),
+    %% and the job that ran after the sweep left its result file nowhere
+    timer:sleep(300),
+    ?assertEqual([], files()).
+
+%% launch_sync that gives up: its job still runs and its result file is deleted unread.
+timed_out_caller_leaves_no_file() ->
+    erlcuda_test_util:stall(0, 500),
+    ?assertEqual({error, timeout},
+                 erlcuda:launch_sync(vector_add, [vec(?N, 1), vec(?N, 1)], [{timeout, 100}])),
+    receive {stalled, _} -> ok after 5000 -> error(no_stall) end,
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
+    erlcuda_test_util:no_message().
+
+stop_leaves_no_folder() ->
+    ?assertMatch([_], folders()),
+    ok = application:stop(erlcuda),
+    ?assertEqual([], folders()).
+
+%% A node that dies at once (halt/0: no application stop runs) leaves no folder: the
+%% worker dies with it and the worker's reaper removes the folder. Folders of nodes that
+%% died some other way are removed by the next start.
+node_halt_test_() ->
+    {timeout, 120, fun node_halt_leaves_no_folder/0}.
+
+node_halt_leaves_no_folder() ->
+    Base = base() ++ "-peer",
+    _ = file:del_dir_r(Base),
+    ok = file:make_dir(Base),
+    Stale = filename:join(Base, "erlcuda-4194303-1"),
+    ok = file:make_dir(Stale),
+    ok = file:write_file(filename:join(Stale, "i1-1"), <<0:32>>),
+    {ok, Peer, _} = peer:start(#{connection => standard_io,
+                                 args => lists:append([["-pa", P] || P <- code:get_path(),
+                                                                     P =/= "."])}),
+    try
+        ok = peer:call(Peer, application, load, [erlcuda]),
+        [ok = peer:call(Peer, application, set_env, [erlcuda, K, V])
+         || {K, V} <- [{backend, cpu}, {test_hooks, true}, {shm_dir, Base},
+                       {shm_threshold, 4096}]],
+        {ok, _} = peer:call(Peer, application, ensure_all_started, [erlcuda], 60000),
+        %% the stale folder went at start; the peer's worker has its own
+        ?assertEqual(false, filelib:is_dir(Stale)),
+        [Folder] = filelib:wildcard(filename:join(Base, "erlcuda-*")),
+        {ok, _} = peer:call(Peer, erlcuda, launch_sync, [vector_add, [vec(?N, 1),
+                                                                      vec(?N, 1)]]),
+        %% operands waiting in the folder when the node goes
+        ok = peer:call(Peer, erlang, apply,
+                       [fun() ->
+                                spawn(fun() -> erlcuda_worker:call(stall, [0, 5000], 9000) end),
+                                timer:sleep(100),
+                                [erlcuda:launch(vector_add, [vec(?N, 1), vec(?N, 1)])
+                                 || _ <- lists:seq(1, 3)],
+                                ok
+                        end, []]),
+        ?assertEqual({ok, 6}, {ok, length(element(2, file:list_dir(Folder)))}),
+        catch peer:call(Peer, erlang, halt, [], 1000),
+        ?assertEqual(ok, erlcuda_test_util:wait_until(
+                           fun() -> filelib:wildcard(filename:join(Base, "*")) =:= [] end,
+                           100))
+    after
+        catch peer:stop(Peer),
+        _ = file:del_dir_r(Base)
+    end.
