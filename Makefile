@@ -9,7 +9,7 @@ REBAR ?= rebar3
 VENV := .venv
 PY = $(VENV)/bin/python
 
-.PHONY: demo test test-gpu test-python test-erlang test-elixir test-release lint bench bench-quick soak \
+.PHONY: demo test test-gpu test-python test-erlang test-elixir test-release lint bench bench-quick soak soak-memory \
         setup setup-erlang setup-elixir setup-python setup-bench compile clean
 
 # The demo module is not part of the application: compiled into a scratch folder.
@@ -93,6 +93,9 @@ setup-bench: setup-python
 
 soak: setup compile
 	bench/soak $${SOAK_SECONDS:-120}
+
+soak-memory: setup compile
+	bench/soak --memory $${SOAK_SECONDS:-600}
 
 clean:
 	rm -rf _build $(VENV)

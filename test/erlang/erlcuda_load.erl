@@ -56,7 +56,7 @@
 -define(MEMORY_CALLERS, 200).
 -define(MEMORY_WINDOW, 8).
 -define(SAMPLE_S, 10).
--define(WARMUP_S, 20).
+-define(WARMUP_S, 60).
 %% Results stay exact in f32 while every partial sum is an integer below 2^24.
 -define(F32_EXACT, 16777216).
 
@@ -134,15 +134,16 @@ print(#{jobs := Jobs, replies := Replies, right := Right, wrong := Wrong, lost :
 memory_soak(Seconds) ->
     wait_up(100),
     Start = worker_info(),
-    Done = counters:new(1, [write_concurrency]),
+    Ctl = #{done => counters:new(1, [write_concurrency]), stop => atomics:new(1, [])},
     T0 = erlang:monotonic_time(millisecond),
-    Deadline = T0 + Seconds * 1000,
     Self = self(),
-    Pids = [spawn_link(fun() -> Self ! {load_done, self(), steady_caller(Deadline, Done, C)} end)
+    Pids = [spawn_link(fun() -> Self ! {load_done, self(), steady_caller(Ctl, C)} end)
             || C <- lists:seq(1, ?MEMORY_CALLERS)],
     print_sample_header(),
-    Samples = [begin sleep_until(Tick), S = sample(T0, Done), print_sample(S), S end
-               || Tick <- ticks(T0, Deadline)],
+    Samples = [begin sleep_until(Tick), S = sample(T0, Ctl), print_sample(S), S end
+               || Tick <- ticks(T0, T0 + Seconds * 1000)],
+    %% the load stops only now, so that the last sample, like the others, sees it running
+    atomics:put(maps:get(stop, Ctl), 1, 1),
     Results = [receive {load_done, P, R} -> R end || P <- Pids],
     Elapsed = (erlang:monotonic_time(millisecond) - T0) / 1000,
     End = worker_info(),
@@ -181,9 +182,15 @@ print_memory(#{jobs := Jobs, replies := Replies, right := Right, wrong := Wrong,
                restarts := Restarts} = S) ->
     io:format("~nworker RSS: start ~s MiB, end ~s MiB, growth ~s~n",
               [mib_text(RssStart), mib_text(RssEnd), growth(RssStart, RssEnd)]),
-    io:format("  (start: the first sample at or after a ~b s warm-up, once the allocator and "
-              "buffer pools have reached steady state; end: the sample at the end of the "
-              "load)~n", [Warmup]),
+    io:format("  (start: the first sample at or after a ~b s warm-up, allowed for the "
+              "allocator and buffer pools to reach steady state; end: the last sample, with "
+              "the load still running)~n", [Warmup]),
+    %% one sample to the next swings by tens of MiB: the spread tells growth from noise
+    case [R || #{elapsed_s := T, worker_rss := R} <- Samples, T >= Warmup, is_integer(R)] of
+        [] -> ok;
+        Steady -> io:format("worker RSS after the warm-up: min ~s MiB, max ~s MiB~n",
+                            [mib_text(lists:min(Steady)), mib_text(lists:max(Steady))])
+    end,
     BeamStart = maps:get(beam_total, after_warmup(Warmup, Samples)),
     BeamEnd = maps:get(beam_total, lists:last(Samples)),
     io:format("BEAM total: start ~s MiB, end ~s MiB, growth ~s~n",
@@ -229,7 +236,7 @@ ticks(T0, Deadline) ->
 sleep_until(Ms) ->
     timer:sleep(max(0, Ms - erlang:monotonic_time(millisecond))).
 
-sample(T0, Done) ->
+sample(T0, #{done := Done}) ->
     Info = worker_info(),
     Pid = maps:get(worker_os_pid, Info, undefined),
     #{elapsed_s => (erlang:monotonic_time(millisecond) - T0) / 1000,
@@ -358,15 +365,15 @@ job(MaxSize) ->
 
 vec(V, S) -> binary:copy(<<V:32/float-little>>, S).
 
-%% One memory-soak caller: until the deadline, a quarter of its jobs through launch_sync,
+%% One memory-soak caller: until told to stop, a quarter of its jobs through launch_sync,
 %% the rest through launch/3 with at most ?MEMORY_WINDOW in flight; then the open ones
-%% answered. Every reply also counts in `Done', which the sampler reads.
-steady_caller(Deadline, Done, C) ->
+%% answered. Every reply also counts in `done', which the sampler reads.
+steady_caller(Ctl, C) ->
     _ = rand:seed(exsss, {C, erlang:unique_integer(), 7}),
-    steady(#{deadline => Deadline, done => Done, devices => devices()}, #{}, empty()).
+    steady(Ctl#{devices => devices()}, #{}, empty()).
 
-steady(#{deadline := Deadline} = Ctx, Open, Acc) ->
-    case {erlang:monotonic_time(millisecond) < Deadline, map_size(Open)} of
+steady(#{stop := Stop} = Ctx, Open, Acc) ->
+    case {atomics:get(Stop, 1) =:= 0, map_size(Open)} of
         {true, N} when N < ?MEMORY_WINDOW ->
             {Open1, Acc1} = launch_mixed(Ctx, Open, bump(jobs, Acc)),
             steady(Ctx, Open1, Acc1);
