@@ -14,6 +14,8 @@ gpu_test_() ->
               {"batches form under load, results match", {timeout, 120, fun batching/0}},
               {"1000 callers x 100 mixed jobs, all right", {timeout, 300, fun load/0}},
               {"SIGKILL under load: one reply each, then service", {timeout, 120, fun kill/0}},
+              {"large operands and results through shared memory, nothing left behind",
+               {timeout, 120, fun shared_memory/0}},
               {"a sticky CUDA error restarts the worker", {timeout, 120, fun sticky_error/0}}]};
         _ ->
             []
@@ -29,6 +31,23 @@ setup() ->
 
 cleanup(_) ->
     application:stop(erlcuda).
+
+%% 1.6e7-element operands and result (64 MiB each, over the 1 MiB threshold) go through the
+%% worker's /dev/shm folder; once answered, the folder is empty.
+shared_memory() ->
+    #{shm := #{dir := Dir}} = erlcuda_status:status(),
+    N = 16000000,
+    A = << <<(float(I rem 1000)):32/float-little>> || I <- lists:seq(1, N) >>,
+    B = binary:copy(<<0.5:32/float-little>>, N),
+    {ok, C} = erlcuda:launch_sync(vector_add, [A, B], [{format, binary}, {timeout, 60000}]),
+    ?assertEqual(byte_size(A), byte_size(C)),
+    ?assertEqual([0.5 + float(I rem 1000) || I <- lists:seq(1, 3000)],
+                 floats(binary:part(C, 0, 12000))),
+    ?assertEqual([0.5 + float(I rem 1000) || I <- lists:seq(N - 999, N)],
+                 floats(binary:part(C, byte_size(C) - 4000, 4000))),
+    {ok, S} = erlcuda:launch_sync(reduce, [B], [{timeout, 60000}]),
+    ?assert(abs(S - 0.5 * N) =< 1.0e-5 * N),
+    ?assertEqual({ok, []}, file:list_dir(Dir)).
 
 info() ->
     Info = erlcuda:info(),
