@@ -149,7 +149,10 @@ def spawn_on_port_fds(argv: list[str], **popen: Any) -> tuple[subprocess.Popen[b
         os.dup2(high[0], 3)
         os.dup2(high[1], 4)
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    # Ahead of what the path holds already (where PyCUDA may come from, as on the GPU host).
+    path = os.pathsep.join(p for p in (str(ROOT / "python"), os.environ.get("PYTHONPATH"))
+                           if p)
+    env = dict(os.environ, PYTHONPATH=path)
     proc = subprocess.Popen(argv, pass_fds=(3, 4), preexec_fn=remap, env=env,
                             stdin=subprocess.DEVNULL, **popen)
     for fd in (to_child_r, from_child_w, *high):
