@@ -137,6 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"erlcuda serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     portenv.die_with_parent()
+    portenv.keep_freed_memory()
     _widen_pipes()
     writer = FrameWriter(4)
     logs.to_erlang(writer)

@@ -9,6 +9,11 @@ A worker outlives its node if the node halts while the worker cannot read the en
 (stopped by SIGSTOP, say): ``die_with_parent`` has the kernel kill it when its parent dies.
 On Linux "parent" means the thread that started it (Erlang's erl_child_setup has one), so a
 program that starts the worker from a thread must keep that thread for the worker's life.
+
+``keep_freed_memory`` has glibc's malloc keep what the worker frees for reuse: by default
+every batch's megabyte-sized arrays are new mappings or a heap trimmed and grown again, and
+the page faults cost more than the work (a 256-job batch of 1000-element vector_adds took
+7.4 ms in place of 3.3 on the 2-core build machine).
 """
 
 from __future__ import annotations
@@ -21,11 +26,16 @@ import sys
 import threading
 import time
 
-__all__ = ["PortEnvError", "check_port_fds", "die_with_parent"]
+__all__ = ["PortEnvError", "check_port_fds", "die_with_parent", "keep_freed_memory"]
 
 PORT_FDS = (3, 4)
 #: ``prctl(PR_SET_PDEATHSIG, sig)``: the signal the kernel sends when the parent dies.
 _PR_SET_PDEATHSIG = 1
+#: ``mallopt`` parameters (glibc's malloc.h) and the values ``keep_freed_memory`` sets:
+#: blocks under 64 MiB come from the heap, and the heap is trimmed only past 256 MiB free.
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_MALLOPT = ((_M_MMAP_THRESHOLD, 64 << 20), (_M_TRIM_THRESHOLD, 256 << 20),
+            (_M_TOP_PAD, 16 << 20))
 
 
 class PortEnvError(Exception):
@@ -81,3 +91,15 @@ def _watch(parent: int, period: float = 1.0) -> None:
         os._exit(1)
 
     threading.Thread(target=poll, name="erlcuda-parent", daemon=True).start()
+
+
+def keep_freed_memory() -> bool:
+    """Tune glibc's malloc to reuse freed memory (see above); whether it took effect."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False  # not glibc (musl has no mallopt)
+    return all(mallopt(param, value) == 1 for param, value in _MALLOPT)
