@@ -254,3 +254,43 @@ def parse(kernel: str, args: Sequence[Any]) -> Request:
             raise BadArgs(f"result {'*'.join(spec.result.length)} = {out} is too large")
     a, b, m, n, k = (None if j is None else values[j] for j in plan.fields)
     return Request(kernel, a, b, m or 0, n or 0, k or 0, elements, out)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class UniformRequest:
+    """Jobs of one kernel whose operands all have the same sizes (``uniform.py``): ``a``
+    and ``b`` are ``count x size`` blocks, row ``i`` job ``i``'s; the rest as in
+    ``Request``, per job. ``scalar``: the result is a scalar, else a vector."""
+
+    kernel: str
+    a: np.ndarray
+    b: np.ndarray | None
+    m: int
+    n: int
+    k: int
+    count: int
+    elements: int
+    result_elements: int
+    scalar: bool
+
+    def row(self, i: int) -> Request:
+        """Job ``i`` as a ``Request``."""
+        return Request(self.kernel, self.a[i], None if self.b is None else self.b[i],
+                       self.m, self.n, self.k, self.elements, self.result_elements)
+
+    @property
+    def device_bytes(self) -> int:
+        return 4 * self.count * (self.elements + self.result_elements)
+
+
+def parse_uniform(kernel: str, args: Sequence[Any]) -> UniformRequest:
+    """Check a uniform batch's arguments (vectors as ``count x size`` blocks, dims as ints):
+    its first row is checked as ``parse`` checks a job, and every row has its shape."""
+    blocks = [a for a in args if isinstance(a, np.ndarray)]
+    if not blocks or any(b.ndim != 2 or b.shape[0] != blocks[0].shape[0] for b in blocks):
+        raise BadArgs("a uniform batch takes count x size blocks")
+    first = parse(kernel, [a[0] if isinstance(a, np.ndarray) else a for a in args])
+    scalar = contract.KERNELS[kernel].result.kind != "vector"
+    return UniformRequest(kernel, blocks[0], blocks[1] if len(blocks) > 1 else None,
+                          first.m, first.n, first.k, blocks[0].shape[0], first.elements,
+                          first.result_elements, scalar)

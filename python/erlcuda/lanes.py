@@ -25,9 +25,10 @@ import numpy as np
 from . import protocol
 from .backends.base import Backend, BackendError, Device
 from .framing import FrameError, FrameWriter
-from .kernels import Request
+from .kernels import Request, UniformRequest
 from .protocol import Failure, Result
 from .shm import SharedFolder, ShmError
+from .uniform import encode_uniform
 
 log = logging.getLogger("erlcuda.lane")
 
@@ -45,6 +46,15 @@ class Job:
     @property
     def elements(self) -> int:
         return 0 if self.request is None else self.request.elements
+
+
+@dataclass(slots=True)
+class UniformJobs:
+    """A uniform batch frame's jobs (``uniform.py``): row ``i`` of ``batch`` is job
+    ``job_ids[i]``'s."""
+
+    job_ids: np.ndarray
+    batch: UniformRequest
 
 
 @dataclass(slots=True)
@@ -69,6 +79,7 @@ class Stats:
     launches: int = 0
     max_batch: int = 0
     errors: int = 0
+    table_jobs: int = 0  # jobs of uniform batch frames, run as tables
 
 
 class Lane(threading.Thread):
@@ -99,11 +110,12 @@ class Lane(threading.Thread):
         self.ready = threading.Event()
         self.device_info: dict[str, Any] = {}
         self.memory = 1 << 62  # device memory in bytes, where the backend says
-        self._queue: queue.SimpleQueue[Job | Control | object] = queue.SimpleQueue()
-        self._held: Job | Control | object | None = None
+        self._queue: queue.SimpleQueue[Job | UniformJobs | Control | object] = (
+            queue.SimpleQueue())
+        self._held: Job | UniformJobs | Control | object | None = None
 
     # -- called from other threads ---------------------------------------------------------
-    def submit(self, item: Job | Control) -> None:
+    def submit(self, item: Job | UniformJobs | Control) -> None:
         self._queue.put(item)
 
     def depth(self) -> int:
@@ -122,6 +134,8 @@ class Lane(threading.Thread):
                     return
                 if isinstance(items, Control):
                     self._control(items, device)
+                elif isinstance(items, UniformJobs):
+                    self.run_uniform(items, device)
                 else:
                     self._batch(items, device)
         finally:
@@ -158,6 +172,57 @@ class Lane(threading.Thread):
     def run_control(self, item: Control, device: Device | None) -> None:
         self._control(item, device)
 
+    def run_uniform(self, jobs: UniformJobs, device: Device | None) -> None:
+        """Run a uniform batch in slices within ``max_batch`` and ``max_elements``, and
+        answer each slice with one table of records (``uniform.encode_uniform``)."""
+        whole = jobs.batch
+        per_job = max(whole.elements, 1)
+        step = max(1, min(self.max_batch, self.max_elements // per_job))
+        for start in range(0, whole.count, step):
+            end = min(start + step, whole.count)
+            part = UniformRequest(whole.kernel, whole.a[start:end],
+                                  None if whole.b is None else whole.b[start:end],
+                                  whole.m, whole.n, whole.k, end - start, whole.elements,
+                                  whole.result_elements, whole.scalar)
+            self._uniform_slice(jobs.job_ids[start:end], part, device)
+
+    def _uniform_slice(self, job_ids: np.ndarray, batch: UniformRequest,
+                       device: Device | None) -> None:
+        failure: Failure | None = None
+        fatal: str | None = None
+        values: np.ndarray | None = None
+        if device is None:
+            failure = protocol.backend_unavailable(self.unavailable or "")
+        else:
+            try:
+                values = device.run_uniform(batch)
+                self.stats.launches += 1
+                self.stats.max_batch = max(self.stats.max_batch, batch.count)
+            except BackendError as exc:
+                failure = protocol.cuda_error(exc.code, exc.message)
+                if exc.fatal:
+                    fatal = f"device {self.index}: {exc.code}: {exc.message}"
+            except Exception as exc:
+                log.exception("device %d: %s failed", self.index, batch.kernel)
+                failure = protocol.internal(f"{type(exc).__name__}: {exc}")
+        self.stats.jobs += batch.count
+        self.stats.table_jobs += batch.count
+        frames = [] if values is None else encode_uniform(job_ids, values,
+                                                          self.writer.max_frame)
+        if not frames:  # a failure, or records too large for the table: one by one
+            records: list[protocol.Record] = [
+                (int(job_id), failure if failure is not None else _row(values, i), None)
+                for i, job_id in enumerate(job_ids)]
+            encoded = results_frames(records, self.writer.max_frame)
+            self.stats.errors += encoded.errors
+            frames = encoded.frames
+        try:
+            self.writer.write_many(frames)
+        except FrameError:
+            log.warning("device %d: replies dropped, the port is closed", self.index)
+        if fatal is not None:
+            self.on_fatal(fatal)
+
     def _open(self) -> Device | None:
         if self.backend is None or self.unavailable is not None:
             return None
@@ -173,14 +238,14 @@ class Lane(threading.Thread):
         log.error("%s", self.unavailable)
         return None
 
-    def _take(self) -> list[Job] | Control | None:
+    def _take(self) -> list[Job] | UniformJobs | Control | None:
         # SimpleQueue is C code with a cheap wake-up; what is already queued is drained
         # without blocking, and an item that does not fit this batch is held for the next.
         first = self._held if self._held is not None else self._next()
         self._held = None
         if first is _STOP:
             return None
-        if isinstance(first, Control):
+        if isinstance(first, (Control, UniformJobs)):
             return first
         batch: list[Job] = [first]
         elements = first.elements
@@ -197,7 +262,7 @@ class Lane(threading.Thread):
                 break
         return batch
 
-    def _next(self) -> Job | Control | object:
+    def _next(self) -> Job | UniformJobs | Control | object:
         """The next item; for ``spin_ns`` after the last one, poll instead of sleeping.
 
         A thread woken from a sleep costs tens of microseconds (more in a virtual machine),
@@ -293,3 +358,8 @@ class Lane(threading.Thread):
             log.warning("device %d: replies dropped, the port is closed", self.index)
         if fatal is not None:
             self.on_fatal(fatal)
+
+
+def _row(values: np.ndarray | None, i: int) -> Result:
+    assert values is not None
+    return values[i] if values.ndim == 2 else float(values[i])

@@ -35,9 +35,10 @@ from . import __version__, contract, kernels, protocol
 from .backends import select
 from .backends.base import Backend, BackendUnavailable, Device
 from .framing import FrameError, FrameReader, FrameWriter, frame_size
-from .lanes import Control, Job, Lane, results_frames
+from .lanes import Control, Job, Lane, UniformJobs, results_frames
 from .protocol import Call, Failure, Launch, ProtocolError
 from .shm import FileArg, SharedFolder, ShmError
+from .uniform import decode_uniform
 
 log = logging.getLogger("erlcuda.worker")
 
@@ -121,6 +122,10 @@ class Worker:
                 frame = self.reader.read()
                 if frame is None:
                     return self.shutdown(0)
+                uniform = self._uniform(frame)
+                if uniform is not None:
+                    self.lanes[uniform[0]].submit(uniform[1])
+                    continue
                 recv = time.perf_counter_ns()
                 for message in self._messages(frame):
                     if isinstance(message, Launch):
@@ -146,28 +151,56 @@ class Worker:
                     return self.shutdown(0)
                 jobs: list[Job] = []
                 while True:
-                    recv = time.perf_counter_ns()
-                    for message in self._messages(frame):
-                        if isinstance(message, Launch):
-                            job = self.launch(message, recv)
-                            if job is not None:
-                                jobs.append(job)
-                        else:
-                            if jobs:  # keep the order: what came before the call runs first
-                                lane.run_jobs(jobs, device)
-                                jobs = []
-                            self._answer_here(message)
+                    self._take_frame(frame, jobs, lane, device)
                     if len(jobs) >= limit or not self.reader.pending():
                         break
                     frame = self.reader.read()
                     if frame is None:
                         lane.run_jobs(jobs, device)
                         return self.shutdown(0)
-                if jobs:
-                    lane.run_jobs(jobs, device)
+                lane.run_jobs(jobs, device)
         except FrameError as exc:
             log.error("port closed: %s", exc)
             return self.shutdown(1)
+
+    def _take_frame(self, frame: bytearray | memoryview, jobs: list[Job], lane: Lane,
+                    device: Device | None) -> None:
+        """Add ``frame``'s jobs to ``jobs``. A uniform batch or a call runs at once, after
+        the jobs before it (which keeps each caller's replies in order)."""
+        uniform = self._uniform(frame)
+        if uniform is not None:
+            lane.run_jobs(jobs, device)
+            jobs.clear()
+            lane.run_uniform(uniform[1], device)
+            return
+        recv = time.perf_counter_ns()
+        for message in self._messages(frame):
+            if isinstance(message, Launch):
+                job = self.launch(message, recv)
+                if job is not None:
+                    jobs.append(job)
+            else:
+                lane.run_jobs(jobs, device)
+                jobs.clear()
+                self._answer_here(message)
+
+    def _uniform(self, frame: bytearray | memoryview) -> tuple[int, UniformJobs] | None:
+        """A uniform batch frame (``uniform.py``) to run on its device as one table, or
+        ``None`` for the general path, which also answers whatever this one would refuse."""
+        if self.refusal is not None or self.options.max_batch < 2 or not frame:
+            return None
+        found = decode_uniform(frame)
+        if found is None or not 0 <= found.device < len(self.lanes):
+            return None
+        try:
+            batch = kernels.parse_uniform(found.kernel, found.args)
+        except kernels.BadArgs:
+            return None
+        lane = self.lanes[found.device]
+        if lane.unavailable is not None or 4 * (batch.elements + batch.result_elements) > (
+                lane.memory):
+            return None
+        return found.device, UniformJobs(found.job_ids, batch)
 
     def _messages(self, frame: bytearray | memoryview) -> list[Launch | Call]:
         try:
@@ -316,6 +349,7 @@ class Worker:
                 "launches": lane.stats.launches,
                 "max_batch": lane.stats.max_batch,
                 "errors": lane.stats.errors,
+                "table_jobs": lane.stats.table_jobs,
                 "queue": lane.depth(),
             }
             if lane.unavailable:

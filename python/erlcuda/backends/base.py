@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract
-from ..kernels import Request
+from ..kernels import Request, UniformRequest
 
 Result = np.ndarray | float
 
@@ -52,6 +52,17 @@ class Device(ABC):
     @abstractmethod
     def run(self, kernel: str, requests: Sequence[Request]) -> list[Result]:
         """Run a batch of jobs of one kernel and one batch key."""
+
+    def run_uniform(self, batch: UniformRequest) -> np.ndarray:
+        """Run a uniform batch: ``count x result_elements`` f32 for vector results, or
+        ``count`` floats for scalars (possibly staging memory, as for ``run``). This one
+        runs it through ``run``; a backend may do it in one step."""
+        values = self.run(batch.kernel, [batch.row(i) for i in range(batch.count)])
+        if batch.scalar:
+            return np.array(values, dtype=np.float64)
+        if not values:
+            return np.empty((0, batch.result_elements), np.float32)
+        return np.stack(values).astype(np.float32, copy=False)
 
     @abstractmethod
     def info(self) -> dict[str, Any]:

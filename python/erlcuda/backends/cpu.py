@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import F32, Request
+from ..kernels import F32, Request, UniformRequest
 from .base import Backend, Device, Result
 
 
@@ -65,6 +65,22 @@ class CpuDevice(Device):
         if kernel == "dot_product":
             return _segment_sums(a.astype(np.float64) * b.astype(np.float64), offsets)
         raise ValueError(f"unknown kernel {kernel}")
+
+    def run_uniform(self, batch: UniformRequest) -> np.ndarray:
+        a, b, kernel = batch.a, batch.b, batch.kernel
+        if kernel == "vector_add" and b is not None:
+            return np.add(a, b, dtype=F32)
+        if kernel == "reduce":
+            return a.sum(axis=1, dtype=np.float64).astype(F32).astype(np.float64)
+        if kernel == "dot_product" and b is not None:
+            dots = np.einsum("ij,ij->i", a, b, dtype=np.float64)
+            return dots.astype(F32).astype(np.float64)
+        if kernel == "matmul" and b is not None:
+            m, n, k = batch.m, batch.n, batch.k
+            out = np.matmul(a.reshape(batch.count, m, k), b.reshape(batch.count, k, n),
+                            dtype=F32)
+            return out.reshape(batch.count, m * n)
+        return super().run_uniform(batch)
 
     def info(self) -> dict[str, Any]:
         return {"name": f"cpu:{self.index}"}

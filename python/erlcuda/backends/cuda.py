@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ import numpy as np
 import pycuda.compiler
 import pycuda.driver as cuda
 
-from ..kernels import F32, Request
+from ..kernels import F32, Request, UniformRequest
 from .base import Backend, BackendError, BackendUnavailable, Device, Result
 
 # The kernel sources' helpers live in .sources (no PyCUDA there); still importable from here.
@@ -497,41 +497,76 @@ class CudaDevice(Device):
 
     # -- the kernels' batches --------------------------------------------------------------
 
+    def run_uniform(self, batch: UniformRequest) -> np.ndarray:
+        if self._closed:
+            raise BackendError("invalid_value", "device is closed")
+        count, size = batch.a.shape
+        with _cuda_errors():
+            if batch.kernel == "vector_add" and batch.b is not None:
+                out = self._add(count * size, _fill_blocks(batch.a, batch.b))
+                return out.reshape(count, size)
+            if batch.kernel in ("reduce", "dot_product"):
+                dot = batch.kernel == "dot_product"
+                return self._sums([size] * count, _fill_blocks(batch.a, batch.b), dot=dot)
+            if batch.kernel == "matmul" and batch.b is not None:
+                m, n, k = batch.m, batch.n, batch.k
+                out = self._product(m, n, k, count, _fill_blocks(batch.a, batch.b))
+                return out.reshape(count, m * n)
+        return super().run_uniform(batch)
+
+    # -- the kernels' batches --------------------------------------------------------------
+    # Each packs its operands into the input staging (a fill function: the requests one by
+    # one, or a uniform batch's blocks at once), then runs as one launch where it can.
+
     def _vector_add(self, requests: Sequence[Request]) -> list[Result]:
         sizes = [int(r.a.size) for r in requests]
-        total = sum(sizes)
+        starts = list(itertools.accumulate(sizes[:-1], initial=0))
+
+        def fill(host_in: np.ndarray, b_at: int) -> None:
+            for r, start, size in zip(requests, starts, sizes, strict=True):
+                np.copyto(host_in[start : start + size], r.a)
+                np.copyto(host_in[b_at + start : b_at + start + size], _b(r))
+
+        out = self._add(sum(sizes), fill)
+        return [out[start : start + size] for start, size in zip(starts, sizes, strict=True)]
+
+    def _add(self, total: int, fill: _Fill) -> np.ndarray:
         if total == 0:
-            return [np.empty(0, F32) for _ in requests]
+            return np.empty(0, F32)
         b_at = _round_up(total, PACK_ALIGN)  # b's operands start here in the input staging
         self._ensure_capacity(b_at + total, total)
         host_in = self._host_in.array
-        starts = list(itertools.accumulate(sizes[:-1], initial=0))
-        for r, start, size in zip(requests, starts, sizes, strict=True):
-            np.copyto(host_in[start : start + size], r.a)
-            np.copyto(host_in[b_at + start : b_at + start + size], _b(r))
+        fill(host_in, b_at)
         d_in = self._dev_in.ptr
         cuda.memcpy_htod_async(d_in, host_in[: b_at + total], self._stream)
         self.launch_vector_add(d_in, d_in + 4 * b_at, self._dev_out.ptr, total)
-        out = self._fetch(total)
-        return [out[start : start + size] for start, size in zip(starts, sizes, strict=True)]
+        return self._fetch(total)
 
     def _reduce(self, requests: Sequence[Request], *, dot: bool) -> list[Result]:
         sizes = [int(r.a.size) for r in requests]
+        starts = list(itertools.accumulate(sizes[:-1], initial=0))
+
+        def fill(host_in: np.ndarray, y_at: int) -> None:
+            for r, start, size in zip(requests, starts, sizes, strict=True):
+                np.copyto(host_in[start : start + size], r.a)
+                if dot:
+                    np.copyto(host_in[y_at + start : y_at + start + size], _b(r))
+
+        return [float(v) for v in self._sums(sizes, fill, dot=dot)]
+
+    def _sums(self, sizes: list[int], fill: _Fill, *, dot: bool) -> np.ndarray:
+        """Each segment's sum (dot: of products), as f32 values in an f64 array."""
         total = sum(sizes)
-        count = len(requests)
+        count = len(sizes)
         if total == 0:
-            return [0.0] * count
+            return np.zeros(count)
         y_at = _round_up(total, PACK_ALIGN)  # dot: y's operands start here
         in_elements = y_at + total if dot else total
         segmented = count > 1 and max(sizes) <= SEGMENT_MAX
         self._ensure_capacity(in_elements, count, count + 1 if segmented else 0)
         host_in = self._host_in.array
+        fill(host_in, y_at)
         offsets = list(itertools.accumulate(sizes, initial=0))  # segment s: offsets[s:s+2]
-        starts = offsets[:-1]
-        for r, start, size in zip(requests, starts, sizes, strict=True):
-            np.copyto(host_in[start : start + size], r.a)
-            if dot:
-                np.copyto(host_in[y_at + start : y_at + start + size], _b(r))
         d_x = self._dev_in.ptr
         d_y = d_x + 4 * y_at if dot else d_x
         d_out = self._dev_out.ptr
@@ -544,30 +579,55 @@ class CudaDevice(Device):
             self.launch_segments(d_x, d_y, d_offsets, count, d_out, dot=dot)
         else:
             # One two-pass reduction per job, in stream order: they share the partials.
-            for i, (start, size) in enumerate(zip(starts, sizes, strict=True)):
+            for i, (start, size) in enumerate(zip(offsets[:-1], sizes, strict=True)):
                 self.launch_reduce(d_x + 4 * start, d_y + 4 * start, size, d_out + 4 * i, dot=dot)
-        return [float(v) for v in self._fetch(count)]
+        return self._fetch(count).astype(np.float64)
 
     def _matmul(self, requests: Sequence[Request]) -> list[Result]:
         r0 = requests[0]
         m, n, k = r0.m, r0.n, r0.k
         count = len(requests)
-        if m == 0 or n == 0:
-            return [np.empty(0, F32) for _ in requests]
         a_size, b_size, c_size = m * k, k * n, m * n
-        b_at = _round_up(count * a_size, PACK_ALIGN)  # the stacked Bs start here
-        in_elements = b_at + count * b_size
-        self._ensure_capacity(in_elements, count * c_size)
+
+        def fill(host_in: np.ndarray, b_at: int) -> None:
+            for i, r in enumerate(requests):
+                np.copyto(host_in[i * a_size : (i + 1) * a_size], r.a)
+                np.copyto(host_in[b_at + i * b_size : b_at + (i + 1) * b_size], _b(r))
+
+        out = self._product(m, n, k, count, fill)
+        return [out[i * c_size : (i + 1) * c_size] for i in range(count)]
+
+    def _product(self, m: int, n: int, k: int, count: int, fill: _Fill) -> np.ndarray:
+        if m == 0 or n == 0:
+            return np.empty(0, F32)
+        b_at = _round_up(count * m * k, PACK_ALIGN)  # the stacked Bs start here
+        in_elements = b_at + count * k * n
+        self._ensure_capacity(in_elements, count * m * n)
         host_in = self._host_in.array
-        for i, r in enumerate(requests):
-            np.copyto(host_in[i * a_size : (i + 1) * a_size], r.a)
-            np.copyto(host_in[b_at + i * b_size : b_at + (i + 1) * b_size], _b(r))
+        fill(host_in, b_at)
         d_in = self._dev_in.ptr
         if in_elements > 0:  # k == 0: nothing to send, the kernel writes zeros
             cuda.memcpy_htod_async(d_in, host_in[:in_elements], self._stream)
         self.launch_matmul(d_in, d_in + 4 * b_at, self._dev_out.ptr, m, n, k, count)
-        out = self._fetch(count * c_size)
-        return [out[i * c_size : (i + 1) * c_size] for i in range(count)]
+        return self._fetch(count * m * n)
+
+
+#: Packs a batch's operands into the input staging: ``fill(host_in, second_at)``, the
+#: second operands (if any) starting at element ``second_at``.
+_Fill = Callable[[np.ndarray, int], None]
+
+
+def _fill_blocks(a: np.ndarray, b: np.ndarray | None) -> _Fill:
+    """The fill of a uniform batch: each block copied at once, rows one after another."""
+
+    def fill(host_in: np.ndarray, second_at: int) -> None:
+        count, size = a.shape
+        np.copyto(host_in[: count * size].reshape(count, size), a)
+        if b is not None:
+            rows, width = b.shape
+            np.copyto(host_in[second_at : second_at + rows * width].reshape(rows, width), b)
+
+    return fill
 
 
 # -- the backend ---------------------------------------------------------------------------
