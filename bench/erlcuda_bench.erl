@@ -16,10 +16,20 @@
 %%               job, both kinds and all sizes shuffled into one random order;
 %%   stages      traced jobs (`{trace, true}'): where one job's time goes, plus an echo of
 %%               the same input bytes as the bare transport;
-%%   bandwidth   large vector_add jobs beside an echo moving the same bytes;
+%%   bandwidth   large vector_add and reduce jobs beside an echo moving the same bytes and the
+%%               pure backend call, with shared memory (the default); then, at the sizes of
+%%               `pipe_sizes', the same with `shm_dir' none (the application restarted), so
+%%               that the pipe and shared memory are measured side by side in one run;
 %%   throughput  N concurrent callers looping `launch_sync' until a deadline, batching on
 %%               and off (the application is restarted with `batching' false); and the
 %%               floor's unbatched pipelined rate (one process, a window of frames in flight);
+%%   hold        whether a large result holds up a small job on another device: a caller
+%%               loops small reduce jobs on device 1, alone (the baseline), then while one
+%%               vector_add of `big_size' elements runs on device 0 and its result is
+%%               delivered (`repeats' times); with shared memory and with `shm_dir' none.
+%%               Two devices: the cpu backend with `cpu_devices' 2 unless the worker has two
+%%               GPUs or more (it measures the Erlang side, the port owner, which every
+%%               backend shares);
 %%   erlport     (only where bench/run was given `--erlport DIR') erlport's python:call beside
 %%               erlcuda, interleaved: a tiny call, a 1000-element vector_add, 100 concurrent
 %%               callers and a large payload, each repeated (medians of the repetitions).
@@ -70,30 +80,33 @@ quiet_logger() ->
 run(ConfigFile) ->
     {ok, [Cfg0]} = file:consult(ConfigFile),
     _ = rand:seed(exsss, maps:get(seed, Cfg0, 1)),
-    ok = start_app(Cfg0, true),
+    ok = start_app(Cfg0, #{}),
     Floor = floor_open(Cfg0),
     Cfg = Cfg0#{floor_port => Floor},
     emit(info_event(Cfg)),
-    Sections = maps:get(sections, Cfg, [latency, stages, bandwidth, throughput]),
+    Sections = maps:get(sections, Cfg, [latency, stages, bandwidth, throughput, hold]),
     [ok = section(S, Cfg) || S <- Sections],
     floor_close(Floor).
 
 section(latency, #{latency := L, floor_port := F}) -> latency(L, F);
 section(stages, #{stages := S}) -> stages(S);
-section(bandwidth, #{bandwidth := B}) -> bandwidth(B);
+section(bandwidth, #{bandwidth := B} = Cfg) -> bandwidth(B, Cfg);
 section(throughput, #{throughput := T} = Cfg) -> throughput(T, Cfg);
+section(hold, #{hold := H} = Cfg) -> hold(H, Cfg);
 section(erlport, #{erlport := E} = Cfg) -> erlport(E, Cfg);
 section(_, _) -> ok.
 
-%% The application.
+%% The application: the run's env, with `Over' (batching, shm_dir, backend, cpu_devices)
+%% changing some of it; every key is set at each start, so a restart undoes the last one's.
 
-start_app(Cfg, Batching) ->
+start_app(Cfg, Over) ->
     _ = application:load(erlcuda),
     %% bench_hooks: the worker answers the benchmark calls (pure, echo) only with it.
-    Env = [{backend, maps:get(backend, Cfg, auto)},
-           {cpu_devices, 1},
+    Env = [{backend, maps:get(backend, Over, maps:get(backend, Cfg, auto))},
+           {cpu_devices, maps:get(cpu_devices, Over, 1)},
            {max_queue, maps:get(max_queue, Cfg, 100000)},
-           {batching, Batching},
+           {batching, maps:get(batching, Over, true)},
+           {shm_dir, maps:get(shm_dir, Over, auto)},
            {bench_hooks, true}
            | [{python, P} || P <- [maps:get(python, Cfg, default)], is_list(P)]],
     [ok = application:set_env(erlcuda, K, V) || {K, V} <- Env],
@@ -103,9 +116,24 @@ start_app(Cfg, Batching) ->
         Info -> error({erlcuda_not_ready, maps:with([worker_status, status, reason], Info)})
     end.
 
-restart_app(Cfg, Batching) ->
+restart_app(Cfg, Over) ->
     ok = application:stop(erlcuda),
-    start_app(Cfg, Batching).
+    start_app(Cfg, Over).
+
+%% Whether the running worker has a shared-memory folder: `shm_dir' not none and the
+%% port owner's folder (`erlcuda-<OsPid>-<N>' under the base) there.
+shm_active() ->
+    Base = case application:get_env(erlcuda, shm_dir, auto) of
+               none -> none;
+               auto -> "/dev/shm";
+               B when is_binary(B) -> binary_to_list(B);
+               B -> B
+           end,
+    Base =/= none andalso
+        filelib:wildcard("erlcuda-" ++ os:getpid() ++ "-*", Base) =/= [].
+
+shm_threshold() ->
+    application:get_env(erlcuda, shm_threshold, 1048576).
 
 info_event(Cfg) ->
     Info = erlcuda:info(),
@@ -124,6 +152,8 @@ info_event(Cfg) ->
       device_name => Name,
       device_info => Devices,
       batching => maps:get(batching, Info, true),
+      shm => shm_active(),
+      shm_threshold => shm_threshold(),
       worker_python_version => maps:get(python, Info, <<>>),
       worker_python => unicode:characters_to_binary(Python),
       otp_release => list_to_binary(erlang:system_info(otp_release)),
@@ -168,6 +198,11 @@ bytes_in(Args) -> lists:sum([byte_size(B) || B <- Args, is_binary(B)]).
 bytes_out({matmul, N}) -> 4 * N * N;
 bytes_out({vector_add, N}) -> 4 * N;
 bytes_out(_) -> 8.
+
+%% The bytes a large-payload job is counted for: a vector_add's inputs and result, a
+%% reduce's input (its result is one float).
+bytes_per_job({reduce, _}, Args) -> bytes_in(Args);
+bytes_per_job(G, Args) -> bytes_in(Args) + bytes_out(G).
 
 %% Single timed calls.
 
@@ -461,27 +496,75 @@ traced(K, Args, Offset) ->
             error({timeout, K})
     end.
 
-%% Bandwidth: large vector_add jobs, and an echo of as many bytes in and out, alternating.
+%% Bandwidth: large jobs, and an echo of as many bytes (half each way), alternating; first
+%% with the run's env (shared memory where there is some), then at `pipe_sizes' with
+%% `shm_dir' none, the application restarted for it and again after.
 
-bandwidth(#{sizes := Sizes} = B) ->
-    phase(<<"bandwidth">>, length(Sizes)),
-    lists:foreach(fun(N) -> bandwidth_size(N, B), step() end, Sizes),
-    ok.
+bandwidth(#{sizes := Sizes} = B, Cfg) ->
+    Kernels = maps:get(kernels, B, [vector_add]),
+    PipeSizes = maps:get(pipe_sizes, B, []),
+    phase(<<"bandwidth">>, length(Kernels) * (length(Sizes) + length(PipeSizes))),
+    Shm = shm_active(),
+    _ = [begin bandwidth_size(K, N, B, Shm), step() end || N <- Sizes, K <- Kernels],
+    case PipeSizes =/= [] andalso Shm of
+        true ->
+            ok = restart_app(Cfg, #{shm_dir => none}),
+            _ = [begin bandwidth_size(K, N, B, shm_active()), step() end
+                 || N <- PipeSizes, K <- Kernels],
+            restart_app(Cfg, #{});
+        false ->
+            %% No shared memory in this run: the rows above went through the pipe already.
+            _ = [step() || _ <- PipeSizes, _ <- Kernels],
+            ok
+    end.
 
-bandwidth_size(N, B) ->
-    Args = args({vector_add, N}),
-    Bytes = bytes_in(Args) + bytes_out({vector_add, N}),
+bandwidth_size(K, N, B, Shm) ->
+    G = {K, N},
+    Args = args(G),
+    Bytes = bytes_per_job(G, Args),
     %% An echo sends its payload and gets it back: half the job's bytes each way.
     Payload = fill(rand_block(?BLOCK), Bytes div 2),
-    FullNs = warm(fun() -> full(vector_add, Args) end, 3, 1000000000),
+    FullNs = warm(fun() -> full(K, Args) end, 3, 1000000000),
     EchoNs = warm(fun() -> echo(Payload) end, 3, 1000000000),
     Iters = iterations(FullNs + EchoNs, B),
-    Pairs = [{full(vector_add, Args), echo(Payload)} || _ <- lists:seq(1, Iters)],
-    Pure = pure(vector_add, Args, min(Iters, 10)),
-    emit(#{event => result, section => bandwidth, kernel => vector_add, size => N,
-           bytes_per_job => Bytes, echo_bytes => 2 * byte_size(Payload), iters => Iters,
-           full_ns => [F || {F, _} <- Pairs], echo_ns => [E || {_, E} <- Pairs],
-           pure_ns => Pure}).
+    Pairs = [{full(K, Args), echo(Payload)} || _ <- lists:seq(1, Iters)],
+    Pure = pure(K, Args, min(Iters, 10)),
+    %% Through shared memory, the transport's own floor: this process writing the operands
+    %% to /dev/shm and reading a result of the job's size back, as erlcuda does, no worker.
+    ShmFloor = case Shm of
+                   true -> #{shm_floor_ns => [shm_floor(Args, bytes_out(G))
+                                              || _ <- lists:seq(1, Iters)]};
+                   false -> #{}
+               end,
+    emit(ShmFloor#{event => result, section => bandwidth, kernel => K, size => N,
+                   bytes_per_job => Bytes, bytes_in => bytes_in(Args),
+                   bytes_out => bytes_out(G), shm => Shm, shm_threshold => shm_threshold(),
+                   echo_bytes => 2 * byte_size(Payload), iters => Iters,
+                   full_ns => [F || {F, _} <- Pairs], echo_ns => [E || {_, E} <- Pairs],
+                   pure_ns => Pure}).
+
+%% One round of the shared-memory floor: the vector operands written to fresh files, a
+%% result file of OutBytes (written beforehand, untimed, as the worker would) read back;
+%% every file deleted, untimed.
+shm_floor(Args, OutBytes) ->
+    Dir = "/dev/shm",
+    Tag = integer_to_list(erlang:unique_integer([positive])),
+    Out = filename:join(Dir, "erlcuda-bench-floor-r" ++ Tag),
+    Small = OutBytes < shm_threshold(),
+    _ = [ok = file:write_file(Out, binary:copy(<<0>>, OutBytes), [raw]) || not Small],
+    Ins = [{filename:join(Dir, "erlcuda-bench-floor-i" ++ Tag ++ "-" ++ integer_to_list(I)), A}
+           || {I, A} <- lists:zip(lists:seq(1, length(Args)), Args), is_binary(A)],
+    T0 = now_ns(),
+    [ok = file:write_file(F, A, [raw]) || {F, A} <- Ins],
+    _ = [begin
+             {ok, Fd} = file:open(Out, [read, raw, binary]),
+             {ok, _} = file:read(Fd, OutBytes),
+             ok = file:close(Fd)
+         end || not Small],
+    T = now_ns() - T0,
+    [ok = file:delete(F, [raw]) || {F, _} <- Ins],
+    _ = [ok = file:delete(Out, [raw]) || not Small],
+    T.
 
 %% Throughput: N callers, each looping launch_sync until the deadline.
 
@@ -495,7 +578,7 @@ throughput(#{kernels := Kernels, size := Size, callers := Callers,
               fun(Batching, Current) ->
                       ok = case Batching =:= Current of
                                true -> ok;
-                               false -> restart_app(Cfg, Batching)
+                               false -> restart_app(Cfg, #{batching => Batching})
                            end,
                       [ok = warm_throughput(K, Args) || {K, Args} <- Inputs],
                       [begin
@@ -516,7 +599,7 @@ throughput(#{kernels := Kernels, size := Size, callers := Callers,
      end || {K, Args} <- Inputs],
     case Final of
         true -> ok;
-        false -> restart_app(Cfg, true)
+        false -> restart_app(Cfg, #{})
     end.
 
 warm_throughput(K, Args) ->
@@ -568,6 +651,104 @@ device_counters() ->
     case erlcuda:info() of
         #{device_info := [#{jobs := J, launches := L} | _]} -> {J, L};
         _ -> {0, 0}
+    end.
+
+%% Hold: does a large result delay a small job on another device? The application is
+%% restarted with two devices (the cpu backend's `cpu_devices' 2, unless the worker has two
+%% GPUs or more) and, in turn, each `shm_dir' of `shm_modes'. A caller loops small reduce
+%% jobs on device 1 (`launch_sync'), alone for `baseline_ms'; then it loops again while this
+%% process launches one vector_add of `big_size' elements on device 0 ({format, binary},
+%% `launch/3', a timeout of 120 s) and waits for its result, and `tail_ms' after; that
+%% `repeats' times. Every small job's start and latency and the big job's times are sent, a
+%% window's relative to its big launch, the baseline's to the first. The big job is not
+%% traced: a traced job's result never goes through shared memory, so the backend's end is
+%% not known here; the report's window is from the big launch to its return.
+
+hold(#{big_size := BigN, small_size := SmallN} = H, Cfg) ->
+    Modes = maps:get(shm_modes, H, [auto, none]),
+    phase(<<"hold">>, length(Modes)),
+    {Backend, Over} = case erlcuda:info() of
+                          #{backend := cuda, devices := D} when D >= 2 -> {cuda, #{}};
+                          _ -> {cpu, #{backend => cpu, cpu_devices => 2}}
+                      end,
+    Small = args({reduce, SmallN}),
+    Big = args({vector_add, BigN}),
+    lists:foreach(
+      fun(Mode) ->
+              ok = restart_app(Cfg, Over#{shm_dir => Mode}),
+              Info = erlcuda:info(),
+              R = hold_run(Small, Big, H),
+              emit(R#{event => result, section => hold, backend => maps:get(backend, Info),
+                      devices => maps:get(devices, Info), forced_cpu => Backend =:= cpu,
+                      shm_dir => Mode, shm => shm_active(), shm_threshold => shm_threshold(),
+                      small_kernel => reduce, small_size => SmallN, small_device => 1,
+                      big_kernel => vector_add, big_size => BigN, big_device => 0,
+                      big_bytes => bytes_in(Big) + bytes_out({vector_add, BigN})}),
+              step()
+      end, Modes),
+    restart_app(Cfg, #{}).
+
+hold_run(Small, Big, #{baseline_ms := BaseMs} = H) ->
+    Lead = maps:get(lead_ms, H, 50),
+    Tail = maps:get(tail_ms, H, 100),
+    Opts = [{device, 1} | ?OPTS],
+    _ = [small_job(Small, Opts) || _ <- lists:seq(1, 50)],
+    %% The baseline from a process of its own, as in the windows.
+    Baseline = small_loop_for(Small, Opts, fun() -> timer:sleep(BaseMs) end),
+    Windows = [hold_window(Small, Big, Opts, Lead, Tail)
+               || _ <- lists:seq(1, maps:get(repeats, H, 1))],
+    T0 = hd([T || {T, _} <- Windows]),
+    #{baseline_start_ns => [T - T0 || {T, _} <- Baseline],
+      baseline_ns => [L || {_, L} <- Baseline],
+      windows => [W || {_, W} <- Windows]}.
+
+%% One big job with the small loop around it: {its launch time, the window's figures}.
+hold_window(Small, Big, Opts, Lead, Tail) ->
+    Self = self(),
+    OutBytes = byte_size(hd(Big)),
+    During = small_loop_for(
+               Small, Opts,
+               fun() ->
+                       timer:sleep(Lead),
+                       T0 = now_ns(),
+                       {ok, JobId} = erlcuda:launch(vector_add, Big,
+                                                    [{device, 0}, {format, binary},
+                                                     {timeout, 120000}]),
+                       T1 = now_ns(),
+                       receive
+                           {erlcuda, JobId, {ok, Bin}} when byte_size(Bin) =:= OutBytes -> ok;
+                           {erlcuda, JobId, Other} -> error({hold_big_job, Other})
+                       after 130000 -> error(hold_big_job_timeout)
+                       end,
+                       T2 = now_ns(),
+                       timer:sleep(Tail),
+                       Self ! {hold_times, T0, T1, T2}
+               end),
+    {T0, T1, T2} = receive {hold_times, A, B, C} -> {A, B, C} end,
+    {T0, #{start_ns => [T - T0 || {T, _} <- During], latency_ns => [L || {_, L} <- During],
+           big_launch_ns => T1 - T0, big_return_ns => T2 - T0}}.
+
+small_job(Args, Opts) ->
+    T0 = now_ns(),
+    case erlcuda:launch_sync(reduce, Args, Opts) of
+        {ok, _} -> {T0, now_ns() - T0};
+        {error, Why} -> error({hold_small_job, Why})
+    end.
+
+%% Small jobs looped in a process of their own while `Fun' runs here: [{Start, Latency}].
+small_loop_for(Args, Opts, Fun) ->
+    Parent = self(),
+    Loop = spawn_link(fun() -> Parent ! {hold_samples, self(), small_loop(Args, Opts, [])}
+                      end),
+    Fun(),
+    Loop ! stop,
+    receive {hold_samples, Loop, Samples} -> Samples end.
+
+small_loop(Args, Opts, Acc) ->
+    receive
+        stop -> lists:reverse(Acc)
+    after 0 ->
+            small_loop(Args, Opts, [small_job(Args, Opts) | Acc])
     end.
 
 %% erlport beside erlcuda: each repetition runs every measurement, erlport's and erlcuda's

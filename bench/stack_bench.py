@@ -16,11 +16,13 @@ that folder):
   against the floor, ``bench/floor.py``, the least a port peer can do for the same backend
   call, measured in the same run; a per-stage breakdown of one job; throughput with
   1..1000 callers, batching on and off, beside the floor's unbatched pipelined rate and
-  the transport bound; large-payload bandwidth beside an echo of the same bytes; with
-  ``--erlport``, erlport's python:call beside erlcuda), the targets met or missed, the
-  machine, versions and date;
+  the transport bound; large-payload bandwidth (vector_add and reduce) beside an echo of
+  the same bytes, through shared memory and through the pipe; whether a large result holds
+  up a small job on another device; with ``--erlport``, erlport's python:call beside
+  erlcuda), the targets met or missed, the machine, versions and date;
 - ``results.json``: the same figures as data; ``raw/samples.json``: every sample;
-- ``latency.png``, ``throughput.png``, ``bandwidth.png``, ``stages.png`` (with matplotlib).
+- ``latency.png``, ``throughput.png``, ``bandwidth.png``, ``stages.png``, ``hold.png`` (with
+  matplotlib).
 
 The report's tables are printed on stdout at the end. The worker runs under the same Python
 interpreter as this script (``bench/run`` picks ``$BENCH_PYTHON``, else ``.venv/bin/python``,
@@ -58,16 +60,19 @@ Json = dict[str, Any]
 
 KERNELS = ("vector_add", "reduce", "dot_product", "matmul")
 BOOTSTRAP_RESAMPLES = 2000
-SECTIONS = ("latency", "stages", "bandwidth", "throughput", "erlport")
+SECTIONS = ("latency", "stages", "bandwidth", "throughput", "hold", "erlport")
 #: Result events by section: the sections', and the floor's throughput.
 RESULT_SECTIONS = (*SECTIONS, "floor_throughput")
 
-# The targets of the issues, set for one H200 with the CUDA backend.
-TARGET_FULL_P50_US = 60.0
-TARGET_OVERHEAD_P50_US = 35.0
-TARGET_BANDWIDTH_GBS = 1.5
+# Issue 12's targets: large payloads (set for one H200 with the CUDA backend), GB/s end to
+# end at TARGET_BANDWIDTH_SIZE elements (vector_add: inputs + result, reduce: its input, over
+# the wall time), each shown beside the echo of the same bytes in the same run; and the
+# most a HOLD_SIZE-element result may delay a small job on another device (max latency
+# while it is in flight less the small jobs' baseline p99).
+TARGET_BANDWIDTH_GBS = {"vector_add": 2.0, "reduce": 3.0}
 TARGET_BANDWIDTH_SIZE = 16_000_000
-TARGET_JOBS_PER_S = 100_000.0
+TARGET_HOLD_EXCESS_MS = 1.0
+HOLD_SIZE = 30_000_000
 TARGET_CALLERS = 1000
 
 # The targets against the floor (bench/floor.py), measured in the same run. Ratios are
@@ -97,11 +102,15 @@ def plan(mode: str) -> Json:
                         "max_iters": 200, "budget_s": 2.5},
             "stages": {"groups": [("vector_add", 1_000), ("vector_add", 1_000_000)],
                        "warmup": 5, "min_iters": 10, "max_iters": 200, "budget_s": 1.0},
-            "bandwidth": {"sizes": [1_000_000, 4_000_000], "min_iters": 3, "max_iters": 30,
-                          "budget_s": 2.0},
+            "bandwidth": {"kernels": ["vector_add", "reduce"],
+                          "sizes": [1_000_000, TARGET_BANDWIDTH_SIZE],
+                          "pipe_sizes": [TARGET_BANDWIDTH_SIZE], "min_iters": 3,
+                          "max_iters": 30, "budget_s": 1.5},
             "throughput": {"kernels": ["vector_add", "reduce"], "size": 1_000,
                            "callers": [1, 10, 100, 1000], "batching": [True, False],
                            "duration_ms": 1000, "floor_window": FLOOR_WINDOW},
+            "hold": {"big_size": HOLD_SIZE, "small_size": 1_000, "baseline_ms": 500,
+                     "lead_ms": 50, "tail_ms": 100, "repeats": 1, "shm_modes": ["auto", "none"]},
             "erlport": {"reps": 5, "tiny_iters": 200, "vector_iters": 200, "vector_size": 1000,
                         "callers": 100, "duration_ms": 500, "large_bytes": 64 * 2**20,
                         "large_budget_s": 15, "large_timeout_s": 90},
@@ -113,11 +122,15 @@ def plan(mode: str) -> Json:
         "stages": {"groups": [("vector_add", 1_000), ("reduce", 1_000),
                               ("vector_add", 1_000_000), ("vector_add", 10_000_000)],
                    "warmup": 10, "min_iters": 30, "max_iters": 1000, "budget_s": 3.0},
-        "bandwidth": {"sizes": [1_000_000, 2_000_000, 4_000_000, 8_000_000, 16_000_000],
-                      "min_iters": 5, "max_iters": 100, "budget_s": 3.0},
+        "bandwidth": {"kernels": ["vector_add", "reduce"],
+                      "sizes": [1_000_000, 2_000_000, 4_000_000, 8_000_000, 16_000_000],
+                      "pipe_sizes": [TARGET_BANDWIDTH_SIZE], "min_iters": 5, "max_iters": 100,
+                      "budget_s": 2.5},
         "throughput": {"kernels": ["vector_add", "reduce"], "size": 1_000,
                        "callers": [1, 10, 100, 1000], "batching": [True, False],
                        "duration_ms": 2500, "floor_window": FLOOR_WINDOW},
+        "hold": {"big_size": HOLD_SIZE, "small_size": 1_000, "baseline_ms": 1000,
+                 "lead_ms": 50, "tail_ms": 100, "repeats": 3, "shm_modes": ["auto", "none"]},
         "erlport": {"reps": 5, "tiny_iters": 1000, "vector_iters": 1000, "vector_size": 1000,
                     "callers": 100, "duration_ms": 2000, "large_bytes": 64 * 2**20,
                     "large_budget_s": 100, "large_timeout_s": 120},
@@ -479,19 +492,138 @@ def summarize_stages(results: list[Json], aligned: bool) -> list[Json]:
     return rows
 
 
+#: How the report names a transport.
+TRANSPORTS = {"shm": "shared memory", "pipe": "pipe"}
+#: The application's default ``shm_threshold``: runs before the bench recorded it.
+SHM_THRESHOLD = 1 << 20
+
+
+def bandwidth_transport(r: Json) -> str:
+    """How a bandwidth row's vectors travelled: ``shm`` (files in shared memory) where the
+    run had a shared-memory folder and each vector (4 bytes an element) reached the
+    threshold, else ``pipe`` (runs before shared memory recorded no ``shm``)."""
+    if r.get("shm") and 4 * r["size"] >= r.get("shm_threshold", SHM_THRESHOLD):
+        return "shm"
+    return "pipe"
+
+
 def summarize_bandwidth(results: list[Json]) -> list[Json]:
+    """Per kernel, size and transport: GB/s of the job's bytes (vector_add: inputs +
+    result; reduce: its input) over the wall time of all its calls, beside the echo of as
+    many bytes (half each way) and the pure backend call (p50)."""
     rows = []
     for r in results:
         full, echo, pure = (np.asarray(r[k], dtype=np.float64) for k in
                             ("full_ns", "echo_ns", "pure_ns"))
         rows.append({
+            "kernel": r.get("kernel", "vector_add"), "transport": bandwidth_transport(r),
             "size": r["size"], "bytes_per_job": r["bytes_per_job"], "n": r["iters"],
+            "echo_bytes": r["echo_bytes"],
             "full_ms_p50": float(np.median(full)) / 1e6,
             "full_gbs": r["bytes_per_job"] * full.size / full.sum(),
             "echo_ms_p50": float(np.median(echo)) / 1e6,
             "echo_gbs": r["echo_bytes"] * echo.size / echo.sum(),
             "pure_ms_p50": float(np.median(pure)) / 1e6,
             "pure_gbs": r["bytes_per_job"] / float(np.median(pure)),
+            "shm_floor_gbs": (r["bytes_per_job"] * len(r["shm_floor_ns"])
+                              / float(np.sum(r["shm_floor_ns"]))
+                              if r.get("shm_floor_ns") else None),
+        })
+    return rows
+
+
+def bandwidth_defaults(rows: list[Json]) -> dict[tuple[str, int], Json]:
+    """Per (kernel, size), the row of the run's default configuration: through shared
+    memory where the run had it, else through the pipe."""
+    out: dict[tuple[str, int], Json] = {}
+    for r in rows:
+        key = (r["kernel"], r["size"])
+        if key not in out or r["transport"] == "shm":
+            out[key] = r
+    return out
+
+
+def shm_vs_pipe(rows: list[Json]) -> list[Json]:
+    """Per (kernel, size) measured both ways in the run: shared memory against the pipe."""
+    by = {(r["kernel"], r["size"], r["transport"]): r for r in rows}
+    out = []
+    for kernel, size in sorted({(r["kernel"], r["size"]) for r in rows},
+                               key=lambda k: (KERNELS.index(k[0]), k[1])):
+        shm, pipe = by.get((kernel, size, "shm")), by.get((kernel, size, "pipe"))
+        if shm is None or pipe is None:
+            continue
+        out.append({"kernel": kernel, "size": size, "bytes_per_job": shm["bytes_per_job"],
+                    "shm_gbs": shm["full_gbs"], "pipe_gbs": pipe["full_gbs"],
+                    "shm_over_pipe": ratio(shm["full_gbs"], pipe["full_gbs"]),
+                    "shm_echo_gbs": shm["echo_gbs"], "pipe_echo_gbs": pipe["echo_gbs"],
+                    "pure_gbs": shm["pure_gbs"]})
+    return out
+
+
+def tail_stats(values_us: np.ndarray) -> Json:
+    """n, p50, p99 and max of latencies in µs (None where there are none)."""
+    if values_us.size == 0:
+        return {"n": 0, "p50": None, "p99": None, "max": None}
+    return {"n": int(values_us.size), "p50": float(np.percentile(values_us, 50)),
+            "p99": float(np.percentile(values_us, 99)), "max": float(values_us.max())}
+
+
+def in_flight_mask(window: Json) -> np.ndarray:
+    """Which of a hold window's small jobs overlapped the big job's flight, from its launch
+    (time 0) to its return: started before the return and ended after the launch."""
+    start = np.asarray(window["start_ns"], dtype=np.float64)
+    lat = np.asarray(window["latency_ns"], dtype=np.float64)
+    return (start < window["big_return_ns"]) & (start + lat > 0)
+
+
+def in_flight(window: Json) -> np.ndarray:
+    """A hold window's small-job latencies (ns) while the big job was in flight."""
+    return np.asarray(window["latency_ns"], dtype=np.float64)[in_flight_mask(window)]
+
+
+def worst_in_flight(window: Json, count: int = 3) -> list[Json]:
+    """The slowest small jobs in flight, slowest first: start and latency (ms), and whether
+    they started while the big job's `launch/3` was running or after it returned."""
+    mask = in_flight_mask(window)
+    start = np.asarray(window["start_ns"], dtype=np.float64)[mask]
+    lat = np.asarray(window["latency_ns"], dtype=np.float64)[mask]
+    order = np.argsort(-lat, kind="stable")[:count]
+    return [{"start_ms": float(start[i]) / 1e6, "latency_ms": float(lat[i]) / 1e6,
+             "phase": "launch" if start[i] < window["big_launch_ns"] else "after launch"}
+            for i in order]
+
+
+def summarize_hold(results: list[Json]) -> list[Json]:
+    """Per shared-memory setting: the small jobs' latency alone (the baseline) and while
+    the big job was in flight (every window pooled), and the excess of the latter's max
+    over the baseline's p99, the figure the hold target bounds."""
+    rows = []
+    for r in results:
+        base = tail_stats(us(r["baseline_ns"]))
+        windows = [{"big_launch_ms": w["big_launch_ns"] / 1e6,
+                    "big_return_ms": w["big_return_ns"] / 1e6,
+                    **tail_stats(in_flight(w) / 1e3),
+                    "worst": worst_in_flight(w),
+                    # every small job of the window, for the plot
+                    "start_ms": [round(t / 1e6, 3) for t in w["start_ns"]],
+                    "latency_us": [round(t / 1e3, 1) for t in w["latency_ns"]]}
+                   for w in r["windows"]]
+        during = tail_stats(np.concatenate([in_flight(w) for w in r["windows"]]) / 1e3
+                            if r["windows"] else np.zeros(0))
+        excess = (None if during["max"] is None or base["p99"] is None
+                  else (during["max"] - base["p99"]) / 1e3)
+        rows.append({
+            "shm_dir": r["shm_dir"], "transport": "shm" if r.get("shm") else "pipe",
+            "backend": r["backend"], "devices": r["devices"],
+            "forced_cpu": bool(r.get("forced_cpu")),
+            "small": f"{r['small_kernel']} {r['small_size']} on device {r['small_device']}",
+            "big_size": r["big_size"], "big_bytes": r["big_bytes"],
+            "big_device": r["big_device"], "windows": windows,
+            "big_return_ms_p50": float(np.median([w["big_return_ms"] for w in windows]))
+            if windows else None,
+            "big_launch_ms_p50": float(np.median([w["big_launch_ms"] for w in windows]))
+            if windows else None,
+            "baseline_us": base, "in_flight_us": during, "max_excess_ms": excess,
         })
     return rows
 
@@ -629,32 +761,39 @@ def summarize_erlport(results: list[Json]) -> list[Json]:
 
 
 def targets(summary: Json) -> list[Json]:
-    lat = {(r["kernel"], r["size"]): r for r in summary["latency"]}
-    va = lat.get(("vector_add", 1000))
-    bw = {r["size"]: r for r in summary["bandwidth"]}
-    tp = {(r["kernel"], r["callers"], r["batching"]): r for r in summary["throughput"]}
-    big = bw.get(TARGET_BANDWIDTH_SIZE)
-    top = tp.get(("vector_add", TARGET_CALLERS, True))
+    """Issue 12's targets. A large-payload row carries the echo's GB/s of the same bytes in
+    the same run (``floor_gbs``): whether the pipe itself reaches the goal."""
+    backend = "cuda" if summary["machine"].get("backend") == "cuda" else "cpu"
+    bw = bandwidth_defaults(summary["bandwidth"])
+    out: list[Json] = []
 
-    def row(name: str, value: float | None, unit: str, goal: float, at_most: bool) -> Json:
+    def row(name: str, value: float | None, unit: str, goal: float, at_most: bool,
+            cuda_only: bool = False, **extra: Any) -> None:
         if value is None:
             status = "not measured"
         else:
             met = value <= goal if at_most else value >= goal
             status = "met" if met else "missed"
-        return {"target": name, "goal": goal, "unit": unit, "measured": value,
-                "status": status, "at_most": at_most}
+        out.append({"target": name, "goal": goal, "unit": unit, "measured": value,
+                    "status": status, "at_most": at_most,
+                    "reference_only": cuda_only and backend != "cuda", **extra})
 
-    return [
-        row("full stack p50, vector_add 1000 elements", va and va["full_us"]["p50"], "µs",
-            TARGET_FULL_P50_US, True),
-        row("overhead over the pure backend p50, vector_add 1000", va and
-            va["overhead_us"]["p50"], "µs", TARGET_OVERHEAD_P50_US, True),
-        row("vector_add end to end at 1.6e7 elements", big and big["full_gbs"], "GB/s",
-            TARGET_BANDWIDTH_GBS, False),
-        row("vector_add 1000 elements, 1000 callers, batching on", top and top["jobs_per_s"],
-            "jobs/s", TARGET_JOBS_PER_S, False),
-    ]
+    for kernel, goal in TARGET_BANDWIDTH_GBS.items():
+        r = bw.get((kernel, TARGET_BANDWIDTH_SIZE))
+        what = "bytes in + out" if kernel == "vector_add" else "bytes in"
+        name = (f"{kernel} of {'a ' if kernel == 'reduce' else ''}"
+                f"{sci(TARGET_BANDWIDTH_SIZE)}-element binar{'y' if kernel == 'reduce' else 'ies'}"
+                f" end to end ({what} ÷ wall time"
+                + (f", {TRANSPORTS[r['transport']]}" if r else "") + ")")
+        row(name, r and r["full_gbs"], "GB/s", goal, False, cuda_only=True,
+            floor_gbs=r and r["echo_gbs"], shm_floor_gbs=r and r.get("shm_floor_gbs"))
+    hold = summary.get("hold") or []
+    for h in hold or [None]:
+        where = f" ({TRANSPORTS[h['transport']]})" if h else ""
+        row(f"small job on another device delayed by a {sci(h['big_size'] if h else HOLD_SIZE)}"
+            f"-element result{where}: max excess over the baseline p99",
+            h and h["max_excess_ms"], "ms", TARGET_HOLD_EXCESS_MS, True)
+    return out
 
 
 # -- the machine -----------------------------------------------------------------------------
@@ -762,6 +901,8 @@ def describe_machine(info: Json, args: argparse.Namespace, wall_s: float,
         "device_name": info.get("device_name"),
         "device_info": info.get("device_info"),
         "floor": info.get("floor"),
+        "shm": info.get("shm"),
+        "shm_threshold": info.get("shm_threshold"),
         "nvidia_smi": gpu,
         "erlcuda": git_version(),
         "otp": info.get("otp_version"),
@@ -851,13 +992,21 @@ def report(summary: Json, plots: list[str], plot_note: str | None) -> tuple[str,
             for t in summary["floor_targets"]), "lrrl")
         body.append("")
     body += ["## Targets", ""]
-    if cpu_only:
-        body += ["The targets are set for one H200 with the CUDA backend; on the CPU backend "
-                 "they are shown for reference only.", ""]
-    body += table(["target", "goal", "measured", "status"], (
-        [t["target"], ("≤ " if t["at_most"] else "≥ ") + f"{fnum(t['goal'])} {t['unit']}",
-         "-" if t["measured"] is None else f"{fnum(t['measured'])} {t['unit']}",
-         f"**{t['status']}**"] for t in summary["targets"]), "lrrl")
+    body += ["The large-payload goals are set for one H200 with the CUDA backend"
+             + ("; on the CPU backend they are shown for reference only" if cpu_only else "")
+             + ". Beside each, in the same run: the echo of the same bytes through the pipe "
+             "(half each way), and for shared memory its own floor (the Erlang side writing "
+             "the operands to /dev/shm and reading a result of the same size back, no "
+             "worker): each transport's own rate. The "
+             "hold's figure is the small jobs' worst latency while the large result was in "
+             "flight, less their p99 alone (the hold section below).", ""]
+    body += table(["target", "goal", "measured", "status",
+                   "floor: the transport alone, same bytes"], (
+        [t["target"], ("≤ " if t["at_most"] else "≥ ") + f"{fgoal(t['goal'], t['unit'])}",
+         "-" if t["measured"] is None else fgoal(t["measured"], t["unit"], 2),
+         f"**{t['status']}**" + (" (an H200 goal: reference only here)"
+                                 if t.get("reference_only") else ""),
+         target_floor(t)] for t in summary["targets"]), "lrrll")
     body.append("")
 
     if summary["latency"]:
@@ -948,23 +1097,52 @@ def report(summary: Json, plots: list[str], plot_note: str | None) -> tuple[str,
         body += throughput_floor_lines(summary)
 
     if summary["bandwidth"]:
-        body += ["## Large payloads: vector_add end to end beside the bare transport", "",
-                 "Bytes per job = inputs + result (12 bytes an element); GB/s = bytes / wall "
-                 "time of the calls. The echo moves as many bytes, half each way (the job "
-                 "moves two thirds in, one third out), through the same port, worker reader "
-                 "and the control thread; it also pays one copy in the port owner's "
+        threshold = summary["machine"].get("shm_threshold") or SHM_THRESHOLD
+        body += ["## Large payloads: end to end beside the bare transport", "",
+                 "Bytes per job: vector_add = inputs + result (12 bytes an element); reduce "
+                 "of a binary = its input (4 bytes an element; the 8-byte result is not "
+                 "counted). GB/s = bytes / wall time of the calls. Transport: shm = operands "
+                 f"and vector results of {threshold:,} bytes or more through files in "
+                 "shared memory (`shm_dir` auto, the default), pipe = everything through "
+                 "the port's pipe (`shm_dir` none: the application restarted for those "
+                 "rows, in the same run). The echo moves as many bytes as the job, half "
+                 "each way (vector_add moves two thirds in, one third out; reduce all in), "
+                 "always through the pipe (a control call: the port, the worker's reader "
+                 "and its control thread); it also pays one copy in the port owner's "
                  "`term_to_binary`, which a launch does not. Backend = the pure backend call "
                  "alone (p50), as GB/s of the same bytes.", ""]
-        body += table(["elements", "MB/job", "n", "vector_add ms p50", "vector_add GB/s",
-                       "echo ms p50", "echo GB/s", "backend ms p50", "backend GB/s"],
-                      ([sci(r["size"]), f"{r['bytes_per_job'] / 1e6:.0f}", str(r["n"]),
+        rows = sorted(summary["bandwidth"],
+                      key=lambda r: (KERNELS.index(r["kernel"]), r["transport"] != "shm",
+                                     r["size"]))
+        body += table(["kernel", "transport", "elements", "MB/job", "n", "ms p50", "GB/s",
+                       "echo ms p50", "echo GB/s", "shm floor GB/s", "backend ms p50",
+                       "backend GB/s"],
+                      ([r["kernel"], r["transport"], sci(r["size"]),
+                        f"{r['bytes_per_job'] / 1e6:.0f}", str(r["n"]),
                         f"{r['full_ms_p50']:.2f}", f"{r['full_gbs']:.2f}",
                         f"{r['echo_ms_p50']:.2f}", f"{r['echo_gbs']:.2f}",
+                        "-" if r.get("shm_floor_gbs") is None
+                        else f"{r['shm_floor_gbs']:.2f}",
                         f"{r['pure_ms_p50']:.2f}", f"{r['pure_gbs']:.2f}"]
-                       for r in summary["bandwidth"]))
+                       for r in rows), "llrrrrrrrrrr")
         body.append("")
+        if summary.get("shm_vs_pipe"):
+            body += ["## Large payloads: shared memory against the pipe", "",
+                     "The same jobs with shared memory (the default) and with `shm_dir` none "
+                     "(the application restarted), in this run; GB/s as above, the echoes "
+                     "(through the pipe either way) from beside each.", ""]
+            body += table(["kernel", "elements", "shm GB/s", "pipe GB/s", "shm ÷ pipe",
+                           "echo GB/s (beside shm)", "echo GB/s (beside pipe)",
+                           "backend GB/s"],
+                          ([r["kernel"], sci(r["size"]), f"{r['shm_gbs']:.2f}",
+                            f"{r['pipe_gbs']:.2f}", fratio(r["shm_over_pipe"]),
+                            f"{r['shm_echo_gbs']:.2f}", f"{r['pipe_echo_gbs']:.2f}",
+                            f"{r['pure_gbs']:.2f}"] for r in summary["shm_vs_pipe"]))
+            body.append("")
         if summary.get("transport_bound"):
             body += [bound_line(summary["transport_bound"]), ""]
+
+    body += hold_lines(summary)
 
     body += erlport_lines(summary)
 
@@ -972,12 +1150,15 @@ def report(summary: Json, plots: list[str], plot_note: str | None) -> tuple[str,
     appendix += [f"![{p}]({p})" for p in plots] or [f"No plots: {plot_note}"]
     appendix += ["", "## Method", "",
                  "One `erl -noshell` node runs everything (`bench/erlcuda_bench.erl`), with "
-                 "the application env `backend`, `cpu_devices` 1, `max_queue` 100000; all "
-                 "inputs are little-endian f32 binaries and every launch uses "
-                 "`{format, binary}`. Each kernel and size is warmed up before timing. The "
-                 "number of iterations per size is the most that fits the section's time "
-                 "budget, between a floor and a ceiling (the n columns). Raw samples are in "
-                 "`raw/samples.json`, the figures in `results.json`.", ""]
+                 "the application env `backend`, `cpu_devices` 1, `max_queue` 100000, "
+                 "`shm_dir` auto (restarted with `batching` false for the throughput "
+                 "section's rows, with `shm_dir` none for the bandwidth section's pipe rows, "
+                 "and with two devices for the hold section); all inputs are little-endian "
+                 "f32 binaries and every launch uses `{format, binary}`. Each kernel and "
+                 "size is warmed up before timing. The number of iterations per size is the "
+                 "most that fits the section's time budget, between a floor and a ceiling "
+                 "(the n columns). Raw samples are in `raw/samples.json`, the figures in "
+                 "`results.json`.", ""]
     # On stdout, the tables without the paragraphs that explain them (the device tool keeps
     # only the last 12,000 characters of a run's output).
     terse: list[str] = []
@@ -994,10 +1175,88 @@ def fratio(x: float | None) -> str:
     return f"{x:.2f}x" if abs(x) >= 0.1 else f"{x:.2g}x"
 
 
-def fgoal(x: float, unit: str) -> str:
+def fgoal(x: float, unit: str, digits: int = 1) -> str:
     if unit == "x":
         return fratio(x)
-    return f"{fnum(x)} {unit}"
+    return f"{fnum(x, digits)} {unit}"
+
+
+def target_floor(t: Json) -> str:
+    """A target's floor cell: the echo's GB/s of the same bytes, and for a missed goal
+    whether the transport itself is above or below it."""
+    echo = t.get("floor_gbs")
+    if echo is None:
+        return "-"
+    cell = f"pipe echo {echo:.2f} GB/s"
+    if t["status"] == "missed":
+        cell += (" (below the goal)" if echo < t["goal"] else " (above the goal)")
+    shm = t.get("shm_floor_gbs")
+    if shm is not None:
+        cell += f"; shared memory floor {shm:.2f} GB/s"
+        if t["status"] == "missed":
+            cell += " (below the goal)" if shm < t["goal"] else " (above the goal)"
+    return cell
+
+
+def fms(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e3:.2f}"
+
+
+def hold_lines(summary: Json) -> list[str]:
+    rows = summary.get("hold") or []
+    if not rows:
+        return []
+    h0 = rows[0]
+    if h0["forced_cpu"]:
+        where = (f"on the **cpu backend with {h0['devices']} virtual devices** (`cpu_devices` "
+                 f"2), whatever this run's backend: it measures the Erlang side (the port "
+                 f"owner, which every backend shares), and "
+                 + ("this machine has one GPU" if summary["machine"].get("backend") == "cuda"
+                    else "this run has no GPU") + ", so no second device of its own")
+    else:
+        where = f"on the {h0['backend']} backend's devices 0 and 1 ({h0['devices']} devices)"
+    out = [f"## A {sci(h0['big_size'])}-element result beside a small job on another device",
+           "",
+           f"The application restarted with two devices, {where}. One caller loops "
+           f"`launch_sync` of {h0['small']}, alone (the baseline), then while one vector_add "
+           f"of {sci(h0['big_size'])} elements ({h0['big_bytes'] / 1e6:.0f} MB in and out, "
+           f"binaries, `{{format, binary}}`) runs on device {h0['big_device']} and its result "
+           "is delivered. In flight = the small jobs that overlapped the window from the big "
+           "launch to its return (the big job is not traced, since a traced result never "
+           "travels through shared memory, so the backend's end is not known; the window "
+           "also holds the big request's transit). Excess = the in-flight max less the "
+           f"baseline p99 (target ≤ {TARGET_HOLD_EXCESS_MS:g} ms). Launch = `launch/3` of "
+           "the big job until it returned; return = from the big launch until its result "
+           "reached the caller (p50 over the windows). Times in ms.", ""]
+    out += table(["transport", "`shm_dir`", "windows", "big: launch", "big: return",
+                  "baseline n", "p50", "p99", "max", "in flight n", "p50", "p99", "max",
+                  "max excess"],
+                 ([TRANSPORTS[r["transport"]], str(r["shm_dir"]), str(len(r["windows"])),
+                   "-" if r["big_launch_ms_p50"] is None else f"{r['big_launch_ms_p50']:.1f}",
+                   "-" if r["big_return_ms_p50"] is None else f"{r['big_return_ms_p50']:.1f}",
+                   str(r["baseline_us"]["n"]), fms(r["baseline_us"]["p50"]),
+                   fms(r["baseline_us"]["p99"]), fms(r["baseline_us"]["max"]),
+                   str(r["in_flight_us"]["n"]), fms(r["in_flight_us"]["p50"]),
+                   fms(r["in_flight_us"]["p99"]), fms(r["in_flight_us"]["max"]),
+                   "-" if r["max_excess_ms"] is None else f"**{r['max_excess_ms']:.2f}**"]
+                  for r in rows), "llrrrrrrrrrrrr")
+    out.append("")
+    # Per transport, the window that held the slowest small job: when its slowest jobs
+    # started, against the big job's launch and return.
+    for r in rows:
+        if not r["windows"]:
+            continue
+        i, w = max(enumerate(r["windows"]), key=lambda iw: iw[1]["max"] or 0.0)
+        worst = "; ".join(
+            f"{x['latency_ms']:.2f} ms from {x['start_ms']:.1f} ms"
+            + (" (during `launch/3`)" if x["phase"] == "launch" else "")
+            for x in w["worst"])
+        n = f" (window {i + 1} of {len(r['windows'])})" if len(r["windows"]) > 1 else ""
+        out.append(f"> {TRANSPORTS[r['transport']]}{n}: `launch/3` returned at "
+                   f"{w['big_launch_ms']:.0f} ms, the result at {w['big_return_ms']:.0f} ms; "
+                   f"slowest small jobs in flight: {worst or 'none'}.")
+    out.append("")
+    return out
 
 
 def bound_line(b: Json) -> str:
@@ -1096,7 +1355,8 @@ def make_plots(summary: Json, out: Path) -> tuple[list[str], str | None]:
     title_tail = f" — {summary['machine_name']}, {backend} backend"
     plotters: list[tuple[str, Callable[[Any, Json, str], bool]]] = [
         ("latency.png", plot_latency), ("throughput.png", plot_throughput),
-        ("bandwidth.png", plot_bandwidth), ("stages.png", plot_stages)]
+        ("bandwidth.png", plot_bandwidth), ("stages.png", plot_stages),
+        ("hold.png", plot_hold)]
     for name, fn in plotters:
         if fn(plt, summary, title_tail):
             plt.savefig(out / name, dpi=110, bbox_inches="tight")
@@ -1199,10 +1459,11 @@ def plot_latency(plt: Any, summary: Json, tail: str) -> bool:
                       label="95% CI of the median difference")
         bottom.plot(x, over, "s:", color="C2", label="overhead p50 = full p50 - pure p50")
         shown = [v for v in (*over, *lo, *hi) if math.isfinite(v)]
-        if k == "vector_add":
-            bottom.axhline(TARGET_OVERHEAD_P50_US, color="grey", ls="--", lw=1,
-                           label=f"target ≤ {TARGET_OVERHEAD_P50_US:g} µs at 1e3 (H200)")
-            shown.append(TARGET_OVERHEAD_P50_US)
+        if k in FLOOR_KERNELS:
+            bottom.axhline(TARGET_PURE_OVERHEAD_US, color="grey", ls="--", lw=1,
+                           label=f"target ≤ {TARGET_PURE_OVERHEAD_US:g} µs at "
+                                 f"{sci(FLOOR_SIZE)}")
+            shown.append(TARGET_PURE_OVERHEAD_US)
         bottom.set_xscale("log")
         bottom.set_yscale("symlog", linthresh=OVERHEAD_LINEAR_US)
         # Symlog's autoscale pads as far below zero as above it: fit the data instead,
@@ -1244,9 +1505,9 @@ def plot_throughput(plt: Any, summary: Json, tail: str) -> bool:
             if rs:
                 log_series(ax, [r["callers"] for r in rs], [r["jobs_per_s"] for r in rs],
                            style, label=f"batching {'on' if batching else 'off'}")
-        if k == "vector_add":
-            ax.axhline(TARGET_JOBS_PER_S, color="grey", ls=":",
-                       label=f"target at {TARGET_CALLERS} callers (H200)")
+        if k == "reduce":
+            ax.axhline(TARGET_REDUCE_JOBS_PER_S, color="grey", ls=":",
+                       label=f"target at {TARGET_CALLERS} callers (cuda)")
         for fl in summary.get("floor_throughput") or []:
             if fl["kernel"] == k and fl["jobs_per_s"] > 0:
                 ax.axhline(fl["jobs_per_s"], color="C3", ls="-.",
@@ -1265,25 +1526,77 @@ def plot_throughput(plt: Any, summary: Json, tail: str) -> bool:
 
 
 def plot_bandwidth(plt: Any, summary: Json, tail: str) -> bool:
-    rows = sorted(summary["bandwidth"], key=lambda r: r["size"])
+    """One panel per kernel: end to end (the run's default transport, and the pipe where
+    it was measured apart), the echo of the same bytes beside it, the backend call alone,
+    and the kernel's target."""
+    rows = [{"kernel": "vector_add", "transport": "pipe", **r} for r in summary["bandwidth"]]
+    fig, axes, kernels = kernel_axes(plt, rows, 5.5)
+    if not kernels:
+        return False
+    for ax, k in zip(axes[0], kernels, strict=True):
+        default = sorted((r for r in bandwidth_defaults(rows).values() if r["kernel"] == k),
+                         key=lambda r: r["size"])
+        x = [r["size"] for r in default]
+        how = {r["transport"] for r in default}
+        label = "end to end" + (f" ({', '.join(TRANSPORTS[t] for t in sorted(how))})"
+                                if how else "")
+        log_series(ax, x, [r["full_gbs"] for r in default], "o-", label=label)
+        log_series(ax, x, [r["echo_gbs"] for r in default], "s--",
+                   label="echo, same bytes (pipe)")
+        log_series(ax, x, [r["pure_gbs"] for r in default], "^:", label="backend call alone")
+        pipe = sorted((r for r in rows if r["kernel"] == k and r["transport"] == "pipe"
+                       and r not in default), key=lambda r: r["size"])
+        if pipe:
+            log_series(ax, [r["size"] for r in pipe], [r["full_gbs"] for r in pipe], "D",
+                       label="end to end, pipe (`shm_dir` none)")
+        if k in TARGET_BANDWIDTH_GBS:
+            ax.axhline(TARGET_BANDWIDTH_GBS[k], color="grey", ls=":",
+                       label=f"target at {sci(TARGET_BANDWIDTH_SIZE)} (H200)")
+        sizes = sorted({r["size"] for r in rows if r["kernel"] == k})
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        tidy_log_axes(ax, sizes, [sci(n) for n in sizes])
+        ax.set_xlabel("elements per vector")
+        ax.set_ylabel("GB/s (" + ("input" if k == "reduce" else "inputs + result") + ")")
+        ax.set_title(k)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Large-payload bandwidth" + tail, fontsize=10)
+    return True
+
+
+def plot_hold(plt: Any, summary: Json, tail: str) -> bool:
+    """Per transport, the small jobs' latency against time from the big job's launch (in the
+    window that held the slowest one), the big job's flight shaded, and the baseline's p99
+    and the target above it as lines."""
+    rows = summary.get("hold") or []
     if not rows:
         return False
-    _fig, ax = plt.subplots(figsize=(6, 4))
-    x = [r["size"] for r in rows]
-    log_series(ax, x, [r["full_gbs"] for r in rows], "o-", label="vector_add end to end")
-    log_series(ax, x, [r["echo_gbs"] for r in rows], "s--",
-               label="echo, same bytes (transport)")
-    log_series(ax, x, [r["pure_gbs"] for r in rows], "^:", label="backend call alone")
-    ax.axhline(TARGET_BANDWIDTH_GBS, color="grey", ls=":",
-               label=f"target at {sci(TARGET_BANDWIDTH_SIZE)} (H200)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    tidy_log_axes(ax, x, [sci(n) for n in x])
-    ax.set_xlabel("elements per vector")
-    ax.set_ylabel("GB/s (inputs + result)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("Large-payload bandwidth" + tail, fontsize=10)
+    fig, axes = plt.subplots(1, len(rows), figsize=(5.5 * len(rows), 4), squeeze=False,
+                             sharey=True)
+    for ax, r in zip(axes[0], rows, strict=True):
+        if not r["windows"]:
+            continue
+        i, w = max(enumerate(r["windows"]), key=lambda iw: iw[1]["max"] or 0.0)
+        start = np.asarray(w["start_ms"], dtype=np.float64)
+        lat = np.asarray(w["latency_us"], dtype=np.float64)
+        ax.axvspan(0.0, w["big_return_ms"], color="C1", alpha=0.15,
+                   label="big job in flight (launch to return)")
+        log_series(ax, list(start), list(lat), ".", label="small job latency", color="C0")
+        p99 = r["baseline_us"]["p99"]
+        if p99:
+            ax.axhline(p99, color="C2", ls="--", lw=1, label="baseline p99")
+            ax.axhline(p99 + TARGET_HOLD_EXCESS_MS * 1e3, color="grey", ls=":",
+                       label=f"baseline p99 + {TARGET_HOLD_EXCESS_MS:g} ms (target)")
+        ax.set_yscale("log")
+        ax.set_xlabel("ms from the big launch (small job's start)")
+        n = f", window {i + 1} of {len(r['windows'])}" if len(r["windows"]) > 1 else ""
+        ax.set_title(f"{TRANSPORTS[r['transport']]} (`shm_dir` {r['shm_dir']}){n}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
+    axes[0][0].set_ylabel("small job latency (µs)")
+    fig.suptitle(f"A {sci(rows[0]['big_size'])}-element result beside small jobs on another "
+                 "device" + tail, fontsize=10)
     return True
 
 
@@ -1453,9 +1766,11 @@ def write_outputs(out: Path, info: Json, results: list[Json], machine: Json, con
         "bandwidth": summarize_bandwidth(by_section["bandwidth"]),
         "throughput": summarize_throughput(by_section["throughput"]),
         "floor_throughput": summarize_floor_throughput(by_section["floor_throughput"]),
+        "hold": summarize_hold(by_section["hold"]),
         "erlport": summarize_erlport(by_section["erlport"]),
         "config": config,
     }
+    summary["shm_vs_pipe"] = shm_vs_pipe(summary["bandwidth"])
     summary["transport_bound"] = transport_bound(summary["bandwidth"])
     summary["throughput_vs_floor"] = throughput_vs_floor(summary)
     summary["floor_targets"] = floor_targets(summary)

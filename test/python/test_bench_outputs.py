@@ -1,4 +1,5 @@
-"""Where the benchmarks write, and how the latency plot draws an overhead of zero or less.
+"""Where the benchmarks write, how the plots draw values of zero or less, and how the
+large-payload and hold figures are summarized and reported.
 
 - ``bench/run`` (``bench/stack_bench.py``) and ``bench/gpu_kernels.py``, given no ``--out``,
   write to a new scratch folder under ``_build/bench/``, never into the committed figures
@@ -6,6 +7,12 @@
 - The latency plot draws the overhead (full p50 - pure p50), which may be negative, where
   it is, on an axis that can show it; and no value of zero or less vanishes from a log axis
   without a mark.
+- Large payloads: each bandwidth row says its transport (shared memory or the pipe), reduce
+  counts its input's bytes, and the run's default row is the one the targets use; the hold
+  takes the small jobs in flight (overlapping the big launch..return) and their max's
+  excess over the baseline p99; the targets are issue 12's, a missed payload goal shown
+  beside the echo of the same bytes; all through ``write_outputs`` as ``--report-only``
+  runs it, on synthetic node events.
 
 Each script is copied into a temporary project root (``<tmp>/bench/``) and imported from
 there, so the paths it derives from its own location lie under ``<tmp>``: nothing here
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import shutil
 import sys
@@ -24,6 +32,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -296,3 +305,191 @@ def test_zero_on_a_log_axis_is_marked_not_lost(
     assert off_scale_points(fig) == [], "values drawn off a log axis, silently"
     # Every series shows something at 1e5: a mark for the zero, a point for the others.
     assert shown_at(fig, 100_000) == series, "the value of zero at 1e5 has no mark"
+
+
+# -- large payloads and the hold: summaries, targets and the report -------------------------
+#
+# Synthetic node events (the shape bench/erlcuda_bench.erl emits) through the summaries,
+# the targets and write_outputs (what `bench/run --report-only` runs), no node.
+
+MIB = 1 << 20
+
+
+def bandwidth_event(kernel: str, size: int, shm: bool | None, full_ms: float, echo_ms: float,
+                    pure_ms: float = 1.0, iters: int = 4) -> dict[str, Any]:
+    """A bandwidth result; ``shm`` None: a run from before shared memory (no such key)."""
+    per_job = 12 * size if kernel == "vector_add" else 4 * size
+    event: dict[str, Any] = {
+        "event": "result", "section": "bandwidth", "kernel": kernel, "size": size,
+        "bytes_per_job": per_job, "echo_bytes": per_job, "iters": iters,
+        "full_ns": [full_ms * 1e6] * iters, "echo_ns": [echo_ms * 1e6] * iters,
+        "pure_ns": [pure_ms * 1e6] * 3}
+    if shm is not None:
+        event |= {"shm": shm, "shm_threshold": MIB}
+    return event
+
+
+def hold_event(shm_dir: str, baseline_us: list[float], window: list[tuple[float, float]],
+               launch_ms: float, return_ms: float) -> dict[str, Any]:
+    """A hold result with one window: small jobs as (start ms from the big launch,
+    latency µs)."""
+    return {"event": "result", "section": "hold", "backend": "cpu", "devices": 2,
+            "forced_cpu": True, "shm_dir": shm_dir, "shm": shm_dir != "none",
+            "shm_threshold": MIB, "small_kernel": "reduce", "small_size": 1000,
+            "small_device": 1, "big_kernel": "vector_add", "big_size": 30_000_000,
+            "big_device": 0, "big_bytes": 360_000_000,
+            "baseline_start_ns": [-1e9 + i * 1e5 for i in range(len(baseline_us))],
+            "baseline_ns": [x * 1e3 for x in baseline_us],
+            "windows": [{"start_ns": [s * 1e6 for s, _ in window],
+                         "latency_ns": [lat * 1e3 for _, lat in window],
+                         "big_launch_ns": launch_ms * 1e6, "big_return_ns": return_ms * 1e6}]}
+
+
+def test_bandwidth_rows_say_their_transport_and_count_reduce_by_its_input(
+    stack_bench: types.ModuleType,
+) -> None:
+    rows = stack_bench.summarize_bandwidth([
+        bandwidth_event("vector_add", 16_000_000, False, 192.0, 192.0),
+        bandwidth_event("vector_add", 16_000_000, True, 96.0, 192.0),
+        bandwidth_event("reduce", 16_000_000, True, 16.0, 64.0),
+        bandwidth_event("reduce", 300_000, True, 1.0, 1.0),  # 1.2 MB vectors: over 1 MiB
+        bandwidth_event("reduce", 200_000, True, 1.0, 1.0),  # 800 kB: under the threshold
+        bandwidth_event("vector_add", 1_000_000, None, 12.0, 12.0),  # an old run
+    ])
+    got = [(r["kernel"], r["size"], r["transport"]) for r in rows]
+    assert got == [("vector_add", 16_000_000, "pipe"), ("vector_add", 16_000_000, "shm"),
+                   ("reduce", 16_000_000, "shm"), ("reduce", 300_000, "shm"),
+                   ("reduce", 200_000, "pipe"), ("vector_add", 1_000_000, "pipe")]
+    # 192 MB in 96 ms = 2 GB/s; reduce: its 64 MB input in 16 ms = 4 GB/s, its echo 1 GB/s
+    assert rows[1]["full_gbs"] == pytest.approx(2.0)
+    assert rows[2]["full_gbs"] == pytest.approx(4.0)
+    assert rows[2]["echo_gbs"] == pytest.approx(1.0)
+
+    defaults = stack_bench.bandwidth_defaults(rows)
+    # the run's default (shared memory) wherever the pipe was measured as well
+    assert defaults[("vector_add", 16_000_000)]["transport"] == "shm"
+    assert defaults[("vector_add", 1_000_000)]["transport"] == "pipe"
+    pairs = stack_bench.shm_vs_pipe(rows)
+    assert [(p["kernel"], p["size"]) for p in pairs] == [("vector_add", 16_000_000)]
+    assert pairs[0]["shm_over_pipe"] == pytest.approx(2.0)
+
+
+def test_hold_takes_the_jobs_in_flight_and_the_excess_over_the_baseline_p99(
+    stack_bench: types.ModuleType,
+) -> None:
+    baseline = [100.0] * 99 + [300.0]  # p99 just under 300 µs, max 300
+    # the big job: launch/3 returned at 20 ms, the result at 300 ms
+    window = [
+        (-5.0, 4_000.0),    # ended at -1 ms, before the launch: not in flight
+        (-1.0, 2_000.0),    # waiting at the launch (ended at +1 ms): in flight
+        (10.0, 1_000.0),    # during launch/3
+        (200.0, 2_500.0),   # the worst in flight
+        (299.0, 200.0),     # started before the return: in flight
+        (301.0, 90_000.0),  # started after the return: not in flight
+    ]
+    (row,) = stack_bench.summarize_hold([hold_event("auto", baseline, window, 20.0, 300.0)])
+    assert row["transport"] == "shm"
+    assert row["in_flight_us"]["n"] == 4
+    assert row["in_flight_us"]["max"] == pytest.approx(2_500.0)
+    p99 = float(np.percentile(baseline, 99))
+    assert row["baseline_us"]["p99"] == pytest.approx(p99)
+    assert row["max_excess_ms"] == pytest.approx((2_500.0 - p99) / 1e3)
+    worst = row["windows"][0]["worst"]
+    assert [w["latency_ms"] for w in worst] == pytest.approx([2.5, 2.0, 1.0])
+    assert [w["phase"] for w in worst] == ["after launch", "launch", "launch"]
+
+
+def fake_machine(backend: str = "cpu") -> dict[str, Any]:
+    return {"date": "2026-01-01 00:00 UTC", "mode": "quick", "command": "bench/run --quick",
+            "wall_s": 1.0, "load_start": None, "load_end": None, "cpu": "test cpu",
+            "cores": 2, "memory_gib": 8.0, "os": "Linux", "backend": backend,
+            "requested_backend": backend, "backend_reason": "test",
+            "device_name": "NVIDIA H200" if backend == "cuda" else "cpu:0",
+            "device_info": [], "floor": None, "shm": True, "shm_threshold": MIB,
+            "nvidia_smi": None, "erlcuda": "test", "otp": "26", "erts": "14",
+            "schedulers": 2, "worker_python": "python3", "worker": {"python": "3.12"},
+            "bench_python": "3.12", "matplotlib": None}
+
+
+def run_outputs(mod: types.ModuleType, tmp_path: Path, results: list[dict[str, Any]],
+                backend: str = "cuda") -> tuple[dict[str, Any], str]:
+    """write_outputs on synthetic results (as --report-only does): results.json, report."""
+    out = tmp_path / "out"
+    out.mkdir()
+    info = {"backend": backend, "device_name": "NVIDIA H200"}
+    mod.write_outputs(out, info, results, fake_machine(backend), {}, 1)
+    return json.loads((out / "results.json").read_text()), (out / "report.md").read_text()
+
+
+def target_row(report: str, start: str) -> str:
+    rows = [line for line in report.splitlines() if line.startswith("| " + start)]
+    assert len(rows) == 1, f"no single target row starting {start!r}: {rows}"
+    return rows[0]
+
+
+def test_targets_are_issue_12s_with_the_echo_beside_a_missed_payload_goal(
+    stack_bench: types.ModuleType, tmp_path: Path,
+) -> None:
+    results = [
+        # vector_add 1.6e7: 1 GB/s end to end (missed), its echo 1.5 GB/s (below 2 too)
+        bandwidth_event("vector_add", 16_000_000, True, 192.0, 128.0),
+        bandwidth_event("vector_add", 16_000_000, False, 384.0, 128.0),
+        # reduce 1.6e7: 4 GB/s (met), echo 0.5 GB/s
+        bandwidth_event("reduce", 16_000_000, True, 16.0, 128.0),
+        hold_event("auto", [100.0] * 100, [(1.0, 100.0), (2.0, 600.0)], 1.0, 10.0),
+        hold_event("none", [100.0] * 100, [(1.0, 100.0), (2.0, 250_000.0)], 1.0, 10.0),
+    ]
+    summary, report = run_outputs(stack_bench, tmp_path, results)
+    by = {t["target"].split(" ")[0] + (" pipe" if "(pipe)" in t["target"] else ""): t
+          for t in summary["targets"]}
+    assert by["vector_add"]["status"] == "missed"
+    assert by["vector_add"]["floor_gbs"] == pytest.approx(1.5)
+    assert by["reduce"]["status"] == "met"
+    assert by["reduce"]["goal"] == 3.0 and by["vector_add"]["goal"] == 2.0
+    holds = [t for t in summary["targets"] if t["unit"] == "ms"]
+    assert [t["status"] for t in holds] == ["met", "missed"]
+    assert holds[1]["measured"] == pytest.approx(249.9)
+    # the older issue's goals are gone
+    assert not any("1000 callers" in t["target"] or "µs" == t["unit"]
+                   for t in summary["targets"])
+
+    va = target_row(report, "vector_add of 1.6e7")
+    assert "**missed**" in va and "1.50 GB/s" in va and "below the goal" in va
+    assert "shared memory" in va  # the run's default transport, not the pipe row
+    assert "below the goal" not in target_row(report, "reduce of a 1.6e7")
+    for section in ("## Large payloads: end to end beside the bare transport",
+                    "## Large payloads: shared memory against the pipe",
+                    "## A 3e7-element result beside a small job on another device"):
+        assert section in report
+    assert "half each way" in report
+    assert "cpu backend with 2 virtual devices" in report
+    assert summary["shm_vs_pipe"][0]["pipe_gbs"] == pytest.approx(0.5)
+
+
+def test_targets_not_measured_without_the_sections(
+    stack_bench: types.ModuleType, tmp_path: Path,
+) -> None:
+    # an old run's samples: vector_add rows only, no 1.6e7, no hold
+    summary, report = run_outputs(
+        stack_bench, tmp_path, [bandwidth_event("vector_add", 1_000_000, None, 12.0, 12.0)],
+        backend="cpu")
+    assert [t["status"] for t in summary["targets"]] == ["not measured"] * 3
+    assert summary["hold"] == []
+    assert "## A 3e7-element result" not in report
+    assert "shared memory against the pipe" not in report
+    assert "reference only here" in target_row(report, "vector_add of 1.6e7")
+
+
+def test_hold_plot_draws_each_transport(
+    stack_bench: types.ModuleType, plt: Any, tmp_path: Path
+) -> None:
+    rows = stack_bench.summarize_hold([
+        hold_event(mode, [100.0] * 100, [(-1.0, 100.0), (5.0, 3_000.0), (20.0, 90.0)],
+                   1.0, 10.0) for mode in ("auto", "none")])
+    assert stack_bench.plot_hold(plt, summary([], hold=rows), TAIL)
+    fig = plt.gcf()
+    fig.savefig(tmp_path / "hold.png", dpi=50)
+    assert off_scale_points(fig) == []
+    titles = [ax.get_title() for ax in fig.axes]
+    assert any("shared memory" in t for t in titles) and any("pipe" in t for t in titles)
+    assert shown_at(fig, 5.0) == 2  # the slow small job, in each panel
