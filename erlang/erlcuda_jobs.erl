@@ -71,20 +71,24 @@ complete(Id, Reply) ->
             erlcuda_shm:delete(Files, undefined),
             case erlcuda_protocol:file_result(Reply) of
                 {file, Bytes} when Job#job.shm =/= undefined ->
-                    %% Read in a process of its own: this one serves every job.
+                    %% Read by a deliverer: this process serves every job. Later replies
+                    %% to the same caller wait behind it (erlcuda_delivery).
                     erlcuda_status:dequeue(Job#job.queues, Job#job.device),
-                    _ = erlcuda_shm:deliver(Job#job.shm, Id, Bytes,
-                                            fun(R) -> _ = reply(Job, R, false), ok end),
-                    ok;
+                    erlcuda_delivery:run(
+                      Job#job.reply_to,
+                      fun() ->
+                              R = erlcuda_shm:take_result(Job#job.shm, Id, Bytes),
+                              reply(Job, R, false, fun(To, M) -> To ! M, ok end)
+                      end);
                 _ ->
-                    reply(Job, Reply, true)
+                    reply(Job, Reply, true, fun erlcuda_delivery:send/2)
             end;
         [] ->
             none
     end.
 
 reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace} = Job, Reply,
-      Dequeue) ->
+      Dequeue, Send) ->
     Message = case Reply of
                   %% a traced job keeps its shape: no worker stamps, this side's
                   {error, _} when Trace ->
@@ -97,7 +101,7 @@ reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace} = Job, R
               end,
     Result = element(3, Message),
     count(Job, Result, Dequeue),
-    ReplyTo ! Message,
+    ok = Send(ReplyTo, Message),
     #job{kernel = Kernel, device = Device, started = Started} = Job,
     erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, Result).
 

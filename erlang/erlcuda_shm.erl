@@ -2,16 +2,17 @@
 %% Large operands and results through shared memory: files in a folder of the worker's own
 %% under `shm_dir' (default /dev/shm), instead of the port's pipe.
 %%
-%% The port owner makes a folder for each worker it starts (`erlcuda-<OsPid>-<N>') and
-%% removes it when that worker ends; the worker's reaper process removes it too, even when
-%% the node itself dies; and folders of nodes that are gone are removed at start. A caller
+%% The port owner makes a folder for each worker it starts (`erlcuda-<OsPid>-<N>', mode 0700)
+%% and removes it when that worker ends; the worker's reaper process removes it too, even
+%% when the node itself dies; and a worker removes, as it starts, the folders whose worker
+%% and reaper both died (python/erlcuda/shm.py says how it tells them). A caller
 %% writes its operands over the threshold to `i<JobId>-<Arg>' (after the job is registered,
 %% so that every path that ends the job deletes them) and the worker unlinks them once
-%% mapped. A result over the threshold comes back in `r<JobId>', which a short-lived process
-%% reads, deletes and delivers, so that the shared port owner never copies it.
+%% mapped. A result over the threshold comes back in `r<JobId>', which a deliverer
+%% (erlcuda_delivery) reads, deletes and sends, so that the shared port owner never copies it.
 -module(erlcuda_shm).
 
--export([folder/1, remove/1, sweep_stale/1, plan/3, stage/1, delete/2, deliver/4]).
+-export([folder/1, remove/1, plan/3, stage/1, delete/2, take_result/3]).
 
 -export_type([folder/0, plan/0]).
 
@@ -28,8 +29,14 @@ folder(Base) ->
     Dir = filename:join(Base, ?PREFIX ++ os:getpid() ++ "-"
                         ++ integer_to_list(erlang:unique_integer([positive]))),
     case file:make_dir(Dir) of
-        ok -> {ok, Dir};
-        {error, Why} -> {error, {Dir, Why}}
+        ok ->
+            %% Operands are the callers' data: other users must not read them.
+            case file:change_mode(Dir, 8#700) of
+                ok -> {ok, Dir};
+                {error, Why} -> _ = file:del_dir(Dir), {error, {Dir, Why}}
+            end;
+        {error, Why} ->
+            {error, {Dir, Why}}
     end.
 
 %% @doc Remove a folder made by `folder/1' and what it holds.
@@ -40,26 +47,6 @@ remove(Dir) ->
     case lists:prefix(?PREFIX, filename:basename(Dir)) of
         true -> _ = file:del_dir_r(Dir), ok;
         false -> ok
-    end.
-
-%% @doc Remove the folders under `Base' of nodes (OS processes) that no longer run.
--spec sweep_stale(file:filename()) -> non_neg_integer().
-sweep_stale(Base) ->
-    Names = case file:list_dir(Base) of
-                {ok, L} -> L;
-                {error, _} -> []
-            end,
-    Own = os:getpid(),
-    Stale = [N || N <- Names, lists:prefix(?PREFIX, N),
-                  [Pid | _] <- [string:split(lists:nthtail(length(?PREFIX), N), "-")],
-                  Pid =/= Own, not os_process_alive(Pid)],
-    lists:foreach(fun(N) -> remove(filename:join(Base, N)) end, Stale),
-    length(Stale).
-
-os_process_alive(Pid) ->
-    case string:to_integer(Pid) of
-        {N, []} when N > 0 -> filelib:is_dir("/proc/" ++ Pid);
-        _ -> true  % not a name this module made: leave it
     end.
 
 %% @doc Which of a job's arguments go through the folder: the arguments as the launch
@@ -108,30 +95,27 @@ delete(Files, Result) ->
         undefined -> ok
     end.
 
-%% @doc In a process of its own: read job `JobId''s result file of `Bytes' bytes from
-%% `Dir', delete it, and send `Fun(Reply)''s message (`Reply' the vector record, or an
-%% error) where `Fun' says. Exactly one message whatever happens.
--spec deliver(file:filename(), erlcuda:job_id(), non_neg_integer(),
-              fun(({wire, byte(), binary()} | {error, erlcuda:reason()}) -> ok)) -> pid().
-deliver(Dir, JobId, Bytes, Fun) ->
-    spawn(fun() ->
-                  File = result_file(Dir, JobId),
-                  Reply = case read(File, Bytes) of
-                              {ok, Bin} when byte_size(Bin) =:= Bytes ->
-                                  erlcuda_protocol:vector_reply(Bin);
-                              {ok, Bin} ->
-                                  {error, {internal, iolist_to_binary(
-                                             io_lib:format("shared memory: the result file "
-                                                           "holds ~b bytes, not ~b",
-                                                           [byte_size(Bin), Bytes]))}};
-                              {error, Why} ->
-                                  {error, {internal, iolist_to_binary(
-                                             io_lib:format("shared memory: reading the "
-                                                           "result: ~p", [Why]))}}
-                          end,
-                  _ = file:delete(File, [raw]),
-                  Fun(Reply)
-          end).
+%% @doc Job `JobId''s result of `Bytes' bytes, read from its file in `Dir' and deleted: the
+%% vector record it stands for, or an error.
+-spec take_result(file:filename(), erlcuda:job_id(), non_neg_integer()) ->
+    erlcuda_protocol:reply() | {error, erlcuda:reason()}.
+take_result(Dir, JobId, Bytes) ->
+    File = result_file(Dir, JobId),
+    Reply = case read(File, Bytes) of
+                {ok, Bin} when byte_size(Bin) =:= Bytes ->
+                    erlcuda_protocol:vector_reply(Bin);
+                {ok, Bin} ->
+                    {error, {internal, iolist_to_binary(
+                                         io_lib:format("shared memory: the result file holds "
+                                                       "~b bytes, not ~b",
+                                                       [byte_size(Bin), Bytes]))}};
+                {error, Why} ->
+                    {error, {internal, iolist_to_binary(
+                                         io_lib:format("shared memory: reading the result: ~p",
+                                                       [Why]))}}
+            end,
+    _ = file:delete(File, [raw]),
+    Reply.
 
 %% Raw: in this process, not through the file server that every file:read_file/1 shares.
 read(File, Bytes) ->

@@ -82,12 +82,12 @@ callback_mode() ->
 init([]) ->
     process_flag(trap_exit, true),
     ok = erlcuda_protocol:load_atoms(),
+    ok = erlcuda_delivery:init(),
     %% A predecessor killed without its terminate/3 may have left its worker running, and
     %% its jobs have no worker any more.
     kill(erlcuda_status:worker_os_pid()),
     ok = erlcuda_jobs:fail_all(server_restarted),
     {ok, Config} = erlcuda_config:load(),
-    _ = [erlcuda_shm:sweep_stale(Base) || Base <- [shm_base(Config)], Base =/= none],
     self() ! tick,
     {ok, backing_off, #data{config = Config}, [{next_event, internal, start}]}.
 
@@ -113,6 +113,9 @@ handle_event(info, {'EXIT', Writer, Why}, _, #data{writer = {Writer, _}} = D) ->
     %% unlinks first: its own kill never comes here.)
     ?LOG_ERROR("erlcuda: the port's writer died: ~0P", [Why, 20]),
     kill_worker({writer_died, Why}, D);
+handle_event(info, {erlcuda_delivery, retire, To, Pid, Done}, _, _) ->
+    ok = erlcuda_delivery:retire(To, Pid, Done),
+    keep_state_and_data;
 handle_event(info, tick, State, D) ->
     _ = erlcuda_jobs:sweep_dead_callers(),
     _ = erlang:send_after(tick_ms(D), self(), tick),

@@ -153,6 +153,8 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             shm = SharedFolder(args.shm_dir)
             shm.start_reaper()
+            for name in shm.sweep_stale():
+                logging.getLogger("erlcuda").info("removed the stale folder %s", name)
         except (ShmError, OSError) as exc:
             logging.getLogger("erlcuda").error("no shared memory: %s", exc)
             shm = None

@@ -348,7 +348,8 @@ class Lane(threading.Thread):
                 try:
                     result = self.shm.write_result(job.job_id, result)
                 except ShmError as exc:
-                    result = protocol.internal(str(exc))
+                    log.warning("job %d: the result goes through the pipe: %s", job.job_id,
+                                exc)
             records.append((job.job_id, result, job.trace))
         encoded = results_frames(records, self.writer.max_frame)
         self.stats.errors += encoded.errors

@@ -10,16 +10,23 @@ caller's side reads and deletes it.
 Clean-up never depends on this process ending well: a reaper (a small process of its own,
 started here) waits for the worker to end, however it ends (SIGKILL included, or the node's
 death, which kills the worker), and then removes the whole folder. Erlang also removes it
-when it sees the worker die, and removes folders whose node is gone when it starts.
+when it sees the worker die. A worker holds a lock on its folder's ``.lock`` for its life,
+and at start removes the folders beside its own whose lock nobody holds (their worker and
+reaper both died): only folders of its own user, at least a minute old, never following a
+symlink. The lock, not a process id, tells a live folder from a stale one, so nodes in other
+PID namespaces that share the folder's parent are safe.
 """
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import shutil
+import stat
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +36,9 @@ __all__ = ["FileArg", "FileResult", "SharedFolder", "ShmError"]
 
 #: The prefix of every folder Erlang makes; nothing else is ever removed.
 PREFIX = "erlcuda-"
+#: A folder younger than this is never taken for stale: its worker may not hold its lock yet.
+STALE_AFTER_S = 60.0
+LOCK = ".lock"
 
 _REAPER = """
 import os, shutil, sys
@@ -62,6 +72,30 @@ class FileResult:
     nbytes: int
 
 
+def _stale(path: str) -> bool:
+    """Whether ``path`` is a folder of this user, old enough, whose lock nobody holds."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+            or time.time() - info.st_mtime < STALE_AFTER_S):
+        return False
+    try:
+        fd = os.open(os.path.join(path, LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True  # its worker never took it
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # held: a live worker's
+    finally:
+        os.close(fd)
+    return True
+
+
 def _plain_name(name: str) -> bool:
     return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
 
@@ -77,6 +111,29 @@ class SharedFolder:
             raise ShmError(f"{path}: not a writable folder")
         self.path = real
         self._reaper: subprocess.Popen[bytes] | None = None
+        try:
+            os.chmod(real, 0o700)  # operands are the callers' data: nobody else reads them
+            self._lock = os.open(os.path.join(real, LOCK),
+                                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            raise ShmError(f"{path}: cannot take the folder's lock: {exc}") from exc
+
+    def sweep_stale(self) -> list[str]:
+        """Remove the folders beside this one that no worker holds (see above); their
+        names."""
+        parent = os.path.dirname(self.path)
+        removed = []
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            return removed
+        for name in names:
+            path = os.path.join(parent, name)
+            if name.startswith(PREFIX) and path != self.path and _stale(path):
+                shutil.rmtree(path, ignore_errors=True)  # never follows a symlink
+                removed.append(name)
+        return removed
 
     def start_reaper(self) -> None:
         """Start the process that removes the folder once this one has ended."""

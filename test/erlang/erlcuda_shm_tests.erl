@@ -4,6 +4,7 @@
 -module(erlcuda_shm_tests).
 
 -include_lib("eunit/include/eunit.hrl").
+-include_lib("kernel/include/file.hrl").
 
 -define(N, 10000).
 -define(DEFAULTS, [{backend, cpu}, {cpu_devices, 1}, {test_hooks, false}, {shm_dir, auto},
@@ -25,14 +26,15 @@ shm_test_() ->
               {timeout, 60, fun killed_worker_leaves_no_file/0},
               {timeout, 60, fun killed_caller_leaves_no_file/0},
               {timeout, 60, fun timed_out_caller_leaves_no_file/0},
+              {timeout, 60, fun replies_keep_their_order/0},
               {timeout, 60, fun stop_leaves_no_folder/0}]).
 
 vec(N, Scale) ->
     << <<(float(I * Scale)):32/float-little>> || I <- lists:seq(1, N) >>.
 
-%% Every file in the base, in any worker's folder.
+%% Every file in the base, in any worker's folder (but the worker's lock).
 files() ->
-    lists:append([[filename:join(F, N) || N <- element(2, file:list_dir(F))]
+    lists:append([[filename:join(F, N) || N <- element(2, file:list_dir(F)), N =/= ".lock"]
                   || F <- folders()]).
 
 folders() ->
@@ -55,7 +57,10 @@ results_through_files() ->
                                                       [{format, binary}])),
     {ok, Want, #{}} = erlcuda:launch_sync(vector_add, [A, B], [{format, binary},
                                                                 {trace, true}]),
-    ?assertEqual(1, length(folders())),
+    [Folder] = folders(),
+    %% operands are the callers' data: the folder is its user's alone
+    {ok, #file_info{mode = Mode}} = file:read_file_info(Folder),
+    ?assertEqual(8#700, Mode band 8#777),
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
     erlcuda_test_util:no_message().
 
@@ -121,14 +126,30 @@ timed_out_caller_leaves_no_file() ->
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
     erlcuda_test_util:no_message().
 
+%% A result read from a file takes longer to deliver than the small ones launched after it
+%% by the same caller to the same device: they still come after it.
+replies_keep_their_order() ->
+    Big = vec(1000000, 1), Small = vec(2, 1),
+    [begin
+         {ok, A} = erlcuda:launch(vector_add, [Big, Big], [{format, binary}]),
+         {ok, B} = erlcuda:launch(vector_add, [Small, Small], [{format, binary}]),
+         {ok, C} = erlcuda:launch(reduce, [Small]),
+         %% the next reply, whichever it is: in arrival order
+         Got = [receive {erlcuda, Id, R} -> {Id, element(1, R)} after 10000 -> timeout end
+                || _ <- [1, 2, 3]],
+         ?assertEqual([{A, ok}, {B, ok}, {C, ok}], Got)
+     end || _ <- lists:seq(1, 20)],
+    erlcuda_test_util:no_message(),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
+
 stop_leaves_no_folder() ->
     ?assertMatch([_], folders()),
     ok = application:stop(erlcuda),
     ?assertEqual([], folders()).
 
 %% A node that dies at once (halt/0: no application stop runs) leaves no folder: the
-%% worker dies with it and the worker's reaper removes the folder. Folders of nodes that
-%% died some other way are removed by the next start.
+%% worker dies with it and the worker's reaper removes the folder. Folders that no worker
+%% holds any more are removed by the next worker's start.
 node_halt_test_() ->
     {timeout, 120, fun node_halt_leaves_no_folder/0}.
 
@@ -139,6 +160,8 @@ node_halt_leaves_no_folder() ->
     Stale = filename:join(Base, "erlcuda-4194303-1"),
     ok = file:make_dir(Stale),
     ok = file:write_file(filename:join(Stale, "i1-1"), <<0:32>>),
+    %% older than a minute: a younger folder may be one whose worker is still starting
+    ok = file:change_time(Stale, {{2026, 1, 1}, {0, 0, 0}}),
     {ok, Peer, _} = peer:start(#{connection => standard_io,
                                  args => lists:append([["-pa", P] || P <- code:get_path(),
                                                                      P =/= "."])}),
@@ -162,7 +185,7 @@ node_halt_leaves_no_folder() ->
                                  || _ <- lists:seq(1, 3)],
                                 ok
                         end, []]),
-        ?assertEqual({ok, 6}, {ok, length(element(2, file:list_dir(Folder)))}),
+        ?assertEqual({ok, 7}, {ok, length(element(2, file:list_dir(Folder)))}),  % and .lock
         catch peer:call(Peer, erlang, halt, [], 1000),
         ?assertEqual(ok, erlcuda_test_util:wait_until(
                            fun() -> filelib:wildcard(filename:join(Base, "*")) =:= [] end,

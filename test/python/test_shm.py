@@ -6,6 +6,7 @@ folder's files are mapped and written by the worker whatever runs the kernels.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from erlcuda.shm import LOCK, SharedFolder
 from workerpipe import FileVector, WorkerPipe
 
 BACKENDS = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -59,7 +61,7 @@ def test_operands_in_files_and_the_result_in_a_file(worker: WorkerPipe, folder: 
     got = np.frombuffer((folder / "r7").read_bytes(), "<f4")
     np.testing.assert_array_equal(got, a + b)
     # inputs are unlinked once mapped: only the result is left for Erlang to take
-    assert sorted(p.name for p in folder.iterdir()) == ["r7"]
+    assert sorted(p.name for p in folder.iterdir()) == [".lock", "r7"]
 
 
 def test_a_file_operand_with_the_result_through_the_pipe(worker: WorkerPipe,
@@ -70,7 +72,7 @@ def test_a_file_operand_with_the_result_through_the_pipe(worker: WorkerPipe,
     worker.launch(2, "vector_add", [_stage(folder, "i2-1", a), a.tobytes()])
     job_id, (status, values) = worker.result()
     assert (job_id, status) == (2, "ok") and values == (a * 2).tolist()
-    assert list(folder.iterdir()) == []
+    assert [p.name for p in folder.iterdir()] == [".lock"]
 
 
 @pytest.mark.parametrize(("name", "why"), [
@@ -131,3 +133,56 @@ def test_the_folder_goes_when_the_worker_ends(folder: Path, how: str) -> None:
         os.kill(pipe.proc.pid, signal.SIGKILL)
         assert pipe.close() == -signal.SIGKILL
     assert wait_gone(folder), f"{folder} still holds {list(folder.iterdir())}"
+
+
+def _aged(path: Path, seconds: float = 3600) -> None:
+    old = time.time() - seconds
+    os.utime(path, (old, old))
+
+
+def test_a_starting_worker_removes_only_folders_nobody_holds(tmp_path: Path) -> None:
+    def made(name: str, lock: bool = True, age: float = 3600) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "i1-1").write_bytes(b"x")
+        if lock:
+            (path / LOCK).write_bytes(b"")
+        _aged(path, age)
+        return path
+
+    stale = made("erlcuda-1-1")
+    unlocked = made("erlcuda-2-1", lock=False)
+    young = made("erlcuda-3-1", age=0)
+    held = made("erlcuda-4-1")
+    holder = os.open(held / LOCK, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # a live worker's
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_bytes(b"x")
+    (tmp_path / "erlcuda-5-1").symlink_to(victim)
+    other = made("other-6-1")
+    mine = tmp_path / "erlcuda-7-1"
+    mine.mkdir()
+    try:
+        removed = SharedFolder(str(mine)).sweep_stale()
+    finally:
+        os.close(holder)
+    assert sorted(removed) == ["erlcuda-1-1", "erlcuda-2-1"]
+    assert not stale.exists() and not unlocked.exists()
+    assert young.exists() and held.exists() and other.exists() and mine.exists()
+    assert (victim / "keep").exists() and (tmp_path / "erlcuda-5-1").is_symlink()
+    assert oct(mine.stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_folder_of_another_user_is_never_removed(tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to make a folder of another user")
+
+    theirs = tmp_path / "erlcuda-8-1"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    _aged(theirs)
+    mine = tmp_path / "erlcuda-9-1"
+    mine.mkdir()
+    assert SharedFolder(str(mine)).sweep_stale() == []
+    assert theirs.exists()

@@ -165,14 +165,33 @@ def test_a_uniform_frame_is_answered_as_its_jobs_one_by_one(worker: WorkerPipe,
         worker.launch(1000 + i, kernel, args)
     single = _replies(worker, 40)
     assert [r.job_id for r in table] == list(range(1, 41))
-    assert [(r.tag, r.payload) for r in table] == [(r.tag, r.payload) for r in single] or (
-        kernel in ("reduce", "dot_product")  # f64 sums may round their last f32 bit apart
-        and np.allclose([r.result[1] for r in table], [r.result[1] for r in single],
-                        rtol=1e-6))
+    assert [(r.tag, r.payload) for r in table] == [(r.tag, r.payload) for r in single]
     assert frames_for_table == 1
     _, _, info = worker.call("info")
     assert info["device_info"][0]["table_jobs"] == 40
     assert info["device_info"][0]["jobs"] == 80
+
+
+@pytest.mark.parametrize("kernel", ["reduce", "dot_product"])
+def test_ill_conditioned_sums_are_the_same_bits_either_way(worker: WorkerPipe,
+                                                           kernel: str) -> None:
+    # Huge values beside small ones: any other order of additions gives other sums.
+    rows = []
+    for _ in range(12):
+        v = RNG.standard_normal(64).astype(np.float32)
+        v[RNG.integers(0, 64, 4)] = np.float32(2.0**60) * RNG.choice([-1, 1], 4)
+        rows.append(v)
+    jobs = [[v] if kernel == "reduce" else [v, v[::-1].copy()] for v in rows]
+    worker.send_raw(frame_of(kernel, jobs, first_id=1))
+    table = _replies(worker, 12)
+    worker.send_raw(batch_frame([launch_frame(100 + i, kernel, args, trace=True)
+                                 for i, args in enumerate(jobs)]))  # traced: general path
+    general = _replies(worker, 12)
+    for i, args in enumerate(jobs):
+        worker.launch(200 + i, kernel, args)  # one by one
+    lone = _replies(worker, 12)
+    assert [r.payload for r in table] == [r.payload for r in general] == [
+        r.payload for r in lone]
 
 
 def test_jobs_before_and_after_a_uniform_frame_keep_their_order(worker: WorkerPipe) -> None:

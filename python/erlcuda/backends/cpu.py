@@ -25,7 +25,8 @@ def _split(flat: np.ndarray, offsets: np.ndarray) -> list[Result]:
 
 
 def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> list[Result]:
-    # f64 accumulation: the CPU backend doubles as the accuracy reference for the GPU.
+    # f64 accumulation: the CPU backend doubles as the accuracy reference for the GPU. Every
+    # sum (a lone job's, a batch's, a table's) is made here, so they agree to the bit.
     sums = np.zeros(len(offsets) - 1)
     # reduceat misreads empty segments (it yields values[i]) and refuses a start at the end,
     # so only the non-empty ones go in; each then runs up to the next non-empty start.
@@ -46,14 +47,9 @@ class CpuDevice(Device):
             b = np.stack([r.b for r in requests]).reshape(len(requests), r0.k, r0.n)
             out = np.matmul(a, b, dtype=F32)
             return list(out.reshape(len(requests), r0.m * r0.n))
-        if len(requests) == 1:  # the common lone job: no concatenation, no offsets
+        if len(requests) == 1 and kernel == "vector_add":  # the lone job: no concatenation
             r = requests[0]
-            if kernel == "vector_add":
-                return [np.add(r.a, r.b, dtype=F32)]
-            if kernel == "reduce":
-                return [float(np.float32(r.a.sum(dtype=np.float64)))]
-            if kernel == "dot_product":
-                return [float(np.float32(np.dot(r.a.astype(np.float64), r.b)))]
+            return [np.add(r.a, r.b, dtype=F32)]
         offsets = _offsets(requests)
         a = np.concatenate([r.a for r in requests]) if len(requests) > 1 else requests[0].a
         if kernel == "reduce":
@@ -70,11 +66,15 @@ class CpuDevice(Device):
         a, b, kernel = batch.a, batch.b, batch.kernel
         if kernel == "vector_add" and b is not None:
             return np.add(a, b, dtype=F32)
-        if kernel == "reduce":
-            return a.sum(axis=1, dtype=np.float64).astype(F32).astype(np.float64)
-        if kernel == "dot_product" and b is not None:
-            dots = np.einsum("ij,ij->i", a, b, dtype=np.float64)
-            return dots.astype(F32).astype(np.float64)
+        if kernel in ("reduce", "dot_product"):
+            # The sums of run's segments, in the same order: a job's result does not depend
+            # on the path it took.
+            count, size = a.shape
+            values = a.astype(np.float64)
+            if kernel == "dot_product" and b is not None:
+                values *= b
+            offsets = np.arange(count + 1, dtype=np.int64) * size
+            return np.array(_segment_sums(values.reshape(-1), offsets))
         if kernel == "matmul" and b is not None:
             m, n, k = batch.m, batch.n, batch.k
             out = np.matmul(a.reshape(batch.count, m, k), b.reshape(batch.count, k, n),
