@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -186,3 +187,17 @@ def test_a_folder_of_another_user_is_never_removed(tmp_path: Path) -> None:
     mine.mkdir()
     assert SharedFolder(str(mine)).sweep_stale() == []
     assert theirs.exists()
+
+
+def test_a_result_that_cannot_be_written_comes_through_the_pipe(worker: WorkerPipe,
+                                                                 folder: Path) -> None:
+    a = np.arange(6, dtype=np.float32)
+    worker.launch(9, "reduce", [a.tobytes()])  # the worker is up, with its folder
+    assert worker.result() == (9, ("ok", 15.0))
+    shutil.rmtree(folder)  # as if shared memory were gone or full: the file cannot be made
+    worker.launch(1, "vector_add", [a.tobytes(), a.tobytes()], result_file=True)
+    assert worker.result() == (1, ("ok", (a * 2).tolist()))
+    deadline = time.monotonic() + 5
+    while not any("goes through the pipe" in text for _, text in worker.logs):
+        assert time.monotonic() < deadline, worker.logs
+        worker.call("info")  # log lines come in their own frames, among the answers
