@@ -223,3 +223,17 @@ def test_batching_off_answers_a_uniform_frame_job_by_job() -> None:
         assert info["device_info"][0]["table_jobs"] == 0
     finally:
         assert pipe.close() == 0
+
+
+@pytest.mark.parametrize("kernel", ["reduce", "dot_product"])
+def test_the_cpu_backend_sums_a_lone_job_as_a_batch_does(kernel: str) -> None:
+    device = select("cpu")[0].open(0)
+    rows = []
+    for _ in range(8):
+        v = RNG.standard_normal(300).astype(np.float32)
+        v[RNG.integers(0, 300, 6)] = np.float32(2.0**60) * RNG.choice([-1, 1], 6)
+        rows.append(v)
+    requests = [parse(kernel, [v] if kernel == "reduce" else [v, v[::-1].copy()])
+                for v in rows]
+    batched = device.run(kernel, requests)
+    assert [device.run(kernel, [r])[0] for r in requests] == batched

@@ -47,9 +47,17 @@ class CpuDevice(Device):
             b = np.stack([r.b for r in requests]).reshape(len(requests), r0.k, r0.n)
             out = np.matmul(a, b, dtype=F32)
             return list(out.reshape(len(requests), r0.m * r0.n))
-        if len(requests) == 1 and kernel == "vector_add":  # the lone job: no concatenation
+        if len(requests) == 1:  # the lone job: no concatenation, no offsets
             r = requests[0]
-            return [np.add(r.a, r.b, dtype=F32)]
+            if kernel == "vector_add":
+                return [np.add(r.a, r.b, dtype=F32)]
+            if kernel in ("reduce", "dot_product"):
+                values = r.a.astype(np.float64)
+                if kernel == "dot_product":
+                    values *= r.b
+                # reduceat, as _segment_sums does: a lone job's sum has a batch's bits
+                total = np.add.reduceat(values, [0])[0] if values.size else 0.0
+                return [float(np.float32(total))]
         offsets = _offsets(requests)
         a = np.concatenate([r.a for r in requests]) if len(requests) > 1 else requests[0].a
         if kernel == "reduce":
