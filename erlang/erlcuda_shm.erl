@@ -68,19 +68,32 @@ plan([Bin | Rest], I, Dir, Threshold, JobId, Acc, Files)
 plan([A | Rest], I, Dir, Threshold, JobId, Acc, Files) ->
     plan(Rest, I + 1, Dir, Threshold, JobId, [A | Acc], Files).
 
-%% @doc Write the planned operands; on failure, delete what was written.
+%% @doc Write the planned operands, several at once (each write runs on a dirty I/O
+%% scheduler: two 64 MiB operands take the time of one); on failure, delete them all.
 -spec stage(plan()) -> ok | {error, binary()}.
-stage(Plan) ->
-    stage(Plan, Plan).
-
-stage([], _) ->
+stage([]) ->
     ok;
-stage([{File, Bin} | Rest], Plan) ->
-    case file:write_file(File, Bin, [raw]) of
-        ok ->
-            stage(Rest, Plan);
-        {error, Why} ->
-            delete([F || {F, _} <- Plan], undefined),
+stage([{File, Bin}]) ->
+    checked([{File, file:write_file(File, Bin, [raw])}], [File]);
+stage(Plan) ->
+    %% Linked: writers die with a caller that dies, and the sweep of dead callers deletes
+    %% the job's files. Unlinked once done, and any 'EXIT' of a caller trapping exits taken.
+    Self = self(),
+    Writers = [{spawn_link(fun() -> Self ! {staged, self(), file:write_file(F, B, [raw])} end),
+                F} || {F, B} <- Plan],
+    Results = [receive {staged, Pid, R} -> {F, R} end || {Pid, F} <- Writers],
+    _ = [begin
+             unlink(Pid),
+             receive {'EXIT', Pid, _} -> ok after 0 -> ok end
+         end || {Pid, _} <- Writers],
+    checked(Results, [F || {F, _} <- Plan]).
+
+checked(Results, Files) ->
+    case [{F, Why} || {F, {error, Why}} <- Results] of
+        [] ->
+            ok;
+        [{File, Why} | _] ->
+            delete(Files, undefined),
             {error, iolist_to_binary(io_lib:format("shared memory: writing ~ts: ~p",
                                                    [File, Why]))}
     end.

@@ -27,6 +27,7 @@ shm_test_() ->
               {timeout, 60, fun killed_caller_leaves_no_file/0},
               {timeout, 60, fun timed_out_caller_leaves_no_file/0},
               {timeout, 60, fun replies_keep_their_order/0},
+              {timeout, 60, fun without_room_the_pipe_carries_it/0},
               {timeout, 60, fun stop_leaves_no_folder/0}]).
 
 vec(N, Scale) ->
@@ -142,7 +143,21 @@ replies_keep_their_order() ->
     erlcuda_test_util:no_message(),
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
 
+%% Shared memory gone (as when it is full): the operands' files cannot be written, nor the
+%% result's; the job still gets its right result, through the pipe, and nothing is left.
+without_room_the_pipe_carries_it() ->
+    [Folder] = folders(),
+    ok = file:del_dir_r(Folder),
+    ?assertEqual({ok, vec(?N, 3)}, erlcuda:launch_sync(vector_add, [vec(?N, 1), vec(?N, 2)],
+                                                       [{format, binary}])),
+    ?assertEqual({ok, float(?N * (?N + 1) div 2)}, erlcuda:launch_sync(reduce, [vec(?N, 1)])),
+    ?assertEqual([], folders()),
+    erlcuda_test_util:no_message().
+
 stop_leaves_no_folder() ->
+    #{worker_os_pid := Old} = erlcuda:info(),
+    os:cmd("kill -9 " ++ integer_to_list(Old)),  % a new worker, with a new folder
+    erlcuda_test_util:wait_restarted(Old, 100),
     ?assertMatch([_], folders()),
     ok = application:stop(erlcuda),
     ?assertEqual([], folders()).

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -524,8 +525,8 @@ class CudaDevice(Device):
 
         def fill(host_in: np.ndarray, b_at: int) -> None:
             for r, start, size in zip(requests, starts, sizes, strict=True):
-                np.copyto(host_in[start : start + size], r.a)
-                np.copyto(host_in[b_at + start : b_at + start + size], _b(r))
+                _pack(host_in[start : start + size], r.a)
+                _pack(host_in[b_at + start : b_at + start + size], _b(r))
 
         out = self._add(sum(sizes), fill)
         return [out[start : start + size] for start, size in zip(starts, sizes, strict=True)]
@@ -548,9 +549,9 @@ class CudaDevice(Device):
 
         def fill(host_in: np.ndarray, y_at: int) -> None:
             for r, start, size in zip(requests, starts, sizes, strict=True):
-                np.copyto(host_in[start : start + size], r.a)
+                _pack(host_in[start : start + size], r.a)
                 if dot:
-                    np.copyto(host_in[y_at + start : y_at + start + size], _b(r))
+                    _pack(host_in[y_at + start : y_at + start + size], _b(r))
 
         return [float(v) for v in self._sums(sizes, fill, dot=dot)]
 
@@ -591,8 +592,8 @@ class CudaDevice(Device):
 
         def fill(host_in: np.ndarray, b_at: int) -> None:
             for i, r in enumerate(requests):
-                np.copyto(host_in[i * a_size : (i + 1) * a_size], r.a)
-                np.copyto(host_in[b_at + i * b_size : b_at + (i + 1) * b_size], _b(r))
+                _pack(host_in[i * a_size : (i + 1) * a_size], r.a)
+                _pack(host_in[b_at + i * b_size : b_at + (i + 1) * b_size], _b(r))
 
         out = self._product(m, n, k, count, fill)
         return [out[i * c_size : (i + 1) * c_size] for i in range(count)]
@@ -610,6 +611,30 @@ class CudaDevice(Device):
             cuda.memcpy_htod_async(d_in, host_in[:in_elements], self._stream)
         self.launch_matmul(d_in, d_in + 4 * b_at, self._dev_out.ptr, m, n, k, count)
         return self._fetch(count * m * n)
+
+
+#: Operands at least this large are copied into the staging by several threads at once: an
+#: operand in shared memory faults its pages in as it is read, and one thread doing all of
+#: it was most of a large job's time in the worker.
+PARALLEL_PACK_MIN = 16 << 20
+_PACK_THREADS = 4
+_packers: ThreadPoolExecutor | None = None
+
+
+def _pack(dst: np.ndarray, src: np.ndarray) -> None:
+    """``np.copyto(dst, src)``, in parallel slices for a large one (numpy lets go of the GIL
+    while it copies)."""
+    global _packers
+    if src.nbytes < PARALLEL_PACK_MIN or src.ndim != 1:
+        np.copyto(dst, src)
+        return
+    if _packers is None:
+        _packers = ThreadPoolExecutor(_PACK_THREADS, thread_name_prefix="erlcuda-pack")
+    step = -(-src.size // _PACK_THREADS)
+    jobs = [_packers.submit(np.copyto, dst[i : i + step], src[i : i + step])
+            for i in range(0, src.size, step)]
+    for job in jobs:
+        job.result()
 
 
 #: Packs a batch's operands into the input staging: ``fill(host_in, second_at)``, the
