@@ -222,7 +222,7 @@ writer() ->
                                       || _ <- lists:seq(1, 10)],
                                Got = [receive {erlcuda, Id, R} -> R after 20000 -> lost end
                                       || Id <- Ids],
-                               Self ! {done, self(), Got =:= lists:duplicate(10, {ok, float(C * N)})}
+                               Self ! {done, self(), Got =:= lists:duplicate(10, {ok, float(C * N)}) orelse {C, Got}}
                        end) || C <- lists:seq(1, 200)],
     ?assertEqual(lists:duplicate(200, true),
                  [receive {done, P, Ok} -> Ok after 30000 -> error(caller_hung) end || P <- Pids]),
