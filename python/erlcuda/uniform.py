@@ -84,6 +84,8 @@ def decode_uniform(frame: bytes | bytearray | memoryview) -> Uniform | None:
             return None  # a shared-memory operand
     if pos != row:
         return None
+    # np.frombuffer holds the frame's buffer while a view of it lives: the reader reuses a
+    # large frame's buffer once nothing does. (np.ndarray(buffer=...) would not hold it.)
     table = np.frombuffer(frame, np.uint8, count * row, _BATCH_HEAD).reshape(count, row)
     header = np.ones(row, bool)
     header[_SIZE + _JOB_ID_AT : _SIZE + _JOB_ID_END] = False
@@ -92,8 +94,8 @@ def decode_uniform(frame: bytes | bytearray | memoryview) -> Uniform | None:
     columns = np.flatnonzero(header)
     if not (table[:, columns] == table[0, columns]).all():
         return None
-    job_ids = np.ndarray((count,), ">u8", frame, _BATCH_HEAD + _SIZE + _JOB_ID_AT,
-                         (row,)).astype(np.uint64)
+    job_ids = table[:, _SIZE + _JOB_ID_AT : _SIZE + _JOB_ID_END].view(">u8")[:, 0].astype(
+        np.uint64)
     args: list[Any] = []
     spans_left = iter(spans)
     for arg in first.args:
@@ -102,8 +104,7 @@ def decode_uniform(frame: bytes | bytearray | memoryview) -> Uniform | None:
             n = arg.size
             if n > MAX_ELEMENTS:
                 return None
-            args.append(np.ndarray((count, n), arg.dtype, frame, _BATCH_HEAD + start,
-                                   (row, arg.dtype.itemsize)))
+            args.append(table[:, start : start + arg.nbytes].view(arg.dtype))
         else:
             args.append(arg)
     return Uniform(job_ids, first.device, first.kernel, args, first)

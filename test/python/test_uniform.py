@@ -11,6 +11,7 @@ import pytest
 
 from erlcuda import protocol
 from erlcuda.backends import select
+from erlcuda.etf import Atom
 from erlcuda.kernels import parse, parse_uniform
 from erlcuda.uniform import MIN_ROWS, decode_uniform, encode_uniform
 from workerpipe import (
@@ -237,3 +238,33 @@ def test_the_cpu_backend_sums_a_lone_job_as_a_batch_does(kernel: str) -> None:
                 for v in rows]
     batched = device.run(kernel, requests)
     assert [device.run(kernel, [r])[0] for r in requests] == batched
+
+
+def test_a_table_waiting_behind_a_busy_device_keeps_its_own_data() -> None:
+    # Frames over 1 MiB are read into reused buffers: a table queued behind a stalled device
+    # must hold its frame's buffer, or the frames read meanwhile overwrite its operands (a
+    # failure seen under load: callers got other callers' sums).
+    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", "--test-hooks")
+    n, rows = 16384, 20  # 64 KiB operands: a 1.3 MB frame
+
+    def frame(first_id: int, device: int, value: float, count: int = rows) -> bytes:
+        v = np.full(n, value, np.float32)
+        return batch_frame([launch_frame(first_id + i, "reduce", [v], device=device)
+                            for i in range(count)])
+
+    try:
+        pipe.send((Atom("C"), 99, Atom("erlcuda"), Atom("stall"), [0, 800]))
+        pipe.send_raw(frame(100, 0, 1.0))
+        sizes = {k: rows - 2 * (k - 2) for k in range(2, 9)}
+        for k, count in sizes.items():
+            pipe.send_raw(frame(100 * k, 1, float(k), count))
+        want = {100 + i: 16384.0 for i in range(rows)}
+        want |= {100 * k + i: 16384.0 * k for k, count in sizes.items() for i in range(count)}
+        got: dict[int, Any] = {}
+        while len(got) < len(want):
+            message = pipe.receive()
+            if isinstance(message, Reply):
+                got[message.job_id] = message.result
+        assert got == {job: ("ok", value) for job, value in want.items()}
+    finally:
+        assert pipe.close() == 0
