@@ -128,12 +128,7 @@ class Worker:
                     continue
                 recv = time.perf_counter_ns()
                 for message in self._messages(frame):
-                    if isinstance(message, Launch):
-                        job = self.launch(message, recv)
-                        if job is not None:
-                            self.lanes[message.device].submit(job)
-                    else:
-                        self._calls.put(message)
+                    self.dispatch(message, recv)
         except FrameError as exc:
             log.error("port closed: %s", exc)
             return self.shutdown(1)
@@ -213,7 +208,8 @@ class Worker:
         return messages
 
     def dispatch(self, message: Launch | Call, recv: int = 0) -> None:
-        """Route one message as ``serve`` does with several devices (tests drive this)."""
+        """Route one message to its device's thread, or a call to the control thread (with
+        several devices, or ``--device-thread``)."""
         if isinstance(message, Launch):
             job = self.launch(message, recv)
             if job is not None:
