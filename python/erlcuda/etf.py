@@ -9,7 +9,6 @@ Mapping (decode -> Python -> encode):
 - binaries decode to zero-copy ``memoryview`` slices of the input (``bytes`` inside map keys);
   ``bytes``, ``bytearray``, ``memoryview``, numpy arrays and ``str`` (UTF-8) encode as binaries
 - pids, ports, references, funs, exports and bit-binaries <-> ``Opaque`` (kept verbatim)
-- ``FloatList`` encodes a float array as an Erlang list of floats
 
 ``decode`` treats its input as hostile: every length is checked against the bytes left before
 anything is allocated, nesting is bounded, what the decoded objects may cost is bounded by the
@@ -30,7 +29,6 @@ import numpy as np
 __all__ = [
     "Atom",
     "CodecError",
-    "FloatList",
     "ImproperList",
     "Opaque",
     "decode",
@@ -131,23 +129,6 @@ class ImproperList:
 
     items: list[Any]
     tail: Any
-
-
-class FloatList:
-    """A 1-D float array that encodes as an Erlang list of floats (not as a binary)."""
-
-    __slots__ = ("array",)
-
-    def __init__(self, array: np.ndarray) -> None:
-        if not isinstance(array, np.ndarray) or array.dtype.kind != "f" or array.ndim != 1:
-            raise CodecError("FloatList needs a 1-D numpy array of a float dtype")
-        self.array = array
-
-    def __len__(self) -> int:
-        return len(self.array)
-
-    def __repr__(self) -> str:
-        return f"FloatList({self.array!r})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -538,7 +519,6 @@ _pack_large_big = struct.Struct(">BIB").pack
 
 _SMALL_INTS = [bytes((SMALL_INTEGER_EXT, i)) for i in range(256)]
 _NIL = bytes((NIL_EXT,))
-_FLOAT_ITEM = np.dtype([("tag", "u1"), ("v", ">f8")])
 
 _ATOM_BYTES: dict[str, bytes] = {}
 _ATOM_BYTES_MAX = 4096
@@ -632,8 +612,6 @@ def _enc(t: Any, cur: bytearray, chunks: list[bytes | memoryview]) -> None:
         cur += _pack_float(NEW_FLOAT_EXT, t)
     elif cls is Opaque:
         cur += t.data
-    elif cls is FloatList:
-        _enc_float_list(t.array, cur, chunks)
     elif cls is bool:
         cur += _atom_bytes("true" if t else "false")
     elif cls is list:
@@ -714,20 +692,3 @@ def _enc_big(t: int, cur: bytearray, chunks: list[bytes | memoryview]) -> None:
     else:
         raise CodecError("integer too large")
     _payload(header, digits, n, cur, chunks)
-
-
-def _enc_float_list(array: np.ndarray, cur: bytearray, chunks: list[bytes | memoryview]) -> None:
-    n = len(array)
-    if n == 0:
-        cur += _NIL
-        return
-    if n > 0xFFFFFFFF:
-        raise CodecError("float list too long")
-    if not np.isfinite(array).all():
-        raise CodecError("Erlang has no NaN or infinite floats")
-    # One NEW_FLOAT_EXT (tag byte + big-endian f64) per element, all built in one go.
-    items = np.empty(n, dtype=_FLOAT_ITEM)
-    items["tag"] = NEW_FLOAT_EXT
-    items["v"] = array
-    _payload(_pack_tag_u32(LIST_EXT, n), items.view(np.uint8).data, 9 * n, cur, chunks)
-    cur += _NIL

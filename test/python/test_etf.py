@@ -22,7 +22,6 @@ from erlcuda.etf import (
     DECODE_COST_FACTOR,
     Atom,
     CodecError,
-    FloatList,
     ImproperList,
     Opaque,
     decode,
@@ -95,8 +94,6 @@ def test_chunks_concatenate_to_the_encoding(term: Any) -> None:
         ({}, "7400000000"),
         (ImproperList([1], 2), "6c0000000161016102"),
         (Opaque(b"\x61\x07"), "6107"),
-        (FloatList(np.array([], dtype=np.float32)), "6a"),
-        (FloatList(np.array([1.0])), "6c00000001463ff00000000000006a"),
     ],
 )
 def test_exact_encodings(term: Any, expected: str) -> None:
@@ -142,7 +139,6 @@ def test_other_python_types() -> None:
         float("inf"),
         [1, float("-inf")],
         np.array([object()]),
-        FloatList(np.array([1.0, np.nan])),
         ImproperList([], 1),
     ],
 )
@@ -156,20 +152,6 @@ def test_cyclic_term_is_a_codec_error() -> None:
     cyclic.append(cyclic)
     with pytest.raises(CodecError):
         encode(cyclic)
-
-
-def test_float_list_needs_a_1d_float_array() -> None:
-    for bad in (np.zeros((2, 2)), np.arange(3), [1.0, 2.0]):
-        with pytest.raises(CodecError):
-            FloatList(bad)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-def test_float_list_round_trip(dtype: type) -> None:
-    arr = (np.arange(1000) * 0.37 - 100).astype(dtype)
-    got = decode(encode_bytes(FloatList(arr)))
-    assert got == arr.astype(np.float64).tolist()
-    assert all(type(x) is float for x in got)
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,10 +201,10 @@ def test_large_payloads_are_chunks_of_their_own() -> None:
 def test_hot_path_message_is_few_chunks() -> None:
     reply = (Atom("M"), PID, (Atom("erlcuda"), 12345, (Atom("ok"), 3.25)))
     assert len(encode(reply)) == 1
-    floats = FloatList(np.arange(4096, dtype=np.float32))
+    floats = np.arange(4096, dtype="<f4")
     chunks = encode((Atom("M"), PID, (Atom("erlcuda"), 12345, (Atom("ok"), floats))))
-    assert len(chunks) == 3
-    assert decode(b"".join(chunks))[2][2][1] == list(range(4096))
+    assert len(chunks) == 2  # the head, then the array's bytes as a chunk of their own
+    assert bytes(decode(b"".join(chunks))[2][2][1]) == floats.tobytes()
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,11 +316,8 @@ def run_erl(cases: list[tuple[str, str, bytes]], tmp: Path) -> list[str]:
 
 def native_cases() -> Iterator[tuple[str, Any, str]]:
     """(label, Python value, Erlang expression it must decode to) beyond the fixtures."""
-    f32 = (np.arange(50, dtype=np.float32) - 25) / 7
-    yield "floats_f32", FloatList(f32), erl_source(f32.astype(float).tolist())
     f64 = np.linspace(-1e300, 1e300, 33)
-    yield "floats_f64", FloatList(f64), erl_source(f64.tolist())
-    yield "floats_empty", FloatList(np.zeros(0)), "[]"
+    yield "floats_f64", f64.tolist(), erl_source(f64.tolist())
     yield "str", "héllo 中", '<<"héllo 中"/utf8>>'
     yield "none", None, "undefined"
     yield "bools", [True, False], "[true, false]"
@@ -409,7 +388,7 @@ def prefixes(data: bytes) -> Iterator[bytes]:
 
 def test_every_truncation_is_a_codec_error() -> None:
     samples = [data for _, data, _ in vectors()]
-    samples.append(encode_bytes((Atom("M"), PID, (Atom("ok"), FloatList(np.ones(20))))))
+    samples.append(encode_bytes((Atom("M"), PID, (Atom("ok"), np.ones(20).tolist()))))
     for data in samples:
         for prefix in prefixes(data):
             with pytest.raises(CodecError):
