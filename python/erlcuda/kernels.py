@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -277,6 +277,11 @@ class UniformRequest:
         """Job ``i`` as a ``Request``."""
         return Request(self.kernel, self.a[i], None if self.b is None else self.b[i],
                        self.m, self.n, self.k, self.elements, self.result_elements)
+
+    def rows(self, start: int, end: int) -> UniformRequest:
+        """Jobs ``start`` to ``end`` (excluded) as a batch of their own."""
+        return replace(self, a=self.a[start:end],
+                       b=None if self.b is None else self.b[start:end], count=end - start)
 
     @property
     def device_bytes(self) -> int:

@@ -180,11 +180,7 @@ class Lane(threading.Thread):
         step = max(1, min(self.max_batch, self.max_elements // per_job))
         for start in range(0, whole.count, step):
             end = min(start + step, whole.count)
-            part = UniformRequest(whole.kernel, whole.a[start:end],
-                                  None if whole.b is None else whole.b[start:end],
-                                  whole.m, whole.n, whole.k, end - start, whole.elements,
-                                  whole.result_elements, whole.scalar)
-            self._uniform_slice(jobs.job_ids[start:end], part, device)
+            self._uniform_slice(jobs.job_ids[start:end], whole.rows(start, end), device)
 
     def _uniform_slice(self, job_ids: np.ndarray, batch: UniformRequest,
                        device: Device | None) -> None:

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from . import contract
-from .kernels import MAX_ELEMENTS
 from .protocol import Launch, decode
 
 _W = contract.WIRE
@@ -101,9 +100,6 @@ def decode_uniform(frame: bytes | bytearray | memoryview) -> Uniform | None:
     for arg in first.args:
         if isinstance(arg, np.ndarray):
             start, _ = next(spans_left)
-            n = arg.size
-            if n > MAX_ELEMENTS:
-                return None
             args.append(table[:, start : start + arg.nbytes].view(arg.dtype))
         else:
             args.append(arg)

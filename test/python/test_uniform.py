@@ -268,3 +268,19 @@ def test_a_table_waiting_behind_a_busy_device_keeps_its_own_data() -> None:
         assert got == {job: ("ok", value) for job, value in want.items()}
     finally:
         assert pipe.close() == 0
+
+
+def test_a_table_over_max_batch_runs_in_slices() -> None:
+    pipe = WorkerPipe("--backend", "cpu", "--max-batch", "16")
+    try:
+        jobs = jobs_of("reduce", 40)
+        pipe.send_raw(frame_of("reduce", jobs))
+        replies = _replies(pipe, 40)
+        assert [r.job_id for r in replies] == list(range(1, 41))
+        for r, (v,) in zip(replies, jobs, strict=True):
+            assert r.result[1] == pytest.approx(float(v.astype(np.float64).sum()), rel=1e-6)
+        _, _, info = pipe.call("info")
+        device = info["device_info"][0]
+        assert (device["table_jobs"], device["launches"], device["max_batch"]) == (40, 3, 16)
+    finally:
+        assert pipe.close() == 0
