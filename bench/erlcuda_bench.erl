@@ -544,26 +544,34 @@ bandwidth_size(K, N, B, Shm) ->
                    pure_ns => Pure}).
 
 %% One round of the shared-memory floor: the vector operands written to fresh files, a
-%% result file of OutBytes (written beforehand, untimed, as the worker would) read back;
-%% every file deleted, untimed.
+%% result of OutBytes (written beforehand, untimed, as the worker would) read back; every
+%% file deleted, untimed. Both ways in part files several at once, as erlcuda moves them
+%% (erlcuda_shm), so this is the transport's own cost.
 shm_floor(Args, OutBytes) ->
     Dir = "/dev/shm",
     Tag = integer_to_list(erlang:unique_integer([positive])),
-    Out = filename:join(Dir, "erlcuda-bench-floor-r" ++ Tag),
+    Part = erlcuda_shm:part_bytes(),
+    Parts = fun(Name, Bin) ->
+                    Size = byte_size(Bin),
+                    [{filename:join(Dir, Name ++ "." ++ integer_to_list(K)),
+                      binary_part(Bin, K * Part, min(Part, Size - K * Part))}
+                     || K <- lists:seq(0, max(1, (Size + Part - 1) div Part) - 1)]
+            end,
     Small = OutBytes < shm_threshold(),
-    _ = [ok = file:write_file(Out, binary:copy(<<0>>, OutBytes), [raw]) || not Small],
-    Ins = [{filename:join(Dir, "erlcuda-bench-floor-i" ++ Tag ++ "-" ++ integer_to_list(I)), A}
-           || {I, A} <- lists:zip(lists:seq(1, length(Args)), Args), is_binary(A)],
+    Out = case Small of
+              true -> [];
+              false -> Parts("erlcuda-bench-floor-r" ++ Tag, binary:copy(<<0>>, OutBytes))
+          end,
+    ok = erlcuda_shm:stage(Out),
+    Ins = lists:append([Parts("erlcuda-bench-floor-i" ++ Tag ++ "-" ++ integer_to_list(I), A)
+                        || {I, A} <- lists:zip(lists:seq(1, length(Args)), Args),
+                           is_binary(A)]),
+    Reads = [{F, (K - 1) * Part, byte_size(B)} || {K, {F, B}} <- lists:enumerate(Out)],
     T0 = now_ns(),
-    [ok = file:write_file(F, A, [raw]) || {F, A} <- Ins],
-    _ = [begin
-             {ok, Fd} = file:open(Out, [read, raw, binary]),
-             {ok, _} = file:read(Fd, OutBytes),
-             ok = file:close(Fd)
-         end || not Small],
+    ok = erlcuda_shm:stage(Ins),
+    _ = [{ok, _} = erlcuda_shm:read_parts(Reads, OutBytes) || not Small],
     T = now_ns() - T0,
-    [ok = file:delete(F, [raw]) || {F, _} <- Ins],
-    _ = [ok = file:delete(Out, [raw]) || not Small],
+    erlcuda_shm:delete([F || {F, _} <- Ins ++ Out]),
     T.
 
 %% Throughput: N callers, each looping launch_sync until the deadline.

@@ -68,16 +68,16 @@ register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
 complete(Id, Reply) ->
     case ets:take(?TAB, Id) of
         [#job{files = Files} = Job] ->
-            erlcuda_shm:delete(Files, undefined),
+            erlcuda_shm:delete(Files),
             case erlcuda_protocol:file_result(Reply) of
-                {file, Bytes} when Job#job.shm =/= undefined ->
+                {file, Bytes, PartBytes} when Job#job.shm =/= undefined ->
                     %% Read by a deliverer: this process serves every job. Later replies
                     %% to the same caller wait behind it (erlcuda_delivery).
                     erlcuda_status:dequeue(Job#job.queues, Job#job.device),
                     erlcuda_delivery:run(
                       Job#job.reply_to,
                       fun() ->
-                              R = erlcuda_shm:take_result(Job#job.shm, Id, Bytes),
+                              R = erlcuda_shm:take_result(Job#job.shm, Id, Bytes, PartBytes),
                               reply(Job, R, false, fun(To, M) -> To ! M, ok end)
                       end);
                 _ ->
@@ -147,7 +147,7 @@ discard(Id, Counter, Delta, Why) ->
     case ets:take(?TAB, Id) of
         [#job{queues = Queues, device = Device, kernel = Kernel, started = Started,
               files = Files}] ->
-            erlcuda_shm:delete(Files, undefined),
+            erlcuda_shm:delete(Files),
             erlcuda_status:dequeue(Queues, Device),
             counters:add(counters_ref(), Counter, Delta),
             erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, {error, Why}),

@@ -20,7 +20,7 @@
          max_result_bytes/0, file_result/1, vector_reply/1,
          worker_command/2, hello_args/0, check_hello/1, load_atoms/0]).
 
--export_type([event/0, command/0, reply/0, launch_arg/0, flags/0]).
+-export_type([event/0, command/0, reply/0, launch_arg/0, flags/0, file_arg/0, file_result/0]).
 
 -include("erlcuda_contract.hrl").
 
@@ -34,8 +34,12 @@
 %% One job's record of a results frame: its tag and payload, still undecoded.
 -type reply() :: {wire, byte(), binary()}.
 %% A launch's argument: a vector's bytes, a dim, or a vector in the worker's shared-memory
-%% folder (its file name and size).
--type launch_arg() :: binary() | non_neg_integer() | {file, binary(), non_neg_integer()}.
+%% folder (its files' name, its size and the bytes per part file).
+-type launch_arg() :: binary() | non_neg_integer() | file_arg().
+-type file_arg() :: {file, Name :: binary(), Bytes :: non_neg_integer(),
+                     PartBytes :: pos_integer()}.
+%% A result the worker left in shared memory: its size and the bytes per part file.
+-type file_result() :: {file, Bytes :: non_neg_integer(), PartBytes :: pos_integer()}.
 -type flags() :: #{trace := boolean(), result_file := boolean()}.
 
 %% The launch frame's bytes besides its arguments' data, at most.
@@ -76,12 +80,18 @@ batch_overhead(Count) ->
 %% Vectors are f32 (element type 0) until the catalogue has other types.
 arg(Bin) when is_binary(Bin) -> [<<?WIRE_ARG_VECTOR, 0:8, (byte_size(Bin)):64>>, Bin];
 arg(N) when is_integer(N) -> <<?WIRE_ARG_DIM, N:64>>;
-arg({file, Name, Bytes}) -> <<?WIRE_ARG_FILE, 0:8, Bytes:64, (byte_size(Name)):8, Name/binary>>.
+arg({file, Name, Bytes, PartBytes}) ->
+    <<?WIRE_ARG_FILE, 0:8, Bytes:64, PartBytes:32, (byte_size(Name)):8, Name/binary>>.
 
-%% @doc The size of a result the worker left in shared memory, if `Reply' is one.
--spec file_result(reply()) -> {file, non_neg_integer()} | no.
-file_result({wire, ?WIRE_TAG_FILE, <<Bytes:64>>}) -> {file, Bytes};
-file_result(_) -> no.
+%% @doc Where a result the worker left in shared memory is, if `Reply' is one. A record
+%% naming parts smaller than a page, or more than 65536 of them, is no such result (and
+%% reads as malformed): nothing from the worker makes this side open files without bound.
+-spec file_result(reply()) -> file_result() | no.
+file_result({wire, ?WIRE_TAG_FILE, <<Bytes:64, PartBytes:32>>})
+  when PartBytes >= 4096, Bytes =< PartBytes bsl 16 ->
+    {file, Bytes, PartBytes};
+file_result(_) ->
+    no.
 
 %% @doc A vector result read from shared memory, as if its record had carried it.
 -spec vector_reply(binary()) -> reply().

@@ -210,11 +210,16 @@ frame({undecodable, Size}, _, _) ->
     keep_state_and_data.
 
 %% A job already answered (its caller died, or it timed out) may still have left a result
-%% file: nobody will read it.
+%% in files: nobody will read them.
 complete(Id, Reply, Shm) ->
     case {erlcuda_jobs:complete(Id, Reply), Shm} of
-        {none, #{dir := Dir}} -> erlcuda_shm:delete([], {Dir, Id});
-        _ -> ok
+        {none, #{dir := Dir}} ->
+            case erlcuda_protocol:file_result(Reply) of
+                {file, _, _} = File -> erlcuda_shm:delete(erlcuda_shm:result_files(Dir, Id, File));
+                no -> ok
+            end;
+        _ ->
+            ok
     end.
 
 hello({ok, Info}, #data{port = Port, os_pid = OsPid, config = Config} = D) ->

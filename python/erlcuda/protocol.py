@@ -1,4 +1,4 @@
-"""erlcuda's messages: the one place that turns them into bytes and back (protocol 4).
+"""erlcuda's messages: the one place that turns them into bytes and back (protocol 5).
 
 The hot path travels in fixed-layout binary frames (``contract.WIRE``; big-endian integers),
 everything else as one ETF term in erlport's shapes (first byte 131).
@@ -7,13 +7,15 @@ Erlang -> worker (``decode``):
     launch frame:  WIRE.launch, JobId:u64, Device:u16, Flags:u8, KernelLen:u8, Kernel (UTF-8),
                    NArgs:u8, then per argument WIRE.arg_vector, ElemType:u8, Bytes:u64 and the
                    bytes (little-endian elements), or WIRE.arg_dim, Value:u64, or
-                   WIRE.arg_file, ElemType:u8, Bytes:u64, NameLen:u8, Name (a vector in
-                   the worker's shared-memory folder, ``shm.FileArg``)            ``Launch``
+                   WIRE.arg_file, ElemType:u8, Bytes:u64, PartBytes:u32, NameLen:u8, Name
+                   (a vector in the worker's shared-memory folder, in the part files
+                   Name.0, Name.1, ... of PartBytes bytes each, ``shm.FileArg``)  ``Launch``
     {'C', Id, erlcuda, Function, Args}                          a control call   ``Call``
 Worker -> Erlang:
     results frame: WIRE.results, Count:u32, then per job JobId:u64, Tag:u8, Len:u32 and the
                    payload: raw f32 (tag_vector), an f64 (tag_scalar), the ETF of the reason
-                   (tag_error), Bytes:u64 (tag_file: the vector is in the file r<JobId>),
+                   (tag_error), Bytes:u64 and PartBytes:u32 (tag_file: the vector is in the
+                   part files r<JobId>.0, r<JobId>.1, ...),
                    or an inner Tag:u8, Len:u32, payload and the ETF of the stamps map
                    (tag_traced)                                            ``encode_results``
     {'r', Id, Answer}                                  a call's answer     ``encode_answer``
@@ -139,6 +141,7 @@ _JOB_ID = struct.Struct(">Q")
 _DEVICE = struct.Struct(">H")
 # After the argument's kind byte: ElemType and Bytes of a vector; Value of a dim.
 _VECTOR_HEAD = struct.Struct(">BQ")
+_FILE_HEAD = struct.Struct(">BQI")  # ElemType, Bytes, PartBytes
 _DIM = struct.Struct(">Q")
 
 _W_LAUNCH = _W.launch
@@ -265,13 +268,14 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
             args.append(np.frombuffer(frame, _ELEMENT_DTYPES[etype], nbytes // itemsize, pos))
             pos += nbytes
         elif kind == _W_FILE:
-            if pos + 11 > size:
+            if pos + 15 > size:
                 return Launch(job_id, device, kernel, [], trace,
                               f"launch of {size} bytes ends inside argument {i}'s header")
-            etype, nbytes = _VECTOR_HEAD.unpack_from(frame, pos + 1)
-            nlen = frame[pos + 10]
-            pos += 11
-            if etype >= _N_TYPES or nbytes % _ELEMENT_SIZES[etype] or nlen > size - pos:
+            etype, nbytes, part = _FILE_HEAD.unpack_from(frame, pos + 1)
+            nlen = frame[pos + 14]
+            pos += 15
+            if (etype >= _N_TYPES or nbytes % _ELEMENT_SIZES[etype] or nlen > size - pos
+                    or part == 0):
                 return Launch(job_id, device, kernel, [], trace,
                               f"argument {i}: a malformed shared-memory argument")
             try:
@@ -279,7 +283,7 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
             except UnicodeDecodeError:
                 return Launch(job_id, device, kernel, [], trace,
                               f"argument {i}: the file name is not UTF-8")
-            args.append(FileArg(name, _ELEMENT_DTYPES[etype], nbytes))
+            args.append(FileArg(name, _ELEMENT_DTYPES[etype], nbytes, part))
             pos += nlen
         elif kind == _W_DIM:
             if pos + 9 > size:
@@ -412,7 +416,7 @@ _T_SCALAR = _W.tag_scalar
 _T_ERROR = _W.tag_error
 _T_TRACED = _W.tag_traced
 _T_FILE = _W.tag_file
-_U64 = struct.Struct(">Q")
+_FILE_RECORD = struct.Struct(">QI")
 #: Payloads shorter than this are copied next to their header; longer ones are chunks of
 #: their own that share the result's memory (``writev``).
 SMALL_PAYLOAD = etf.SMALL_PAYLOAD
@@ -442,7 +446,7 @@ def _payload(res: Any, errors: dict[int, bytes]) -> tuple[int, bytes | memoryvie
     if cls is float:
         return _T_SCALAR, _pack_f64(res)
     if cls is FileResult:
-        return _T_FILE, _U64.pack(res.nbytes)
+        return _T_FILE, _FILE_RECORD.pack(res.nbytes, res.part_bytes)
     if cls is Failure:
         data = errors.get(id(res))
         if data is None:

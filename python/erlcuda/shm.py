@@ -7,6 +7,12 @@ the job runs and the memory with the last view of it. A result asked for in a fi
 (``flags.result_file``) is written to ``r<JobId>`` and the record says only its size; the
 caller's side reads and deletes it.
 
+A vector is a series of part files, ``<Name>.0``, ``<Name>.1``, ... of a fixed size (the last
+one shorter), each written by a thread or process of its own: a tmpfs file is written under
+its inode's lock, one core at a time, and one 64 MiB file took five times as long as eight
+parts written at once. The worker maps an operand's parts side by side into one span of
+address space, so the backends see one contiguous read-only array as before.
+
 Clean-up never depends on this process ending well: a reaper (a small process of its own,
 started here) waits for the worker to end, however it ends (SIGKILL included, or the node's
 death, which kills the worker), and then removes the whole folder. Erlang also removes it
@@ -19,6 +25,7 @@ PID namespaces that share the folder's parent are safe.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
@@ -26,7 +33,10 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +49,10 @@ PREFIX = "erlcuda-"
 #: A folder younger than this is never taken for stale: its worker may not hold its lock yet.
 STALE_AFTER_S = 60.0
 LOCK = ".lock"
+#: Bytes per part file of a result this worker writes (Erlang's operands say their own).
+RESULT_PART = 8 << 20
+#: At most this many part files are written or read at once.
+_PART_THREADS = 8
 
 _REAPER = """
 import os, shutil, sys
@@ -57,19 +71,39 @@ class ShmError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class FileArg:
-    """A vector argument in the file ``name`` of the worker's folder: ``nbytes`` bytes of
-    ``dtype`` elements (what the launch frame says)."""
+    """A vector argument in the part files ``name.<K>`` of the worker's folder: ``nbytes``
+    bytes of ``dtype`` elements, ``part_bytes`` to a file (what the launch frame says)."""
 
     name: str
     dtype: np.dtype[Any]
     nbytes: int
+    part_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
 class FileResult:
-    """A vector result written to ``r<JobId>``: what its record carries."""
+    """A vector result written to ``r<JobId>.<K>``: what its record carries."""
 
     nbytes: int
+    part_bytes: int
+
+
+def part_sizes(nbytes: int, part_bytes: int) -> list[int]:
+    """The sizes of a vector's part files (one, maybe empty, for an empty vector)."""
+    count = max(1, -(-nbytes // part_bytes))
+    return [min(part_bytes, nbytes - k * part_bytes) for k in range(count)]
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _parts_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_PART_THREADS, thread_name_prefix="erlcuda-shm")
+        return _pool
 
 
 def _stale(path: str) -> bool:
@@ -143,49 +177,53 @@ class SharedFolder:
             start_new_session=True)
 
     def open_input(self, arg: FileArg) -> np.ndarray:
-        """The file's elements, mapped read-only; the name is unlinked once mapped."""
+        """The vector's elements, mapped read-only; its files are unlinked once mapped."""
         if not _plain_name(arg.name):
             raise ShmError(f"shared memory: {arg.name!r:.80} is not a file name")
-        path = os.path.join(self.path, arg.name)
+        if arg.part_bytes <= 0 or arg.part_bytes % mmap.ALLOCATIONGRANULARITY:
+            raise ShmError(f"shared memory: {arg.name:.80}: parts of {arg.part_bytes} bytes "
+                           f"are not whole pages")
+        sizes = part_sizes(arg.nbytes, arg.part_bytes)
+        paths = [os.path.join(self.path, f"{arg.name}.{k}") for k in range(len(sizes))]
+        fds: list[int] = []
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as exc:
-            raise ShmError(f"shared memory: {arg.name:.80}: {exc.strerror}") from exc
+            for path, size in zip(paths, sizes, strict=True):
+                fds.append(_open_part(path, size))
+        except ShmError:
+            _close_all(fds)
+            raise
+        finally:
+            for path in paths:
+                _unlink(path)  # Erlang deletes them too, when the job ends
         try:
-            size = os.fstat(fd).st_size
-            if size != arg.nbytes:
-                raise ShmError(f"shared memory: {arg.name:.80} holds {size} bytes, the launch "
-                               f"says {arg.nbytes}")
-            mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else b""
+            if arg.nbytes == 0:
+                return np.empty(0, arg.dtype)
+            if len(fds) == 1:
+                return np.frombuffer(mmap.mmap(fds[0], arg.nbytes, prot=mmap.PROT_READ),
+                                     arg.dtype)
+            return _Span(fds, sizes, arg.part_bytes).array(arg.dtype)
         except OSError as exc:
             raise ShmError(f"shared memory: {arg.name:.80}: {exc}") from exc
         finally:
-            os.close(fd)
-        try:
-            os.unlink(path)
-        except OSError:
-            pass  # Erlang removes it too, when the job ends
-        return np.frombuffer(mapped, arg.dtype)
+            _close_all(fds)
 
     def write_result(self, job_id: int, result: np.ndarray) -> FileResult:
-        """Write ``result``'s bytes to ``r<JobId>``, a new file; its size for the record."""
-        path = os.path.join(self.path, f"r{job_id}")
+        """Write ``result``'s bytes to the new part files ``r<JobId>.<K>``, several at once;
+        what the record says of them."""
         data = memoryview(np.ascontiguousarray(result)).cast("B")
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise ShmError(f"shared memory: r{job_id}: {exc.strerror}") from exc
-        try:
-            done = 0
-            while done < len(data):
-                done += os.write(fd, data[done:])
-        except OSError as exc:
-            os.close(fd)
-            _unlink(path)
-            raise ShmError(f"shared memory: writing r{job_id}: {exc.strerror}") from exc
-        os.close(fd)
-        return FileResult(len(data))
+        sizes = part_sizes(len(data), RESULT_PART)
+        paths = [os.path.join(self.path, f"r{job_id}.{k}") for k in range(len(sizes))]
+        pieces = [data[k * RESULT_PART : k * RESULT_PART + size] for k, size in enumerate(sizes)]
+        if len(paths) == 1:
+            errors = [_write_part(paths[0], pieces[0])]
+        else:
+            errors = list(_parts_pool().map(_write_part, paths, pieces))
+        failed = [e for e in errors if e is not None]
+        if failed:
+            for path in paths:
+                _unlink(path)
+            raise ShmError(f"shared memory: writing r{job_id}: {failed[0]}")
+        return FileResult(len(data), RESULT_PART)
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -196,3 +234,79 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def _open_part(path: str, size: int) -> int:
+    """A part file, opened for reading and checked to hold ``size`` bytes."""
+    name = os.path.basename(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ShmError(f"shared memory: {name:.80}: {exc.strerror}") from exc
+    try:
+        held = os.fstat(fd).st_size
+    except OSError as exc:
+        os.close(fd)
+        raise ShmError(f"shared memory: {name:.80}: {exc.strerror}") from exc
+    if held != size:
+        os.close(fd)
+        raise ShmError(f"shared memory: {name:.80} holds {held} bytes, the launch says {size}")
+    return fd
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _write_part(path: str, data: memoryview) -> str | None:
+    """Write ``data`` to the new file ``path``; the reason it failed, or None."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError as exc:
+        return f"{os.path.basename(path)}: {exc.strerror}"
+    try:
+        done = 0
+        while done < len(data):
+            done += os.write(fd, data[done:])
+    except OSError as exc:
+        return f"{os.path.basename(path)}: {exc.strerror}"
+    finally:
+        os.close(fd)
+    return None
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_MAP_FIXED = 0x10  # the same on Linux and the BSDs; Python's mmap module has no MAP_FIXED
+_PROT_NONE = 0
+
+
+class _Span:
+    """Part files mapped side by side into one reserved span of address space: one
+    contiguous array over all of them, and no copy. The span is unmapped when the last
+    view of it goes."""
+
+    def __init__(self, fds: list[int], sizes: list[int], part_bytes: int) -> None:
+        total = sum(sizes)
+        span = -(-total // mmap.PAGESIZE) * mmap.PAGESIZE
+        base = _libc.mmap(None, span, _PROT_NONE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        if base in (None, _MAP_FAILED):
+            raise OSError(ctypes.get_errno(), f"cannot reserve {span} bytes of address space")
+        self._memory = (ctypes.c_char * total).from_address(base)
+        weakref.finalize(self._memory, _libc.munmap, base, span)
+        for k, (fd, size) in enumerate(zip(fds, sizes, strict=True)):
+            at = base + k * part_bytes
+            got = _libc.mmap(at, size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+            if got != at:
+                raise OSError(ctypes.get_errno(), f"cannot map part {k}")
+
+    def array(self, dtype: np.dtype[Any]) -> np.ndarray:
+        out = np.frombuffer(self._memory, dtype)
+        out.flags.writeable = False  # the pages are mapped read-only: a write would fault
+        return out

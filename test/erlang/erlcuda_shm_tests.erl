@@ -5,6 +5,7 @@
 
 -include_lib("eunit/include/eunit.hrl").
 -include_lib("kernel/include/file.hrl").
+-include("erlcuda_contract.hrl").
 
 -define(N, 10000).
 -define(DEFAULTS, [{backend, cpu}, {cpu_devices, 1}, {test_hooks, false}, {shm_dir, auto},
@@ -23,6 +24,7 @@ with_app(Test) ->
 shm_test_() ->
     with_app([{timeout, 60, fun results_through_files/0},
               {timeout, 60, fun operands_wait_in_files_until_mapped/0},
+              {timeout, 60, fun vectors_in_several_parts/0},
               {timeout, 60, fun killed_worker_leaves_no_file/0},
               {timeout, 60, fun killed_caller_leaves_no_file/0},
               {timeout, 60, fun timed_out_caller_leaves_no_file/0},
@@ -71,11 +73,58 @@ operands_wait_in_files_until_mapped() ->
     {ok, Id} = erlcuda:launch(vector_add, [vec(?N, 1), vec(?N, 1)], [{format, binary}]),
     Names = [filename:basename(F) || F <- files()],
     Prefix = "i" ++ integer_to_list(Id) ++ "-",
-    ?assertEqual([Prefix ++ "1", Prefix ++ "2"], lists:sort(Names)),
+    ?assertEqual([Prefix ++ "1.0", Prefix ++ "2.0"], lists:sort(Names)),
     receive {erlcuda, Id, R} -> ?assertEqual({ok, vec(?N, 2)}, R) after 10000 -> error(timeout)
     end,
     receive {stalled, _} -> ok after 5000 -> error(no_stall) end,
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
+
+%% Vectors over a part's size travel as several part files, written and read at once: the
+%% right result, and every part deleted however the job ends (here: its caller killed
+%% while the operands wait).
+vectors_in_several_parts() ->
+    N = erlcuda_shm:part_bytes() div 4 + 1000,  % two parts each
+    A = vec(N, 1), B = vec(N, 2),
+    Want = vec(N, 3),
+    ?assertEqual({ok, Want}, erlcuda:launch_sync(vector_add, [A, B], [{format, binary}])),
+    {ok, Sum} = erlcuda:launch_sync(reduce, [A]),
+    ?assert(abs(Sum / (N * (N + 1) div 2) - 1) < 1.0e-6),  % an f32 sum of large values
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
+    erlcuda_test_util:stall(0, 600),
+    Self = self(),
+    Caller = spawn(fun() ->
+                           {ok, Id} = erlcuda:launch(vector_add, [A, B]),
+                           Self ! {launched, Id},
+                           timer:sleep(infinity)
+                   end),
+    Id = receive {launched, I} -> I after 5000 -> error(not_launched) end,
+    Prefix = "i" ++ integer_to_list(Id) ++ "-",
+    ?assertEqual([Prefix ++ P || P <- ["1.0", "1.1", "2.0", "2.1"]],
+                 lists:sort([filename:basename(F) || F <- files()])),
+    exit(Caller, kill),
+    receive {stalled, _} -> ok after 5000 -> error(no_stall) end,
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
+    erlcuda_test_util:no_message().
+
+%% The part files of a result, as the port owner deletes them when nobody waits for it.
+result_files_test() ->
+    Part = erlcuda_shm:part_bytes(),
+    ?assertEqual(["/d/r7.0"], erlcuda_shm:result_files("/d", 7, {file, 0, Part})),
+    ?assertEqual(["/d/r7.0"], erlcuda_shm:result_files("/d", 7, {file, Part, Part})),
+    ?assertEqual(["/d/r7.0", "/d/r7.1"], erlcuda_shm:result_files("/d", 7, {file, Part + 1, Part})).
+
+%% A result record names its parts; one that would have this side open files without
+%% bound (parts under a page, or too many) is no file result, and reads as malformed.
+file_result_test() ->
+    File = fun(Payload) -> erlcuda_protocol:file_result({wire, ?WIRE_TAG_FILE, Payload}) end,
+    ?assertEqual({file, 100, 8388608}, File(<<100:64, 8388608:32>>)),
+    ?assertEqual({file, 4096 bsl 16, 4096}, File(<<(4096 bsl 16):64, 4096:32>>)),
+    ?assertEqual(no, File(<<100:64, 100:32>>)),
+    ?assertEqual(no, File(<<(4096 bsl 16 + 1):64, 4096:32>>)),
+    ?assertEqual(no, File(<<100:64>>)),
+    ?assertMatch({erlcuda, 1, {error, {internal, _}}},
+                 erlcuda_protocol:message(1, {wire, ?WIRE_TAG_FILE, <<100:64, 100:32>>},
+                                          binary, false)).
 
 killed_worker_leaves_no_file() ->
     #{worker_os_pid := Old} = erlcuda:info(),

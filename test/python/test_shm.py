@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from erlcuda.shm import LOCK, SharedFolder
+from erlcuda.shm import LOCK, RESULT_PART, SharedFolder
 from workerpipe import FileVector, WorkerPipe
 
 BACKENDS = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -37,10 +37,21 @@ def worker(request: pytest.FixtureRequest, folder: Path) -> Iterator[WorkerPipe]
     assert pipe.close() == 0
 
 
-def _stage(folder: Path, name: str, values: np.ndarray) -> FileVector:
+def _stage(folder: Path, name: str, values: np.ndarray, part_bytes: int = 8 << 20
+           ) -> FileVector:
+    """Write ``values`` as Erlang does, in parts ``name.0``, ``name.1``, ..."""
     data = values.astype("<f4").tobytes()
-    (folder / name).write_bytes(data)
-    return FileVector(name, len(data))
+    for k in range(max(1, -(-len(data) // part_bytes))):
+        (folder / f"{name}.{k}").write_bytes(data[k * part_bytes : (k + 1) * part_bytes])
+    return FileVector(name, len(data), part_bytes=part_bytes)
+
+
+def _result(folder: Path, job_id: int, nbytes: int, part_bytes: int) -> np.ndarray:
+    """A result the worker left in parts, read as Erlang does."""
+    count = max(1, -(-nbytes // part_bytes))
+    data = b"".join((folder / f"r{job_id}.{k}").read_bytes() for k in range(count))
+    assert len(data) == nbytes
+    return np.frombuffer(data, "<f4")
 
 
 def wait_gone(path: Path, timeout: float = 10.0) -> bool:
@@ -58,11 +69,58 @@ def test_operands_in_files_and_the_result_in_a_file(worker: WorkerPipe, folder: 
     worker.launch(7, "vector_add", [_stage(folder, "i7-1", a), _stage(folder, "i7-2", b)],
                   result_file=True)
     reply = worker.reply()
-    assert reply.result == ("file", a.nbytes)
-    got = np.frombuffer((folder / "r7").read_bytes(), "<f4")
-    np.testing.assert_array_equal(got, a + b)
+    assert reply.result == ("file", (a.nbytes, RESULT_PART))
+    np.testing.assert_array_equal(_result(folder, 7, a.nbytes, RESULT_PART), a + b)
     # inputs are unlinked once mapped: only the result is left for Erlang to take
-    assert sorted(p.name for p in folder.iterdir()) == [".lock", "r7"]
+    assert sorted(p.name for p in folder.iterdir()) == [".lock", "r7.0"]
+
+
+def test_operands_and_the_result_in_many_parts(worker: WorkerPipe, folder: Path) -> None:
+    # Operands in parts of one page (the last one short), mapped side by side as one
+    # vector; a result over RESULT_PART written as several parts.
+    rng = np.random.default_rng(5)
+    n = RESULT_PART // 4 + 1001
+    a, b = rng.standard_normal((2, n), dtype=np.float32)
+    page = os.sysconf("SC_PAGE_SIZE")
+    worker.launch(3, "vector_add", [_stage(folder, "i3-1", a, page), _stage(folder, "i3-2", b)],
+                  result_file=True)
+    assert worker.reply().result == ("file", (a.nbytes, RESULT_PART))
+    np.testing.assert_array_equal(_result(folder, 3, a.nbytes, RESULT_PART), a + b)
+    assert sorted(p.name for p in folder.iterdir()) == [".lock", "r3.0", "r3.1"]
+    worker.launch(4, "dot_product", [_stage(folder, "i4-1", a, page),
+                                     _stage(folder, "i4-2", b, 2 * page)])
+    job_id, (status, value) = worker.result()
+    assert (job_id, status) == (4, "ok")
+    assert value == pytest.approx(float(np.dot(a.astype(np.float64), b)), rel=1e-4)
+
+
+@pytest.mark.parametrize(("part_bytes", "damage", "why"), [
+    (1000, None, "not whole pages"),
+    (0, None, "malformed shared-memory argument"),
+    (4096, "gap", "i1-1.1: No such file"),
+    (4096, "short", "i1-1.2 holds 4000 bytes, the launch says 4096"),
+    (4096, "long", "i1-1.3 holds 4096 bytes, the launch says 3616"),
+])
+def test_bad_parts_are_bad_args_and_their_files_go(worker: WorkerPipe, folder: Path,
+                                                   part_bytes: int, damage: str | None,
+                                                   why: str) -> None:
+    a = np.arange(4000, dtype=np.float32)  # 16000 bytes: parts of 4096, 4096, 4096, 3712
+    staged = _stage(folder, "i1-1", a, 4096)
+    if damage == "gap":
+        (folder / "i1-1.1").unlink()
+    elif damage == "short":
+        (folder / "i1-1.2").write_bytes(b"\0" * 4000)
+    elif damage == "long":
+        (folder / "i1-1.3").write_bytes(b"\0" * 4096)
+        staged = FileVector("i1-1", 12288 + 3616, part_bytes=4096)
+    worker.launch(1, "reduce", [FileVector("i1-1", staged.nbytes, part_bytes=part_bytes)])
+    job_id, (status, (reason, text)) = worker.result()
+    assert (job_id, status, reason) == (1, "error", "bad_args")
+    assert why in bytes(text).decode()
+    if part_bytes == 4096:  # the launch was read: every part it names is unlinked
+        assert [p.name for p in folder.iterdir()] == [".lock"]
+    worker.launch(2, "reduce", [np.ones(3, np.float32).tobytes()])
+    assert worker.result() == (2, ("ok", 3.0))
 
 
 def test_a_file_operand_with_the_result_through_the_pipe(worker: WorkerPipe,
@@ -84,7 +142,7 @@ def test_a_file_operand_with_the_result_through_the_pipe(worker: WorkerPipe,
 ])
 def test_a_bad_file_operand_is_bad_args_and_the_worker_goes_on(
         worker: WorkerPipe, folder: Path, name: str, why: str) -> None:
-    (folder / "short").write_bytes(b"\0" * 8)
+    (folder / "short.0").write_bytes(b"\0" * 8)
     worker.launch(1, "reduce", [FileVector(name, 4000)])
     job_id, (status, (reason, text)) = worker.result()
     assert (job_id, status, reason) == (1, "error", "bad_args")
@@ -126,8 +184,8 @@ def test_the_folder_goes_when_the_worker_ends(folder: Path, how: str) -> None:
     pipe = WorkerPipe("--backend", "cpu", "--shm-dir", str(folder))
     a = np.ones(10, np.float32)
     pipe.launch(1, "vector_add", [_stage(folder, "i1-1", a), a.tobytes()], result_file=True)
-    assert pipe.result() == (1, ("file", 40))
-    (folder / "i9-1").write_bytes(b"\0" * 4)  # staged for a job that never ran
+    assert pipe.result() == (1, ("file", (40, RESULT_PART)))
+    (folder / "i9-1.0").write_bytes(b"\0" * 4)  # staged for a job that never ran
     if how == "eof":
         assert pipe.close() == 0
     else:

@@ -36,11 +36,13 @@ class Vector:
 
 @dataclass(frozen=True)
 class FileVector:
-    """A vector argument of ``launch_frame`` in the worker's shared-memory folder."""
+    """A vector argument of ``launch_frame`` in the worker's shared-memory folder: the part
+    files ``name.0``, ``name.1``, ... of ``part_bytes`` each."""
 
     name: str | bytes
     nbytes: int
     etype: int = 0
+    part_bytes: int = 8 << 20
 
 
 def launch_frame(job_id: int, kernel: str | bytes, args: list[Any], *, device: int = 0,
@@ -60,8 +62,8 @@ def launch_frame(job_id: int, kernel: str | bytes, args: list[Any], *, device: i
             continue
         if isinstance(arg, FileVector):
             fname = arg.name.encode() if isinstance(arg.name, str) else arg.name
-            parts += [struct.pack(">BBQB", W.arg_file, arg.etype, arg.nbytes, len(fname)),
-                      fname]
+            parts += [struct.pack(">BBQIB", W.arg_file, arg.etype, arg.nbytes, arg.part_bytes,
+                                  len(fname)), fname]
             continue
         if isinstance(arg, np.ndarray):
             arg = Vector(arg.astype("<f4").tobytes())
@@ -105,8 +107,8 @@ def _result(tag: int, payload: bytes) -> tuple[str, Any]:
     if tag == W.tag_error:
         return "error", etf.decode(payload)
     if tag == W.tag_file:
-        assert len(payload) == 8, "a file result's payload is its size, a u64"
-        return "file", struct.unpack(">Q", payload)[0]
+        assert len(payload) == 12, "a file result's payload is its size and part size"
+        return "file", struct.unpack(">QI", payload)
     raise AssertionError(f"unknown tag {tag}")
 
 

@@ -617,7 +617,7 @@ class CudaDevice(Device):
 #: operand in shared memory faults its pages in as it is read, and one thread doing all of
 #: it was most of a large job's time in the worker.
 PARALLEL_PACK_MIN = 16 << 20
-_PACK_THREADS = 4
+_PACK_THREADS = min(8, os.cpu_count() or 1)
 _packers: ThreadPoolExecutor | None = None
 
 
