@@ -550,9 +550,9 @@ bandwidth_size(K, N, B, Shm) ->
 shm_floor(Args, OutBytes) ->
     Dir = "/dev/shm",
     Tag = integer_to_list(erlang:unique_integer([positive])),
-    Part = erlcuda_shm:part_bytes(),
     Parts = fun(Name, Bin) ->
                     Size = byte_size(Bin),
+                    Part = erlcuda_shm:part_bytes(Size),
                     [{filename:join(Dir, Name ++ "." ++ integer_to_list(K)),
                       binary_part(Bin, K * Part, min(Part, Size - K * Part))}
                      || K <- lists:seq(0, max(1, (Size + Part - 1) div Part) - 1)]
@@ -566,7 +566,8 @@ shm_floor(Args, OutBytes) ->
     Ins = lists:append([Parts("erlcuda-bench-floor-i" ++ Tag ++ "-" ++ integer_to_list(I), A)
                         || {I, A} <- lists:zip(lists:seq(1, length(Args)), Args),
                            is_binary(A)]),
-    Reads = [{F, (K - 1) * Part, byte_size(B)} || {K, {F, B}} <- lists:enumerate(Out)],
+    OutPart = erlcuda_shm:part_bytes(OutBytes),
+    Reads = [{F, (K - 1) * OutPart, byte_size(B)} || {K, {F, B}} <- lists:enumerate(Out)],
     T0 = now_ns(),
     ok = erlcuda_shm:stage(Ins),
     _ = [{ok, _} = erlcuda_shm:read_parts(Reads, OutBytes) || not Small],

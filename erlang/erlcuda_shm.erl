@@ -11,20 +11,24 @@
 %% mapped. A result over the threshold comes back in `r<JobId>', which a deliverer
 %% (erlcuda_delivery) reads, deletes and sends, so that the shared port owner never copies it.
 %%
-%% A vector is written as parts: the files `<Name>.0', `<Name>.1', ... of `?PART' bytes each
-%% (the last one shorter), written and read by several processes at once. Writes to one
-%% tmpfs file take its inode's lock, so one file is written by one core at a time: on the
-%% H200 machine a 64 MiB operand took 19.6 ms as one file and 3.7 ms as eight.
+%% A vector is written as parts: the files `<Name>.0', `<Name>.1', ... of `part_bytes/1'
+%% bytes each (the last one shorter; up to 16 parts of at least 1 MiB), written and read by
+%% several processes at once. Writes to one tmpfs file take its inode's lock, so one file
+%% is written by one core at a time: on the H200 machine a 64 MiB operand took 19.6 ms as
+%% one file and 3.7 ms as eight.
 -module(erlcuda_shm).
 
 -export([folder/1, remove/1, plan/3, stage/1, delete/1, result_files/3, take_result/4,
-         read_parts/2, part_bytes/0]).
+         read_parts/2, part_bytes/1]).
 
 -export_type([folder/0, plan/0]).
 
 -define(PREFIX, "erlcuda-").
-%% Bytes per part file: a multiple of every page size the worker may map them with.
--define(PART, (8 bsl 20)).
+%% A part's size is a multiple of this, which is a multiple of every page size the worker
+%% may map parts with.
+-define(PART_UNIT, (1 bsl 20)).
+%% Vectors are cut into this many parts at most.
+-define(MAX_PARTS, 16).
 
 %% A worker's folder and the size from which a vector travels through it.
 -type folder() :: #{dir := file:filename(), threshold := pos_integer()}.
@@ -72,17 +76,18 @@ plan([Bin | Rest], I, Dir, Threshold, JobId, Acc, Files)
   when is_binary(Bin), byte_size(Bin) >= Threshold ->
     Name = iolist_to_binary(["i", integer_to_list(JobId), "-", integer_to_list(I)]),
     Size = byte_size(Bin),
+    PartBytes = part_bytes(Size),
     Parts = [{Path, binary_part(Bin, At, Len)}
-             || {Path, At, Len} <- parts(filename:join(Dir, Name), Size, ?PART)],
-    plan(Rest, I + 1, Dir, Threshold, JobId, [{file, Name, Size, ?PART} | Acc],
+             || {Path, At, Len} <- parts(filename:join(Dir, Name), Size, PartBytes)],
+    plan(Rest, I + 1, Dir, Threshold, JobId, [{file, Name, Size, PartBytes} | Acc],
          [Parts | Files]);
 plan([A | Rest], I, Dir, Threshold, JobId, Acc, Files) ->
     plan(Rest, I + 1, Dir, Threshold, JobId, [A | Acc], Files).
 
-%% @doc The bytes per part of the vectors this side writes.
--spec part_bytes() -> pos_integer().
-part_bytes() ->
-    ?PART.
+%% @doc The bytes per part file of a vector of `Size' bytes that this side writes.
+-spec part_bytes(non_neg_integer()) -> pos_integer().
+part_bytes(Size) ->
+    max(1, ceil_div(ceil_div(Size, ?MAX_PARTS), ?PART_UNIT)) * ?PART_UNIT.
 
 %% The part files of a vector of Size bytes at Base: `{Path, Offset, Length}'.
 parts(Base, Size, PartBytes) ->

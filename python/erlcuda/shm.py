@@ -7,11 +7,11 @@ the job runs and the memory with the last view of it. A result asked for in a fi
 (``flags.result_file``) is written to ``r<JobId>`` and the record says only its size; the
 caller's side reads and deletes it.
 
-A vector is a series of part files, ``<Name>.0``, ``<Name>.1``, ... of a fixed size (the last
-one shorter), each written by a thread or process of its own: a tmpfs file is written under
-its inode's lock, one core at a time, and one 64 MiB file took five times as long as eight
-parts written at once. The worker maps an operand's parts side by side into one span of
-address space, so the backends see one contiguous read-only array as before.
+A vector is a series of part files, ``<Name>.0``, ``<Name>.1``, ... of one size (the last one
+shorter; up to 16 parts of at least 1 MiB), each written by a thread or process of its own:
+a tmpfs file is written under its inode's lock, one core at a time, and one 64 MiB file took
+five times as long as eight parts written at once. The worker maps an operand's parts side
+by side into one span of address space, so the backends see one contiguous read-only array.
 
 Clean-up never depends on this process ending well: a reaper (a small process of its own,
 started here) waits for the worker to end, however it ends (SIGKILL included, or the node's
@@ -49,10 +49,10 @@ PREFIX = "erlcuda-"
 #: A folder younger than this is never taken for stale: its worker may not hold its lock yet.
 STALE_AFTER_S = 60.0
 LOCK = ".lock"
-#: Bytes per part file of a result this worker writes (Erlang's operands say their own).
-RESULT_PART = 8 << 20
-#: At most this many part files are written or read at once.
-_PART_THREADS = 8
+#: A result's part size is a multiple of this (Erlang's operands say their own part size).
+PART_UNIT = 1 << 20
+#: Results are cut into this many parts at most, written at once.
+MAX_PARTS = 16
 
 _REAPER = """
 import os, shutil, sys
@@ -88,6 +88,13 @@ class FileResult:
     part_bytes: int
 
 
+def part_bytes(nbytes: int) -> int:
+    """The bytes per part file of a result of ``nbytes`` (erlcuda_shm:part_bytes/1 does the
+    same for operands)."""
+    per_part = -(-nbytes // MAX_PARTS)
+    return max(1, -(-per_part // PART_UNIT)) * PART_UNIT
+
+
 def part_sizes(nbytes: int, part_bytes: int) -> list[int]:
     """The sizes of a vector's part files (one, maybe empty, for an empty vector)."""
     count = max(1, -(-nbytes // part_bytes))
@@ -102,7 +109,7 @@ def _parts_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(_PART_THREADS, thread_name_prefix="erlcuda-shm")
+            _pool = ThreadPoolExecutor(MAX_PARTS, thread_name_prefix="erlcuda-shm")
         return _pool
 
 
@@ -211,9 +218,10 @@ class SharedFolder:
         """Write ``result``'s bytes to the new part files ``r<JobId>.<K>``, several at once;
         what the record says of them."""
         data = memoryview(np.ascontiguousarray(result)).cast("B")
-        sizes = part_sizes(len(data), RESULT_PART)
+        part = part_bytes(len(data))
+        sizes = part_sizes(len(data), part)
         paths = [os.path.join(self.path, f"r{job_id}.{k}") for k in range(len(sizes))]
-        pieces = [data[k * RESULT_PART : k * RESULT_PART + size] for k, size in enumerate(sizes)]
+        pieces = [data[k * part : k * part + size] for k, size in enumerate(sizes)]
         if len(paths) == 1:
             errors = [_write_part(paths[0], pieces[0])]
         else:
@@ -223,7 +231,7 @@ class SharedFolder:
             for path in paths:
                 _unlink(path)
             raise ShmError(f"shared memory: writing r{job_id}: {failed[0]}")
-        return FileResult(len(data), RESULT_PART)
+        return FileResult(len(data), part)
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

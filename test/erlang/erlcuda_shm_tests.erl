@@ -83,7 +83,7 @@ operands_wait_in_files_until_mapped() ->
 %% right result, and every part deleted however the job ends (here: its caller killed
 %% while the operands wait).
 vectors_in_several_parts() ->
-    N = erlcuda_shm:part_bytes() div 4 + 1000,  % two parts each
+    N = 2 * erlcuda_shm:part_bytes(0) div 4 + 1000,  % three parts each
     A = vec(N, 1), B = vec(N, 2),
     Want = vec(N, 3),
     ?assertEqual({ok, Want}, erlcuda:launch_sync(vector_add, [A, B], [{format, binary}])),
@@ -99,16 +99,23 @@ vectors_in_several_parts() ->
                    end),
     Id = receive {launched, I} -> I after 5000 -> error(not_launched) end,
     Prefix = "i" ++ integer_to_list(Id) ++ "-",
-    ?assertEqual([Prefix ++ P || P <- ["1.0", "1.1", "2.0", "2.1"]],
+    ?assertEqual([Prefix ++ P || P <- ["1.0", "1.1", "1.2", "2.0", "2.1", "2.2"]],
                  lists:sort([filename:basename(F) || F <- files()])),
     exit(Caller, kill),
     receive {stalled, _} -> ok after 5000 -> error(no_stall) end,
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
     erlcuda_test_util:no_message().
 
+%% Parts of whole MiB, up to 16 of them (python/erlcuda/shm.py cuts results the same way).
+part_bytes_test() ->
+    MiB = 1 bsl 20,
+    ?assertEqual([MiB, MiB, MiB, MiB, 2 * MiB, 4 * MiB, 25 * MiB],
+                 [erlcuda_shm:part_bytes(N) || N <- [0, 1, MiB, 16 * MiB, 16 * MiB + 1,
+                                                     64 * MiB, 400 * MiB]]).
+
 %% The part files of a result, as the port owner deletes them when nobody waits for it.
 result_files_test() ->
-    Part = erlcuda_shm:part_bytes(),
+    Part = 1 bsl 20,
     ?assertEqual(["/d/r7.0"], erlcuda_shm:result_files("/d", 7, {file, 0, Part})),
     ?assertEqual(["/d/r7.0"], erlcuda_shm:result_files("/d", 7, {file, Part, Part})),
     ?assertEqual(["/d/r7.0", "/d/r7.1"], erlcuda_shm:result_files("/d", 7, {file, Part + 1, Part})).
