@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,6 +95,7 @@ class Lane(threading.Thread):
         unavailable: str | None = None,
         spin_us: int = 0,
         shm: SharedFolder | None = None,
+        trim: Callable[[], object] | None = None,
     ) -> None:
         super().__init__(name=f"erlcuda-device-{index}", daemon=True)
         self.index = index
@@ -106,6 +107,7 @@ class Lane(threading.Thread):
         self.unavailable = unavailable
         self.spin_ns = spin_us * 1000
         self.shm = shm
+        self.trim = trim  # called after each batch's replies (portenv.HeapTrim)
         self.stats = Stats()
         self.ready = threading.Event()
         self.device_info: dict[str, Any] = {}
@@ -212,12 +214,17 @@ class Lane(threading.Thread):
             encoded = results_frames(records, self.writer.max_frame)
             self.stats.errors += encoded.errors
             frames = encoded.frames
+        self._write(frames)
+        if fatal is not None:
+            self.on_fatal(fatal)
+
+    def _write(self, frames: Sequence[Sequence[bytes | memoryview]]) -> None:
         try:
             self.writer.write_many(frames)
         except FrameError:
             log.warning("device %d: replies dropped, the port is closed", self.index)
-        if fatal is not None:
-            self.on_fatal(fatal)
+        if self.trim is not None:
+            self.trim()
 
     def _open(self) -> Device | None:
         if self.backend is None or self.unavailable is not None:
@@ -349,10 +356,7 @@ class Lane(threading.Thread):
             records.append((job.job_id, result, job.trace))
         encoded = results_frames(records, self.writer.max_frame)
         self.stats.errors += encoded.errors
-        try:
-            self.writer.write_many(encoded.frames)
-        except FrameError:
-            log.warning("device %d: replies dropped, the port is closed", self.index)
+        self._write(encoded.frames)
         if fatal is not None:
             self.on_fatal(fatal)
 

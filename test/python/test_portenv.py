@@ -1,0 +1,53 @@
+"""The worker's process set-up: how much freed memory it keeps (``portenv``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from erlcuda.portenv import HeapTrim
+from test_cli import ENV
+
+
+def test_the_heap_is_trimmed_at_most_once_a_period_to_its_slack() -> None:
+    now = [100.0]
+    calls: list[int] = []
+    trim = HeapTrim(every_s=10.0, slack=1234, trim=calls.append, clock=lambda: now[0])
+    assert [trim() for _ in range(3)] == [False, False, False]  # not before a period
+    now[0] = 110.0
+    assert trim() is True and calls == [1234]
+    now[0] = 119.9
+    assert trim() is False
+    now[0] = 125.0
+    assert trim() is True and calls == [1234, 1234]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_freed_memory_is_kept_until_trimmed_then_given_back() -> None:
+    # As the worker sets it up: freed blocks stay mapped (no page faults on the next
+    # batch) until HeapTrim gives them back, but its slack.
+    code = textwrap.dedent("""
+        import ctypes, numpy as np
+        from erlcuda import portenv
+        def rss():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * 4096 >> 20
+        assert portenv.keep_freed_memory()
+        base = rss()
+        blocks = [np.ones(1 << 20) for _ in range(25)]  # 25 blocks of 8 MiB, from the heap
+        grown = rss()
+        del blocks
+        kept = rss()
+        trim = portenv.HeapTrim(every_s=0.0, slack=16 << 20)
+        assert trim()
+        print(base, grown, kept, rss())
+    """)
+    done = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True,
+                          text=True, timeout=60, check=True)
+    base, grown, kept, trimmed = map(int, done.stdout.split())
+    assert grown - base >= 190
+    assert kept - base >= 190, "freed blocks are kept for reuse"
+    assert trimmed - base <= 40, "trimmed down to the slack"
