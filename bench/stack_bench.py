@@ -689,14 +689,20 @@ def floor_targets(summary: Json) -> list[Json]:
     out: list[Json] = []
 
     def row(name: str, value: float | None, unit: str, goal: float, at_most: bool,
-            cuda_only: bool = False) -> None:
+            cuda_only: bool = False, floor_value: float | None = None) -> None:
+        def meets(x: float) -> bool:
+            return x <= goal if at_most else x >= goal
+
         if value is None:
             status = "not measured"
+        elif meets(value):
+            status = "met"
+        elif floor_value is not None and not meets(floor_value):
+            status = "floor above"  # the floor itself misses the goal, in this run
         else:
-            met = value <= goal if at_most else value >= goal
-            status = "met" if met else "missed"
+            status = "missed"
         out.append({"target": name, "goal": goal, "unit": unit, "measured": value,
-                    "status": status, "at_most": at_most,
+                    "status": status, "at_most": at_most, "floor": floor_value,
                     "reference_only": cuda_only and backend != "cuda"})
 
     ratio_goal = TARGET_FLOOR_RATIO[backend]
@@ -705,10 +711,13 @@ def floor_targets(summary: Json) -> list[Json]:
         name = f"{k} {sci(FLOOR_SIZE)}, lone job"
         row(f"{name}: full-stack p50 ÷ floor p50 ({backend})",
             r and r.get("over_floor", {}).get("p50"), "x", ratio_goal, True)
+        floor_us = r.get("floor_us") if r else None
         row(f"{name}: overhead over the pure call, p50", r and r["overhead_us"]["p50"], "µs",
-            TARGET_PURE_OVERHEAD_US, True)
+            TARGET_PURE_OVERHEAD_US, True,
+            floor_value=r["floor_over_pure_us"]["p50"] if floor_us else None)
         row(f"{name}: full-stack p99 ÷ p50", r and ratio(r["full_us"]["p99"], r["full_us"]["p50"]),
-            "x", TARGET_P99_OVER_P50, True)
+            "x", TARGET_P99_OVER_P50, True,
+            floor_value=ratio(floor_us["p99"], floor_us["p50"]) if floor_us else None)
     red = tp.get(("reduce", TARGET_CALLERS, True))
     row(f"reduce {sci(FLOOR_SIZE)}, {TARGET_CALLERS} callers (cuda)",
         red and red["jobs_per_s"], "jobs/s", TARGET_REDUCE_JOBS_PER_S, False, cuda_only=True)
@@ -984,13 +993,16 @@ def report(summary: Json, plots: list[str], plot_note: str | None) -> tuple[str,
                  "backend call inline, no ETF, no batching; measured in this run beside "
                  "erlcuda. Ratios are erlcuda ÷ floor; the ratio goals have a CPU value of "
                  "their own. Throughput is with batching on.", ""]
-        body += table(["target", "goal", "measured", "status"], (
+        body += table(["target", "goal", "measured", "status", "the floor's own figure"], (
             [t["target"], ("≤ " if t["at_most"] else "≥ ") + f"{fgoal(t['goal'], t['unit'])}",
              "-" if t["measured"] is None else fgoal(t["measured"], t["unit"]),
              f"**{t['status']}**" + (" (a cuda goal: reference only here)"
-                                     if t["reference_only"] else "")]
-            for t in summary["floor_targets"]), "lrrl")
-        body.append("")
+                                     if t["reference_only"] else ""),
+             "-" if t.get("floor") is None else fgoal(t["floor"], t["unit"])]
+            for t in summary["floor_targets"]), "lrrlr")
+        body += ["", "> Floor above: erlcuda misses the goal, and so does the floor itself in "
+                 "this run (its own overhead over the pure call, or its own p99 ÷ p50): the "
+                 "goal is below what the port costs on this machine.", ""]
     body += ["## Targets", ""]
     body += ["The large-payload goals are set for one H200 with the CUDA backend"
              + ("; on the CPU backend they are shown for reference only" if cpu_only else "")

@@ -493,3 +493,27 @@ def test_hold_plot_draws_each_transport(
     titles = [ax.get_title() for ax in fig.axes]
     assert any("shared memory" in t for t in titles) and any("pipe" in t for t in titles)
     assert shown_at(fig, 5.0) == 2  # the slow small job, in each panel
+
+
+def test_a_lone_job_goal_the_floor_itself_misses_reads_floor_above(
+    stack_bench: types.ModuleType,
+) -> None:
+    def lone(kernel: str, overhead: float, floor_over_pure: float, full_p99: float,
+             floor_p99: float) -> dict[str, Any]:
+        return {"kernel": kernel, "size": stack_bench.FLOOR_SIZE,
+                "over_floor": {"p50": 1.0}, "overhead_us": {"p50": overhead},
+                "full_us": {"p50": 100.0, "p99": full_p99},
+                "floor_us": {"p50": 100.0, "p99": floor_p99},
+                "floor_over_pure_us": {"p50": floor_over_pure}}
+
+    summary = {"machine": {"backend": "cuda"}, "throughput": [], "floor_throughput": [],
+               "latency": [lone("vector_add", 40.0, 60.0, 300.0, 250.0),  # floor above both
+                           lone("reduce", 40.0, 20.0, 300.0, 150.0)]}  # the floor meets both
+    got = {t["target"]: t for t in stack_bench.floor_targets(summary)}
+    status = {(name.split(" ")[0], "overhead" if "overhead" in name else "p99"): t["status"]
+              for name, t in got.items() if "lone job" in name and "floor p50" not in name}
+    assert status == {("vector_add", "overhead"): "floor above",
+                      ("vector_add", "p99"): "floor above",
+                      ("reduce", "overhead"): "missed", ("reduce", "p99"): "missed"}
+    floors = [t["floor"] for name, t in got.items() if name.startswith("vector_add 1e3, lone")]
+    assert floors == [None, 60.0, 2.5]
