@@ -11,11 +11,15 @@
 %% mapped. A result over the threshold comes back in `r<JobId>', which a deliverer
 %% (erlcuda_delivery) reads, deletes and sends, so that the shared port owner never copies it.
 %%
-%% A vector is written as parts: the files `<Name>.0', `<Name>.1', ... of `part_bytes/1'
-%% bytes each (the last one shorter; up to 16 parts of at least 1 MiB), written and read by
-%% several processes at once. Writes to one tmpfs file take its inode's lock, so one file
-%% is written by one core at a time: on the H200 machine a 64 MiB operand took 19.6 ms as
-%% one file and 3.7 ms as eight.
+%% An operand is written as parts: the files `<Name>.0', `<Name>.1', ... of `part_bytes/1'
+%% bytes each (the last one shorter; up to 8 parts of at least 1 MiB), each by a process of
+%% its own. Writes to one tmpfs file take its inode's lock, so one file is written by one
+%% core at a time: on the H200 machine a 64 MiB operand took 19.6 ms as one file and 3.7 ms
+%% as eight. The worker sends a result back as one part (`r<JobId>.0'), read into one
+%% binary in one call: parts would have to be joined into a new binary, a copy of the
+%% whole result on a normal scheduler, which held small jobs of other callers by 3 ms in
+%% the benchmark's hold section. Several parts are still read, at once, if a record names
+%% them.
 -module(erlcuda_shm).
 
 -export([folder/1, remove/1, plan/3, stage/1, delete/1, result_files/3, take_result/4,
@@ -27,8 +31,9 @@
 %% A part's size is a multiple of this, which is a multiple of every page size the worker
 %% may map parts with.
 -define(PART_UNIT, (1 bsl 20)).
-%% Vectors are cut into this many parts at most.
--define(MAX_PARTS, 16).
+%% Operands are cut into this many parts at most: eight wrote a 64 MiB operand as fast as
+%% sixteen on the H200 machine.
+-define(MAX_PARTS, 8).
 
 %% A worker's folder and the size from which a vector travels through it.
 -type folder() :: #{dir := file:filename(), threshold := pos_integer()}.
@@ -84,7 +89,7 @@ plan([Bin | Rest], I, Dir, Threshold, JobId, Acc, Files)
 plan([A | Rest], I, Dir, Threshold, JobId, Acc, Files) ->
     plan(Rest, I + 1, Dir, Threshold, JobId, [A | Acc], Files).
 
-%% @doc The bytes per part file of a vector of `Size' bytes that this side writes.
+%% @doc The bytes per part file of an operand of `Size' bytes.
 -spec part_bytes(non_neg_integer()) -> pos_integer().
 part_bytes(Size) ->
     max(1, ceil_div(ceil_div(Size, ?MAX_PARTS), ?PART_UNIT)) * ?PART_UNIT.

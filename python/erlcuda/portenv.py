@@ -14,11 +14,10 @@ program that starts the worker from a thread must keep that thread for the worke
 every batch's megabyte-sized arrays are new mappings or a heap trimmed and grown again, and
 the page faults cost more than the work (a 256-job batch of 1000-element vector_adds took
 7.4 ms in place of 3.3 on the 2-core build machine). ``HeapTrim`` bounds what is kept: at
-most every ``TRIM_EVERY_S`` the worker gives back (``malloc_trim``) every free page but
-``TRIM_SLACK`` bytes at the heap's top. Without it the worker's RSS rose in steps under a
-steady load, each time a rare mix of sizes set a new high-water mark (240 to 355 MiB over
-ten minutes on the build machine), since freed memory below the trim threshold is never
-returned.
+most every ``TRIM_EVERY_S`` the worker gives every free page back (``malloc_trim``). Without
+it the worker's RSS rose in steps under a steady load (240 to 355 MiB over ten minutes on
+the build machine): each device thread has a malloc arena of its own, and each arena keeps
+up to the trim threshold free. A slack kept at each top is kept per arena too, so none is.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 _MALLOPT = ((_M_MMAP_THRESHOLD, 64 << 20), (_M_TRIM_THRESHOLD, 256 << 20),
             (_M_TOP_PAD, 16 << 20))
 TRIM_EVERY_S = 10.0
-TRIM_SLACK = 64 << 20
+TRIM_SLACK = 0
 
 
 class PortEnvError(Exception):

@@ -8,10 +8,13 @@ the job runs and the memory with the last view of it. A result asked for in a fi
 caller's side reads and deletes it.
 
 A vector is a series of part files, ``<Name>.0``, ``<Name>.1``, ... of one size (the last one
-shorter; up to 16 parts of at least 1 MiB), each written by a thread or process of its own:
-a tmpfs file is written under its inode's lock, one core at a time, and one 64 MiB file took
-five times as long as eight parts written at once. The worker maps an operand's parts side
-by side into one span of address space, so the backends see one contiguous read-only array.
+shorter). Erlang writes an operand as up to 8 parts, each from a process of its own: a tmpfs
+file is written under its inode's lock, one core at a time, and one 64 MiB file took five
+times as long as eight parts written at once. The worker maps an operand's parts side by
+side into one span of address space, so the backends see one contiguous read-only array.
+A result goes back as one part: Erlang reads one file into one binary in one call, where
+several parts would have to be joined into a new binary, a copy of the whole result on a
+normal scheduler that held up small jobs of other callers by 3 ms on the H200 machine.
 
 Clean-up never depends on this process ending well: a reaper (a small process of its own,
 started here) waits for the worker to end, however it ends (SIGKILL included, or the node's
@@ -33,10 +36,8 @@ import shutil
 import stat
 import subprocess
 import sys
-import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,10 +50,8 @@ PREFIX = "erlcuda-"
 #: A folder younger than this is never taken for stale: its worker may not hold its lock yet.
 STALE_AFTER_S = 60.0
 LOCK = ".lock"
-#: A result's part size is a multiple of this (Erlang's operands say their own part size).
+#: The part size a result's record names is its size rounded up to a multiple of this.
 PART_UNIT = 1 << 20
-#: Results are cut into this many parts at most, written at once.
-MAX_PARTS = 16
 
 _REAPER = """
 import os, shutil, sys
@@ -88,29 +87,15 @@ class FileResult:
     part_bytes: int
 
 
-def part_bytes(nbytes: int) -> int:
-    """The bytes per part file of a result of ``nbytes`` (erlcuda_shm:part_bytes/1 does the
-    same for operands)."""
-    per_part = -(-nbytes // MAX_PARTS)
-    return max(1, -(-per_part // PART_UNIT)) * PART_UNIT
+def result_part_bytes(nbytes: int) -> int:
+    """The part size a result's record names: all of it in one part."""
+    return max(1, -(-nbytes // PART_UNIT)) * PART_UNIT
 
 
 def part_sizes(nbytes: int, part_bytes: int) -> list[int]:
     """The sizes of a vector's part files (one, maybe empty, for an empty vector)."""
     count = max(1, -(-nbytes // part_bytes))
     return [min(part_bytes, nbytes - k * part_bytes) for k in range(count)]
-
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _parts_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(MAX_PARTS, thread_name_prefix="erlcuda-shm")
-        return _pool
 
 
 def _stale(path: str) -> bool:
@@ -215,23 +200,15 @@ class SharedFolder:
             _close_all(fds)
 
     def write_result(self, job_id: int, result: np.ndarray) -> FileResult:
-        """Write ``result``'s bytes to the new part files ``r<JobId>.<K>``, several at once;
-        what the record says of them."""
+        """Write ``result``'s bytes to the new file ``r<JobId>.0``, its only part; what the
+        record says of it."""
         data = memoryview(np.ascontiguousarray(result)).cast("B")
-        part = part_bytes(len(data))
-        sizes = part_sizes(len(data), part)
-        paths = [os.path.join(self.path, f"r{job_id}.{k}") for k in range(len(sizes))]
-        pieces = [data[k * part : k * part + size] for k, size in enumerate(sizes)]
-        if len(paths) == 1:
-            errors = [_write_part(paths[0], pieces[0])]
-        else:
-            errors = list(_parts_pool().map(_write_part, paths, pieces))
-        failed = [e for e in errors if e is not None]
-        if failed:
-            for path in paths:
-                _unlink(path)
-            raise ShmError(f"shared memory: writing r{job_id}: {failed[0]}")
-        return FileResult(len(data), part)
+        path = os.path.join(self.path, f"r{job_id}.0")
+        failed = _write_part(path, data)
+        if failed is not None:
+            _unlink(path)
+            raise ShmError(f"shared memory: writing r{job_id}: {failed}")
+        return FileResult(len(data), result_part_bytes(len(data)))
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

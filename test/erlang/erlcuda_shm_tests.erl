@@ -106,11 +106,11 @@ vectors_in_several_parts() ->
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
     erlcuda_test_util:no_message().
 
-%% Parts of whole MiB, up to 16 of them (python/erlcuda/shm.py cuts results the same way).
+%% Parts of whole MiB, up to 8 of them (python/erlcuda/shm.py cuts results the same way).
 part_bytes_test() ->
     MiB = 1 bsl 20,
-    ?assertEqual([MiB, MiB, MiB, MiB, 2 * MiB, 4 * MiB, 25 * MiB],
-                 [erlcuda_shm:part_bytes(N) || N <- [0, 1, MiB, 16 * MiB, 16 * MiB + 1,
+    ?assertEqual([MiB, MiB, MiB, MiB, 2 * MiB, 8 * MiB, 50 * MiB],
+                 [erlcuda_shm:part_bytes(N) || N <- [0, 1, MiB, 8 * MiB, 8 * MiB + 1,
                                                      64 * MiB, 400 * MiB]]).
 
 %% The part files of a result, as the port owner deletes them when nobody waits for it.

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from erlcuda.shm import LOCK, MAX_PARTS, PART_UNIT, SharedFolder, part_bytes
+from erlcuda.shm import LOCK, PART_UNIT, SharedFolder, result_part_bytes
 from workerpipe import FileVector, WorkerPipe
 
 BACKENDS = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -69,24 +69,24 @@ def test_operands_in_files_and_the_result_in_a_file(worker: WorkerPipe, folder: 
     worker.launch(7, "vector_add", [_stage(folder, "i7-1", a), _stage(folder, "i7-2", b)],
                   result_file=True)
     reply = worker.reply()
-    assert reply.result == ("file", (a.nbytes, PART_UNIT))
-    np.testing.assert_array_equal(_result(folder, 7, a.nbytes, PART_UNIT), a + b)
+    assert reply.result == ("file", (a.nbytes, 2 * PART_UNIT))
+    np.testing.assert_array_equal(_result(folder, 7, a.nbytes, 2 * PART_UNIT), a + b)
     # inputs are unlinked once mapped: only the result is left for Erlang to take
-    assert sorted(p.name for p in folder.iterdir()) == [".lock", "r7.0", "r7.1"]
+    assert sorted(p.name for p in folder.iterdir()) == [".lock", "r7.0"]
 
 
 def test_operands_and_the_result_in_many_parts(worker: WorkerPipe, folder: Path) -> None:
     # Operands in parts of one page (the last one short), mapped side by side as one
-    # vector; a result over PART_UNIT written as several parts.
+    # vector; a result over PART_UNIT still written as one part.
     rng = np.random.default_rng(5)
     n = 2 * PART_UNIT // 4 + 1001
     a, b = rng.standard_normal((2, n), dtype=np.float32)
     page = os.sysconf("SC_PAGE_SIZE")
     worker.launch(3, "vector_add", [_stage(folder, "i3-1", a, page), _stage(folder, "i3-2", b)],
                   result_file=True)
-    assert worker.reply().result == ("file", (a.nbytes, PART_UNIT))
-    np.testing.assert_array_equal(_result(folder, 3, a.nbytes, PART_UNIT), a + b)
-    assert sorted(p.name for p in folder.iterdir()) == [".lock", "r3.0", "r3.1", "r3.2"]
+    assert worker.reply().result == ("file", (a.nbytes, 3 * PART_UNIT))
+    np.testing.assert_array_equal(_result(folder, 3, a.nbytes, 3 * PART_UNIT), a + b)
+    assert sorted(p.name for p in folder.iterdir()) == [".lock", "r3.0"]
     worker.launch(4, "dot_product", [_stage(folder, "i4-1", a, page),
                                      _stage(folder, "i4-2", b, 2 * page)])
     job_id, (status, value) = worker.result()
@@ -95,12 +95,9 @@ def test_operands_and_the_result_in_many_parts(worker: WorkerPipe, folder: Path)
 
 
 @pytest.mark.parametrize(("nbytes", "part"), [
-    (0, 1), (1, 1), (16 * PART_UNIT, 1), (16 * PART_UNIT + 1, 2), (64 * PART_UNIT, 4),
-    (400 * PART_UNIT, 25)])
-def test_a_result_is_cut_into_at_most_sixteen_parts_of_whole_units(nbytes: int,
-                                                                   part: int) -> None:
-    assert MAX_PARTS == 16
-    assert part_bytes(nbytes) == part * PART_UNIT
+    (0, 1), (1, 1), (PART_UNIT, 1), (PART_UNIT + 1, 2), (400 * PART_UNIT, 400)])
+def test_a_result_is_one_part_of_whole_units(nbytes: int, part: int) -> None:
+    assert result_part_bytes(nbytes) == part * PART_UNIT
 
 
 @pytest.mark.parametrize(("part_bytes", "damage", "why"), [
