@@ -189,20 +189,30 @@ read_parts(Parts, Bytes) ->
     end.
 
 %% Raw: in this process, not through the file server that every file:read_file/1 shares.
+%% Exactly `Bytes' into one binary (a longer read that came back short would shrink the
+%% binary, which may copy it), then one more byte, which must not be there.
 read(File, Bytes) ->
     case file:open(File, [read, raw, binary]) of
         {ok, Fd} ->
-            try file:read(Fd, Bytes + 1) of
-                {ok, Bin} when byte_size(Bin) =:= Bytes -> {ok, Bin};
-                {ok, Bin} -> {error, {File, holds, byte_size(Bin), expected, Bytes}};
-                eof when Bytes =:= 0 -> {ok, <<>>};
-                eof -> {error, {File, holds, 0, expected, Bytes}};
-                {error, _} = Error -> Error
+            try {read_exactly(Fd, Bytes), file:read(Fd, 1)} of
+                {{ok, Bin}, eof} when byte_size(Bin) =:= Bytes -> {ok, Bin};
+                {{ok, Bin}, eof} -> {error, {File, holds, byte_size(Bin), expected, Bytes}};
+                {{ok, _}, {ok, _}} -> {error, {File, holds, more_than, Bytes}};
+                {{error, _} = Error, _} -> Error;
+                {_, {error, _} = Error} -> Error
             after
                 _ = file:close(Fd)
             end;
         {error, Why} ->
             {error, {File, Why}}
+    end.
+
+read_exactly(_, 0) ->
+    {ok, <<>>};
+read_exactly(Fd, Bytes) ->
+    case file:read(Fd, Bytes) of
+        eof -> {ok, <<>>};
+        Other -> Other
     end.
 
 result_base(Dir, JobId) ->

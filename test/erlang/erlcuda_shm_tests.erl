@@ -265,3 +265,26 @@ node_halt_leaves_no_folder() ->
         catch peer:stop(Peer),
         _ = file:del_dir_r(Base)
     end.
+
+%% A part must hold exactly its length: longer, shorter or missing is an error, not a
+%% truncated or padded vector; several parts are read in order.
+read_parts_test() ->
+    Dir = filename:join("/tmp", "erlcuda-read-parts-" ++ os:getpid()),
+    ok = filelib:ensure_path(Dir),
+    P = fun(N) -> filename:join(Dir, "p" ++ integer_to_list(N)) end,
+    try
+        ok = file:write_file(P(0), <<1, 2, 3, 4>>),
+        ok = file:write_file(P(1), <<5, 6>>),
+        ok = file:write_file(P(2), <<>>),
+        ?assertEqual({ok, <<1, 2, 3, 4>>}, erlcuda_shm:read_parts([{P(0), 0, 4}], 4)),
+        ?assertEqual({ok, <<1, 2, 3, 4, 5, 6>>},
+                     erlcuda_shm:read_parts([{P(0), 0, 4}, {P(1), 4, 2}], 6)),
+        ?assertEqual({ok, <<>>}, erlcuda_shm:read_parts([{P(2), 0, 0}], 0)),
+        ?assertMatch({error, {_, holds, more_than, 3}}, erlcuda_shm:read_parts([{P(0), 0, 3}], 3)),
+        ?assertMatch({error, {_, holds, 4, expected, 5}},
+                     erlcuda_shm:read_parts([{P(0), 0, 5}], 5)),
+        ?assertMatch({error, {_, holds, more_than, 0}}, erlcuda_shm:read_parts([{P(1), 0, 0}], 0)),
+        ?assertMatch({error, {_, enoent}}, erlcuda_shm:read_parts([{P(0), 0, 4}, {P(9), 4, 2}], 6))
+    after
+        file:del_dir_r(Dir)
+    end.
