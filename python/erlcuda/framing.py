@@ -11,7 +11,8 @@ import os
 import select
 import struct
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from . import contract
 
@@ -37,22 +38,32 @@ class FrameReader:
     of their size; a large one is read into a free pooled buffer, or else into one that grows
     as its bytes come and then joins the pool, whose pages are already mapped when it is
     reused (a fresh 128 MB buffer costs tens of thousands of page faults as it is filled).
+    A pooled buffer that no frame used for ``POOL_IDLE_S`` is dropped: under a mix of frame
+    sizes the pool otherwise kept one buffer for every size seen, up to ``POOL_BYTES``, and
+    the worker's memory rose in steps for as long as a load ran.
     """
 
     #: Frames at least this large use the pool; smaller ones are allocated at their size.
     POOL_MIN = 1 << 20
     #: Pooled bytes kept at most, free or in use.
     POOL_BYTES = 1 << 30
+    #: A pooled buffer unused for this long (seconds) is dropped.
+    POOL_IDLE_S = 10.0
     #: A growing frame's bytes are read through a scratch buffer of this size.
     CHUNK = 1 << 20
 
     #: Bytes read ahead from the pipe at most: small frames come in one system call.
     READ_AHEAD = 1 << 16
 
-    def __init__(self, fd: int, *, max_frame: int = MAX_FRAME) -> None:
+    def __init__(self, fd: int, *, max_frame: int = MAX_FRAME,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._fd = fd
         self._max_frame = max_frame
         self._pool: list[bytearray] = []
+        # The pooled buffers handed out since the last sweep (by id), and when the next is.
+        self._used: set[int] = set()
+        self._clock = clock
+        self._sweep_at = clock() + self.POOL_IDLE_S
         self._scratch: bytearray | None = None
         # Bytes read ahead and not yet handed out: self._ahead[self._lo:self._hi].
         self._ahead = bytearray(self.READ_AHEAD)
@@ -85,6 +96,8 @@ class FrameReader:
             body: bytearray | memoryview = bytearray(n)
             got = self._fill(body)
         else:
+            if self._clock() >= self._sweep_at:
+                self._sweep()
             pooled = self._free_pooled(n)
             if pooled is not None:
                 body = pooled
@@ -100,8 +113,16 @@ class FrameReader:
         """A view of ``n`` bytes of a pooled buffer that no live view uses any more."""
         for buf in self._pool:
             if n <= len(buf) <= 2 * n and _unused(buf):
+                self._used.add(id(buf))
                 return memoryview(buf)[:n]
         return None
+
+    def _sweep(self) -> None:
+        """Drop the pooled buffers that no frame used since the last sweep and no view
+        holds."""
+        self._pool = [b for b in self._pool if id(b) in self._used or not _unused(b)]
+        self._used.clear()
+        self._sweep_at = self._clock() + self.POOL_IDLE_S
 
     def _grow(self, n: int) -> bytearray:
         """Up to ``n`` bytes read into a buffer that grows with what arrives."""
@@ -132,6 +153,7 @@ class FrameReader:
                 self._pool.remove(b)
         if sum(map(len, self._pool)) + n <= self.POOL_BYTES:
             self._pool.append(buf)
+            self._used.add(id(buf))
 
     def _fill(self, buf: bytearray | memoryview) -> int:
         """Read into ``buf`` until it is full or the file ends; return the bytes read.

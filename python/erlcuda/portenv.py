@@ -39,10 +39,12 @@ PORT_FDS = (3, 4)
 #: ``prctl(PR_SET_PDEATHSIG, sig)``: the signal the kernel sends when the parent dies.
 _PR_SET_PDEATHSIG = 1
 #: ``mallopt`` parameters (glibc's malloc.h) and the values ``keep_freed_memory`` sets:
-#: blocks under 64 MiB come from the heap, and the heap is trimmed only past 256 MiB free.
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+#: blocks under 64 MiB come from the heap, and the heap is trimmed only past 256 MiB free;
+#: one arena for every thread (the GIL already serializes nearly all of the worker's
+#: allocations, and an arena per device thread kept free memory of its own in each).
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -2, -3, -8
 _MALLOPT = ((_M_MMAP_THRESHOLD, 64 << 20), (_M_TRIM_THRESHOLD, 256 << 20),
-            (_M_TOP_PAD, 16 << 20))
+            (_M_TOP_PAD, 16 << 20), (_M_ARENA_MAX, 1))
 TRIM_EVERY_S = 10.0
 TRIM_SLACK = 0
 

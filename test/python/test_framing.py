@@ -268,3 +268,44 @@ def test_large_frame_buffers_are_reused_only_once_no_view_is_left() -> None:
         assert third is not None and third.obj is held  # type: ignore[union-attr]
         assert bytes(third[-1:]) == b"\x02" and bytes(second[-1:]) == b"\x01"
         finish(thread)
+
+
+def test_a_pooled_buffer_no_frame_used_for_a_while_is_dropped() -> None:
+    # Under a mix of frame sizes the pool kept one buffer per size seen: the worker's memory
+    # rose in steps for as long as a load ran. Now one idle for POOL_IDLE_S goes.
+    size = FrameReader.POOL_MIN
+    now = [0.0]
+    with pipe() as p:
+        writer = FrameWriter(p.w)
+        sizes = [size, 3 * size, size, size, 3 * size, 2 * size]
+        thread = in_thread(lambda: [writer.write([b"x" * n]) for n in sizes])
+        reader = FrameReader(p.r, clock=lambda: now[0])
+        small = reader.read()
+        assert small is not None
+        small_buf = small.obj  # type: ignore[union-attr]
+        del small
+        big = reader.read()
+        assert big is not None
+        big_buf = big.obj  # type: ignore[union-attr]
+        del big
+        assert reader._pool == [small_buf, big_buf]
+        now[0] = FrameReader.POOL_IDLE_S  # a sweep: both were used in the period
+        again = reader.read()
+        assert again is not None and again.obj is small_buf  # type: ignore[union-attr]
+        del again
+        assert reader._pool == [small_buf, big_buf]
+        now[0] = 2 * FrameReader.POOL_IDLE_S  # a sweep: the big one went unused
+        held = reader.read()
+        assert held is not None and held.obj is small_buf  # type: ignore[union-attr]
+        assert reader._pool == [small_buf]
+        last = reader.read()  # no free buffer for 3 MiB: a new one
+        assert last is not None and last.obj is not big_buf  # type: ignore[union-attr]
+        del last
+        now[0] = 3 * FrameReader.POOL_IDLE_S  # both used in the period
+        assert reader.read() is not None  # 2 MiB: into the new 3 MiB buffer
+        assert len(reader._pool) == 2
+        now[0] = 4 * FrameReader.POOL_IDLE_S
+        reader._sweep()  # the small one went unused, but a view still holds it: kept
+        assert reader._pool[0] is small_buf and len(reader._pool) == 2
+        del held
+        finish(thread)
