@@ -52,6 +52,8 @@ STALE_AFTER_S = 60.0
 LOCK = ".lock"
 #: The part size a result's record names is its size rounded up to a multiple of this.
 PART_UNIT = 1 << 20
+#: A vector is in this many parts at most (Erlang refuses a result record naming more).
+MAX_PARTS = 1 << 16
 
 _REAPER = """
 import os, shutil, sys
@@ -175,6 +177,9 @@ class SharedFolder:
         if arg.part_bytes <= 0 or arg.part_bytes % mmap.ALLOCATIONGRANULARITY:
             raise ShmError(f"shared memory: {arg.name:.80}: parts of {arg.part_bytes} bytes "
                            f"are not whole pages")
+        if arg.nbytes > arg.part_bytes * MAX_PARTS:
+            raise ShmError(f"shared memory: {arg.name:.80}: {arg.nbytes} bytes in parts of "
+                           f"{arg.part_bytes} is over {MAX_PARTS} parts")
         sizes = part_sizes(arg.nbytes, arg.part_bytes)
         paths = [os.path.join(self.path, f"{arg.name}.{k}") for k in range(len(sizes))]
         fds: list[int] = []

@@ -106,6 +106,7 @@ def test_a_result_is_one_part_of_whole_units(nbytes: int, part: int) -> None:
     (4096, "gap", "i1-1.1: No such file"),
     (4096, "short", "i1-1.2 holds 4000 bytes, the launch says 4096"),
     (4096, "long", "i1-1.3 holds 4096 bytes, the launch says 3616"),
+    (4096, "huge", "over 65536 parts"),
 ])
 def test_bad_parts_are_bad_args_and_their_files_go(worker: WorkerPipe, folder: Path,
                                                    part_bytes: int, damage: str | None,
@@ -119,11 +120,13 @@ def test_bad_parts_are_bad_args_and_their_files_go(worker: WorkerPipe, folder: P
     elif damage == "long":
         (folder / "i1-1.3").write_bytes(b"\0" * 4096)
         staged = FileVector("i1-1", 12288 + 3616, part_bytes=4096)
+    elif damage == "huge":  # 2**50 parts: refused before a list of their sizes is made
+        staged = FileVector("i1-1", 1 << 62, part_bytes=4096)
     worker.launch(1, "reduce", [FileVector("i1-1", staged.nbytes, part_bytes=part_bytes)])
     job_id, (status, (reason, text)) = worker.result()
     assert (job_id, status, reason) == (1, "error", "bad_args")
     assert why in bytes(text).decode()
-    if part_bytes == 4096:  # the launch was read: every part it names is unlinked
+    if part_bytes == 4096 and damage != "huge":  # read: every part it names is unlinked
         assert [p.name for p in folder.iterdir()] == [".lock"]
     worker.launch(2, "reduce", [np.ones(3, np.float32).tobytes()])
     assert worker.result() == (2, ("ok", 3.0))
