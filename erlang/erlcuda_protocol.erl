@@ -81,13 +81,13 @@ batch_overhead(Count) ->
 arg(Bin) when is_binary(Bin) -> [<<?WIRE_ARG_VECTOR, 0:8, (byte_size(Bin)):64>>, Bin];
 arg(N) when is_integer(N) -> <<?WIRE_ARG_DIM, N:64>>;
 arg({file, Name, Bytes, PartBytes}) ->
-    <<?WIRE_ARG_FILE, 0:8, Bytes:64, PartBytes:32, (byte_size(Name)):8, Name/binary>>.
+    <<?WIRE_ARG_FILE, 0:8, Bytes:64, PartBytes:64, (byte_size(Name)):8, Name/binary>>.
 
 %% @doc Where a result the worker left in shared memory is, if `Reply' is one. A record
 %% naming parts smaller than a page, or more than 65536 of them, is no such result (and
 %% reads as malformed): nothing from the worker makes this side open files without bound.
 -spec file_result(reply()) -> file_result() | no.
-file_result({wire, ?WIRE_TAG_FILE, <<Bytes:64, PartBytes:32>>})
+file_result({wire, ?WIRE_TAG_FILE, <<Bytes:64, PartBytes:64>>})
   when PartBytes >= 4096, Bytes =< PartBytes bsl 16 ->
     {file, Bytes, PartBytes};
 file_result(_) ->

@@ -92,12 +92,12 @@ class FrameReader:
         n = _header.unpack(header)[0]
         if n > self._max_frame:
             raise FrameError(f"frame of {n} bytes is over the {self._max_frame} byte limit")
+        if self._pool and self._clock() >= self._sweep_at:
+            self._sweep()
         if n < self.POOL_MIN:
             body: bytearray | memoryview = bytearray(n)
             got = self._fill(body)
         else:
-            if self._clock() >= self._sweep_at:
-                self._sweep()
             pooled = self._free_pooled(n)
             if pooled is not None:
                 body = pooled

@@ -7,14 +7,14 @@ Erlang -> worker (``decode``):
     launch frame:  WIRE.launch, JobId:u64, Device:u16, Flags:u8, KernelLen:u8, Kernel (UTF-8),
                    NArgs:u8, then per argument WIRE.arg_vector, ElemType:u8, Bytes:u64 and the
                    bytes (little-endian elements), or WIRE.arg_dim, Value:u64, or
-                   WIRE.arg_file, ElemType:u8, Bytes:u64, PartBytes:u32, NameLen:u8, Name
+                   WIRE.arg_file, ElemType:u8, Bytes:u64, PartBytes:u64, NameLen:u8, Name
                    (a vector in the worker's shared-memory folder, in the part files
                    Name.0, Name.1, ... of PartBytes bytes each, ``shm.FileArg``)  ``Launch``
     {'C', Id, erlcuda, Function, Args}                          a control call   ``Call``
 Worker -> Erlang:
     results frame: WIRE.results, Count:u32, then per job JobId:u64, Tag:u8, Len:u32 and the
                    payload: raw f32 (tag_vector), an f64 (tag_scalar), the ETF of the reason
-                   (tag_error), Bytes:u64 and PartBytes:u32 (tag_file: the vector is in the
+                   (tag_error), Bytes:u64 and PartBytes:u64 (tag_file: the vector is in the
                    part files r<JobId>.0, r<JobId>.1, ...),
                    or an inner Tag:u8, Len:u32, payload and the ETF of the stamps map
                    (tag_traced)                                            ``encode_results``
@@ -141,7 +141,7 @@ _JOB_ID = struct.Struct(">Q")
 _DEVICE = struct.Struct(">H")
 # After the argument's kind byte: ElemType and Bytes of a vector; Value of a dim.
 _VECTOR_HEAD = struct.Struct(">BQ")
-_FILE_HEAD = struct.Struct(">BQI")  # ElemType, Bytes, PartBytes
+_FILE_HEAD = struct.Struct(">BQQ")  # ElemType, Bytes, PartBytes
 _DIM = struct.Struct(">Q")
 
 _W_LAUNCH = _W.launch
@@ -268,12 +268,12 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
             args.append(np.frombuffer(frame, _ELEMENT_DTYPES[etype], nbytes // itemsize, pos))
             pos += nbytes
         elif kind == _W_FILE:
-            if pos + 15 > size:
+            if pos + 19 > size:
                 return Launch(job_id, device, kernel, [], trace,
                               f"launch of {size} bytes ends inside argument {i}'s header")
             etype, nbytes, part = _FILE_HEAD.unpack_from(frame, pos + 1)
-            nlen = frame[pos + 14]
-            pos += 15
+            nlen = frame[pos + 18]
+            pos += 19
             if (etype >= _N_TYPES or nbytes % _ELEMENT_SIZES[etype] or nlen > size - pos
                     or part == 0):
                 return Launch(job_id, device, kernel, [], trace,
@@ -416,7 +416,7 @@ _T_SCALAR = _W.tag_scalar
 _T_ERROR = _W.tag_error
 _T_TRACED = _W.tag_traced
 _T_FILE = _W.tag_file
-_FILE_RECORD = struct.Struct(">QI")
+_FILE_RECORD = struct.Struct(">QQ")
 #: Payloads shorter than this are copied next to their header; longer ones are chunks of
 #: their own that share the result's memory (``writev``).
 SMALL_PAYLOAD = etf.SMALL_PAYLOAD

@@ -52,8 +52,9 @@ STALE_AFTER_S = 60.0
 LOCK = ".lock"
 #: The part size a result's record names is its size rounded up to a multiple of this.
 PART_UNIT = 1 << 20
-#: A vector is in this many parts at most (Erlang refuses a result record naming more).
-MAX_PARTS = 1 << 16
+#: An operand is in this many parts at most (Erlang cuts one into 8 at most): each part is
+#: a mapping of its own while the job waits, and a process may hold about 65,000.
+MAX_PARTS = 64
 
 _REAPER = """
 import os, shutil, sys
@@ -182,27 +183,30 @@ class SharedFolder:
                            f"{arg.part_bytes} is over {MAX_PARTS} parts")
         sizes = part_sizes(arg.nbytes, arg.part_bytes)
         paths = [os.path.join(self.path, f"{arg.name}.{k}") for k in range(len(sizes))]
-        fds: list[int] = []
         try:
-            for path, size in zip(paths, sizes, strict=True):
-                fds.append(_open_part(path, size))
-        except ShmError:
-            _close_all(fds)
-            raise
-        finally:
-            for path in paths:
-                _unlink(path)  # Erlang deletes them too, when the job ends
-        try:
-            if arg.nbytes == 0:
-                return np.empty(0, arg.dtype)
-            if len(fds) == 1:
-                return np.frombuffer(mmap.mmap(fds[0], arg.nbytes, prot=mmap.PROT_READ),
-                                     arg.dtype)
-            return _Span(fds, sizes, arg.part_bytes).array(arg.dtype)
+            if len(sizes) == 1:
+                fd = _open_part(paths[0], arg.nbytes)
+                try:
+                    if not arg.nbytes:
+                        return np.empty(0, arg.dtype)
+                    mapped = mmap.mmap(fd, arg.nbytes, prot=mmap.PROT_READ)
+                    return np.frombuffer(mapped, arg.dtype)
+                finally:
+                    os.close(fd)
+            # One part open at a time: a vector of many parts takes one descriptor, not many.
+            span = _Span(arg.nbytes)
+            for k, (path, size) in enumerate(zip(paths, sizes, strict=True)):
+                fd = _open_part(path, size)
+                try:
+                    span.map(k * arg.part_bytes, fd, size)
+                finally:
+                    os.close(fd)
+            return span.array(arg.dtype)
         except OSError as exc:
             raise ShmError(f"shared memory: {arg.name:.80}: {exc}") from exc
         finally:
-            _close_all(fds)
+            for path in paths:
+                _unlink(path)  # Erlang deletes them too, when the job ends
 
     def write_result(self, job_id: int, result: np.ndarray) -> FileResult:
         """Write ``result``'s bytes to the new file ``r<JobId>.0``, its only part; what the
@@ -230,23 +234,23 @@ def _open_part(path: str, size: int) -> int:
     """A part file, opened for reading and checked to hold ``size`` bytes."""
     name = os.path.basename(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # Non-blocking: a FIFO planted as a part must not hang the reading thread.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         raise ShmError(f"shared memory: {name:.80}: {exc.strerror}") from exc
     try:
-        held = os.fstat(fd).st_size
+        info = os.fstat(fd)
     except OSError as exc:
         os.close(fd)
         raise ShmError(f"shared memory: {name:.80}: {exc.strerror}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ShmError(f"shared memory: {name:.80} is not a regular file")
+    held = info.st_size
     if held != size:
         os.close(fd)
         raise ShmError(f"shared memory: {name:.80} holds {held} bytes, the launch says {size}")
     return fd
-
-
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        os.close(fd)
 
 
 def _write_part(path: str, data: memoryview) -> str | None:
@@ -280,23 +284,36 @@ _PROT_NONE = 0
 class _Span:
     """Part files mapped side by side into one reserved span of address space: one
     contiguous array over all of them, and no copy. The span is unmapped when the last
-    view of it goes."""
+    view of it goes, and never at the interpreter's exit, where a thread may still read it
+    (the process's end unmaps it)."""
 
-    def __init__(self, fds: list[int], sizes: list[int], part_bytes: int) -> None:
-        total = sum(sizes)
-        span = -(-total // mmap.PAGESIZE) * mmap.PAGESIZE
-        base = _libc.mmap(None, span, _PROT_NONE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    def __init__(self, nbytes: int) -> None:
+        self._size = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        base = _libc.mmap(None, self._size, _PROT_NONE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                          -1, 0)
         if base in (None, _MAP_FAILED):
-            raise OSError(ctypes.get_errno(), f"cannot reserve {span} bytes of address space")
-        self._memory = (ctypes.c_char * total).from_address(base)
-        weakref.finalize(self._memory, _libc.munmap, base, span)
-        for k, (fd, size) in enumerate(zip(fds, sizes, strict=True)):
-            at = base + k * part_bytes
-            got = _libc.mmap(at, size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
-            if got != at:
-                raise OSError(ctypes.get_errno(), f"cannot map part {k}")
+            raise OSError(ctypes.get_errno(),
+                          f"cannot reserve {self._size} bytes of address space")
+        self._base: int = base
+        self._memory = (ctypes.c_char * nbytes).from_address(base)
+        weakref.finalize(self._memory, _libc.munmap, base, self._size).atexit = False
+
+    def map(self, offset: int, fd: int, size: int) -> None:
+        """Map ``size`` bytes of ``fd`` at ``offset`` (a whole number of pages) in the
+        span."""
+        at = self._base + offset
+        if offset % mmap.PAGESIZE or offset + size > self._size:
+            raise OSError(0, f"a part at {offset} of {size} bytes is outside the span")
+        got = _libc.mmap(at, size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+        if got != at:
+            errno = ctypes.get_errno()
+            # A failed MAP_FIXED may have unmapped the range: reserve it again, or another
+            # mapping could land there and the span's munmap would take it away.
+            _libc.mmap(at, size, _PROT_NONE,
+                       mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1, 0)
+            raise OSError(errno, f"cannot map the part at {offset}")
 
     def array(self, dtype: np.dtype[Any]) -> np.ndarray:
-        out = np.frombuffer(self._memory, dtype)
-        out.flags.writeable = False  # the pages are mapped read-only: a write would fault
-        return out
+        # Over a read-only view: the pages are mapped read-only, and a write would fault, so
+        # the array must not be made writable either.
+        return np.frombuffer(memoryview(self._memory).cast("B").toreadonly(), dtype)

@@ -22,15 +22,17 @@ with_app(Test) ->
                                            {shm_threshold, 4096}], Test).
 
 shm_test_() ->
-    with_app([{timeout, 60, fun results_through_files/0},
-              {timeout, 60, fun operands_wait_in_files_until_mapped/0},
-              {timeout, 60, fun vectors_in_several_parts/0},
-              {timeout, 60, fun killed_worker_leaves_no_file/0},
-              {timeout, 60, fun killed_caller_leaves_no_file/0},
-              {timeout, 60, fun timed_out_caller_leaves_no_file/0},
-              {timeout, 60, fun replies_keep_their_order/0},
-              {timeout, 60, fun without_room_the_pipe_carries_it/0},
-              {timeout, 60, fun stop_leaves_no_folder/0}]).
+    %% The base goes afterwards: each run makes one of its own.
+    {setup, fun() -> ok end, fun(_) -> file:del_dir_r(base()) end,
+     with_app([{timeout, 60, fun results_through_files/0},
+               {timeout, 60, fun operands_wait_in_files_until_mapped/0},
+               {timeout, 60, fun vectors_in_several_parts/0},
+               {timeout, 60, fun killed_worker_leaves_no_file/0},
+               {timeout, 60, fun killed_caller_leaves_no_file/0},
+               {timeout, 60, fun timed_out_caller_leaves_no_file/0},
+               {timeout, 60, fun replies_keep_their_order/0},
+               {timeout, 60, fun without_room_the_pipe_carries_it/0},
+               {timeout, 60, fun stop_leaves_no_folder/0}])}.
 
 vec(N, Scale) ->
     << <<(float(I * Scale)):32/float-little>> || I <- lists:seq(1, N) >>.
@@ -124,13 +126,15 @@ result_files_test() ->
 %% bound (parts under a page, or too many) is no file result, and reads as malformed.
 file_result_test() ->
     File = fun(Payload) -> erlcuda_protocol:file_result({wire, ?WIRE_TAG_FILE, Payload}) end,
-    ?assertEqual({file, 100, 8388608}, File(<<100:64, 8388608:32>>)),
-    ?assertEqual({file, 4096 bsl 16, 4096}, File(<<(4096 bsl 16):64, 4096:32>>)),
-    ?assertEqual(no, File(<<100:64, 100:32>>)),
-    ?assertEqual(no, File(<<(4096 bsl 16 + 1):64, 4096:32>>)),
-    ?assertEqual(no, File(<<100:64>>)),
+    ?assertEqual({file, 100, 8388608}, File(<<100:64, 8388608:64>>)),
+    ?assertEqual({file, 4096 bsl 16, 4096}, File(<<(4096 bsl 16):64, 4096:64>>)),
+    %% a result of 4 GiB or more names a part size over 32 bits
+    ?assertEqual({file, 1 bsl 32, 1 bsl 32}, File(<<(1 bsl 32):64, (1 bsl 32):64>>)),
+    ?assertEqual(no, File(<<100:64, 100:64>>)),
+    ?assertEqual(no, File(<<(4096 bsl 16 + 1):64, 4096:64>>)),
+    ?assertEqual(no, File(<<100:64, 4096:32>>)),
     ?assertMatch({erlcuda, 1, {error, {internal, _}}},
-                 erlcuda_protocol:message(1, {wire, ?WIRE_TAG_FILE, <<100:64, 100:32>>},
+                 erlcuda_protocol:message(1, {wire, ?WIRE_TAG_FILE, <<100:64, 100:64>>},
                                           binary, false)).
 
 killed_worker_leaves_no_file() ->

@@ -399,3 +399,14 @@ def test_erlang_decodes_every_frame_with_safe(tmp_path: Path) -> None:
     verdicts = proc.stdout.decode().split()
     assert len(verdicts) == len(frames), proc.stderr.decode()
     assert set(verdicts) == {"ok"}, [v for v in verdicts if v != "ok"][:3]
+
+
+def test_a_result_file_of_4_gib_or_more_has_a_record() -> None:
+    # A single-part result file over 4 GiB names a part size over 32 bits.
+    from erlcuda.shm import FileResult, result_part_bytes
+
+    nbytes = (1 << 32) + 4
+    encoded = protocol.encode_results([(1, FileResult(nbytes, result_part_bytes(nbytes)),
+                                        None)])
+    (reply,) = parse_results(b"".join(bytes(c) for c in encoded.frames[0]))
+    assert reply.result == ("file", (nbytes, (1 << 32) + (1 << 20)))

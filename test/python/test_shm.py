@@ -10,6 +10,9 @@ import fcntl
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from erlcuda.shm import LOCK, PART_UNIT, SharedFolder, result_part_bytes
+from erlcuda.shm import LOCK, PART_UNIT, FileArg, SharedFolder, result_part_bytes
 from workerpipe import FileVector, WorkerPipe
 
 BACKENDS = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
+_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    p for p in (str(Path(__file__).resolve().parents[2] / "python"),
+                os.environ.get("PYTHONPATH")) if p))
 
 
 @pytest.fixture
@@ -76,19 +82,20 @@ def test_operands_in_files_and_the_result_in_a_file(worker: WorkerPipe, folder: 
 
 
 def test_operands_and_the_result_in_many_parts(worker: WorkerPipe, folder: Path) -> None:
-    # Operands in parts of one page (the last one short), mapped side by side as one
+    # Operands in parts of a few pages (the last one short), mapped side by side as one
     # vector; a result over PART_UNIT still written as one part.
     rng = np.random.default_rng(5)
     n = 2 * PART_UNIT // 4 + 1001
     a, b = rng.standard_normal((2, n), dtype=np.float32)
     page = os.sysconf("SC_PAGE_SIZE")
-    worker.launch(3, "vector_add", [_stage(folder, "i3-1", a, page), _stage(folder, "i3-2", b)],
+    worker.launch(3, "vector_add",
+                  [_stage(folder, "i3-1", a, 16 * page), _stage(folder, "i3-2", b)],
                   result_file=True)
     assert worker.reply().result == ("file", (a.nbytes, 3 * PART_UNIT))
     np.testing.assert_array_equal(_result(folder, 3, a.nbytes, 3 * PART_UNIT), a + b)
     assert sorted(p.name for p in folder.iterdir()) == [".lock", "r3.0"]
-    worker.launch(4, "dot_product", [_stage(folder, "i4-1", a, page),
-                                     _stage(folder, "i4-2", b, 2 * page)])
+    worker.launch(4, "dot_product", [_stage(folder, "i4-1", a, 16 * page),
+                                     _stage(folder, "i4-2", b, 32 * page)])
     job_id, (status, value) = worker.result()
     assert (job_id, status) == (4, "ok")
     assert value == pytest.approx(float(np.dot(a.astype(np.float64), b)), rel=1e-4)
@@ -106,7 +113,8 @@ def test_a_result_is_one_part_of_whole_units(nbytes: int, part: int) -> None:
     (4096, "gap", "i1-1.1: No such file"),
     (4096, "short", "i1-1.2 holds 4000 bytes, the launch says 4096"),
     (4096, "long", "i1-1.3 holds 4096 bytes, the launch says 3616"),
-    (4096, "huge", "over 65536 parts"),
+    (4096, "huge", "over 64 parts"),
+    (4096, "fifo", "i1-1.1 is not a regular file"),
 ])
 def test_bad_parts_are_bad_args_and_their_files_go(worker: WorkerPipe, folder: Path,
                                                    part_bytes: int, damage: str | None,
@@ -122,6 +130,9 @@ def test_bad_parts_are_bad_args_and_their_files_go(worker: WorkerPipe, folder: P
         staged = FileVector("i1-1", 12288 + 3616, part_bytes=4096)
     elif damage == "huge":  # 2**50 parts: refused before a list of their sizes is made
         staged = FileVector("i1-1", 1 << 62, part_bytes=4096)
+    elif damage == "fifo":  # opened for reading, a FIFO would block the reading thread
+        (folder / "i1-1.1").unlink()
+        os.mkfifo(folder / "i1-1.1")
     worker.launch(1, "reduce", [FileVector("i1-1", staged.nbytes, part_bytes=part_bytes)])
     job_id, (status, (reason, text)) = worker.result()
     assert (job_id, status, reason) == (1, "error", "bad_args")
@@ -268,3 +279,60 @@ def test_a_result_that_cannot_be_written_comes_through_the_pipe(worker: WorkerPi
     while not any("goes through the pipe" in text for _, text in worker.logs):
         assert time.monotonic() < deadline, worker.logs
         worker.call("info")  # log lines come in their own frames, among the answers
+
+
+def test_an_operand_of_many_parts_holds_one_descriptor_at_a_time(folder: Path) -> None:
+    # Each part is opened, mapped and closed in turn: with at most 32 descriptors the
+    # worker still takes 60 parts (all of them open at once ran out of descriptors).
+    pipe = WorkerPipe("--backend", "cpu", "--shm-dir", str(folder), nofile=32)
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        a = np.arange(60 * page // 4, dtype=np.float32) % 7
+        pipe.launch(1, "reduce", [_stage(folder, "i1-1", a, page)])
+        assert pipe.result() == (1, ("ok", float(a.astype(np.float64).sum())))
+        assert [p.name for p in folder.iterdir()] == [".lock"]
+    finally:
+        assert pipe.close() == 0
+
+
+def test_a_span_outlives_the_interpreter_s_exit(tmp_path: Path) -> None:
+    # A lane thread may still read an operand while the worker exits: its span is not
+    # unmapped at exit (which faulted), the process's end unmaps it.
+    folder = tmp_path / "erlcuda-exit"
+    folder.mkdir()
+    code = textwrap.dedent(f"""
+        import os, sys, threading, time
+        import numpy as np
+        from erlcuda.shm import FileArg, SharedFolder
+        f = SharedFolder({str(folder)!r})
+        part = 1 << 20
+        for k in range(2):
+            with open(os.path.join(f.path, f"x.{{k}}"), "wb") as out:
+                out.truncate(part)
+        a = f.open_input(FileArg("x", np.dtype("<f4"), 2 * part, part))
+        started = threading.Event()
+        def read():
+            started.set()
+            while True:
+                a.sum()
+        threading.Thread(target=read, daemon=True).start()
+        started.wait()
+        time.sleep(0.1)
+        sys.exit(0)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], env=_ENV, capture_output=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+def test_an_operand_in_parts_cannot_be_made_writable(folder: Path) -> None:
+    # Its pages are mapped read-only: a write would kill the worker, so numpy must refuse
+    # to make the array writable, as it does for one part.
+    page = os.sysconf("SC_PAGE_SIZE")
+    shared = SharedFolder(str(folder))
+    a = np.arange(3 * page // 4, dtype=np.float32)
+    staged = _stage(folder, "i1-1", a, page)
+    got = shared.open_input(FileArg("i1-1", np.dtype("<f4"), staged.nbytes, page))
+    np.testing.assert_array_equal(got, a)
+    with pytest.raises(ValueError):
+        got.flags.writeable = True

@@ -8,6 +8,7 @@ from ``erlcuda.protocol``, so that the tests check the worker against the spec.
 from __future__ import annotations
 
 import os
+import resource
 import struct
 import subprocess
 import sys
@@ -62,7 +63,7 @@ def launch_frame(job_id: int, kernel: str | bytes, args: list[Any], *, device: i
             continue
         if isinstance(arg, FileVector):
             fname = arg.name.encode() if isinstance(arg.name, str) else arg.name
-            parts += [struct.pack(">BBQIB", W.arg_file, arg.etype, arg.nbytes, arg.part_bytes,
+            parts += [struct.pack(">BBQQB", W.arg_file, arg.etype, arg.nbytes, arg.part_bytes,
                                   len(fname)), fname]
             continue
         if isinstance(arg, np.ndarray):
@@ -107,8 +108,8 @@ def _result(tag: int, payload: bytes) -> tuple[str, Any]:
     if tag == W.tag_error:
         return "error", etf.decode(payload)
     if tag == W.tag_file:
-        assert len(payload) == 12, "a file result's payload is its size and part size"
-        return "file", struct.unpack(">QI", payload)
+        assert len(payload) == 16, "a file result's payload is its size and part size"
+        return "file", struct.unpack(">QQ", payload)
     raise AssertionError(f"unknown tag {tag}")
 
 
@@ -140,9 +141,11 @@ def parse_results(frame: bytes | bytearray | memoryview) -> list[Reply]:
     return replies
 
 
-def spawn_on_port_fds(argv: list[str], **popen: Any) -> tuple[subprocess.Popen[bytes], int, int]:
+def spawn_on_port_fds(argv: list[str], *, nofile: int | None = None,
+                      **popen: Any) -> tuple[subprocess.Popen[bytes], int, int]:
     """Start ``argv`` as an Erlang port would (its input on fd 3, its output on fd 4), with
-    the package on its path; returns the process, the fd to write to and the fd to read."""
+    the package on its path, at most ``nofile`` descriptors if given; returns the process,
+    the fd to write to and the fd to read."""
     to_child_r, to_child_w = os.pipe()
     from_child_r, from_child_w = os.pipe()
     high = [os.dup(fd) for fd in (to_child_r, from_child_w)]  # keep clear of 3 and 4
@@ -150,6 +153,8 @@ def spawn_on_port_fds(argv: list[str], **popen: Any) -> tuple[subprocess.Popen[b
     def remap() -> None:
         os.dup2(high[0], 3)
         os.dup2(high[1], 4)
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     # Ahead of what the path holds already (where PyCUDA may come from, as on the GPU host).
     path = os.pathsep.join(p for p in (str(ROOT / "python"), os.environ.get("PYTHONPATH"))
@@ -165,9 +170,9 @@ def spawn_on_port_fds(argv: list[str], **popen: Any) -> tuple[subprocess.Popen[b
 class WorkerPipe:
     """A worker started with ``args``; ``record`` keeps every frame received and term sent."""
 
-    def __init__(self, *args: str, record: bool = False) -> None:
+    def __init__(self, *args: str, record: bool = False, nofile: int | None = None) -> None:
         self.proc, self._to_child_w, self._from_child_r = spawn_on_port_fds(
-            [sys.executable, "-m", "erlcuda", "serve", *args])
+            [sys.executable, "-m", "erlcuda", "serve", *args], nofile=nofile)
         self.writer = FrameWriter(self._to_child_w)
         self.reader = FrameReader(self._from_child_r)
         self.logs: list[tuple[str, str]] = []
