@@ -6,9 +6,9 @@
 %% and removes it when that worker ends; the worker's reaper process removes it too, even
 %% when the node itself dies; and a worker removes, as it starts, the folders whose worker
 %% and reaper both died (python/erlcuda/shm.py says how it tells them). A caller
-%% writes its operands over the threshold to `i<JobId>-<Arg>' (after the job is registered,
-%% so that every path that ends the job deletes them) and the worker unlinks them once
-%% mapped. A result over the threshold comes back in `r<JobId>', which a deliverer
+%% writes its operands over the threshold to `i<JobId>-<Arg>.<K>' (after the job is
+%% registered, so that every path that ends the job deletes them) and the worker unlinks
+%% them once mapped. A result over the threshold comes back in `r<JobId>.0', which a deliverer
 %% (erlcuda_delivery) reads, deletes and sends, so that the shared port owner never copies it.
 %%
 %% An operand is written as parts: the files `<Name>.0', `<Name>.1', ... of `part_bytes/1'

@@ -1,11 +1,11 @@
 """Large operands and results through shared memory instead of the port's pipe.
 
 Erlang gives each worker a folder of its own in ``/dev/shm`` (``--shm-dir``, named
-``erlcuda-*``). A caller writes an operand over the threshold to a file there and the launch
-names it (``arg.file``); the worker maps it and unlinks it at once, so the name is gone while
-the job runs and the memory with the last view of it. A result asked for in a file
-(``flags.result_file``) is written to ``r<JobId>`` and the record says only its size; the
-caller's side reads and deletes it.
+``erlcuda-*``). A caller writes an operand over the threshold to files there and the launch
+names them (``arg.file``); the worker maps them and unlinks them at once, so the names are
+gone while the job runs and the memory with the last view of it. A result asked for in a
+file (``flags.result_file``) is written to ``r<JobId>.0`` and the record says only its size
+and part size; the caller's side reads and deletes it.
 
 A vector is a series of part files, ``<Name>.0``, ``<Name>.1``, ... of one size (the last one
 shorter). Erlang writes an operand as up to 8 parts, each from a process of its own: a tmpfs
