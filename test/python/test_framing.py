@@ -311,31 +311,20 @@ def test_a_pooled_buffer_no_frame_used_for_a_while_is_dropped() -> None:
         finish(thread)
 
 
-def test_an_idle_pooled_buffer_goes_under_small_frames_too() -> None:
+@pytest.mark.parametrize(("periods", "kept"), [(1, 1), (2, 0)])
+def test_an_idle_pooled_buffer_goes_under_small_frames_too(periods: int, kept: int) -> None:
     # Once every large operand travels through shared memory, only small frames come: the
-    # pool's idle buffers must still go.
+    # pool's idle buffers must still go. Each frame sweeps once a period has passed; the
+    # first sweep keeps the buffer (it was used in its period), the second drops it.
     now = [0.0]
     with pipe() as p:
         writer = FrameWriter(p.w)
-        thread = in_thread(lambda: [writer.write([b"x" * n])
-                                    for n in [FrameReader.POOL_MIN, 100, 100]])
+        sizes = [FrameReader.POOL_MIN] + [100] * periods
+        thread = in_thread(lambda: [writer.write([b"x" * n]) for n in sizes])
         reader = FrameReader(p.r, clock=lambda: now[0])
-        assert reader.read() is not None
-        assert reader.read() == b"x" * 100
-        assert len(reader._pool) == 1
-        now[0] = FrameReader.POOL_IDLE_S  # a sweep: used in the period, kept
-        assert reader.read() == b"x" * 100
-        assert len(reader._pool) == 1
-        finish(thread)
-    with pipe() as p:
-        writer = FrameWriter(p.w)
-        thread = in_thread(lambda: [writer.write([b"x" * n])
-                                    for n in [FrameReader.POOL_MIN, 100, 100]])
-        reader = FrameReader(p.r, clock=lambda: now[0])
-        assert reader.read() is not None
-        now[0] += FrameReader.POOL_IDLE_S
-        assert reader.read() == b"x" * 100  # a sweep: it was used, kept
-        now[0] += FrameReader.POOL_IDLE_S
-        assert reader.read() == b"x" * 100  # a sweep: unused since, and small frames only
-        assert reader._pool == []
+        assert reader.read() is not None  # large: read into a pooled buffer
+        for _ in range(periods):
+            now[0] += FrameReader.POOL_IDLE_S
+            assert reader.read() == b"x" * 100
+        assert len(reader._pool) == kept
         finish(thread)
