@@ -137,7 +137,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"erlcuda serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     portenv.die_with_parent()
-    trim = portenv.HeapTrim() if portenv.keep_freed_memory() else None
+    if portenv.keep_freed_memory():
+        portenv.HeapTrim().start()
     _widen_pipes()
     writer = FrameWriter(4)
     logs.to_erlang(writer)
@@ -158,7 +159,7 @@ def _serve(args: argparse.Namespace) -> int:
         except (ShmError, OSError) as exc:
             logging.getLogger("erlcuda").error("no shared memory: %s", exc)
             shm = None
-    worker = Worker(FrameReader(3), writer, options, shm, trim=trim)
+    worker = Worker(FrameReader(3), writer, options, shm)
     return worker.serve()
 
 

@@ -95,7 +95,6 @@ class Lane(threading.Thread):
         unavailable: str | None = None,
         spin_us: int = 0,
         shm: SharedFolder | None = None,
-        trim: Callable[[], object] | None = None,
     ) -> None:
         super().__init__(name=f"erlcuda-device-{index}", daemon=True)
         self.index = index
@@ -107,7 +106,6 @@ class Lane(threading.Thread):
         self.unavailable = unavailable
         self.spin_ns = spin_us * 1000
         self.shm = shm
-        self.trim = trim  # called after each batch's replies (portenv.HeapTrim)
         self.stats = Stats()
         self.ready = threading.Event()
         self.device_info: dict[str, Any] = {}
@@ -223,8 +221,6 @@ class Lane(threading.Thread):
             self.writer.write_many(frames)
         except FrameError:
             log.warning("device %d: replies dropped, the port is closed", self.index)
-        if self.trim is not None:
-            self.trim()
 
     def _open(self) -> Device | None:
         if self.backend is None or self.unavailable is not None:

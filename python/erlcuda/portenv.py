@@ -14,10 +14,11 @@ program that starts the worker from a thread must keep that thread for the worke
 every batch's megabyte-sized arrays are new mappings or a heap trimmed and grown again, and
 the page faults cost more than the work (a 256-job batch of 1000-element vector_adds took
 7.4 ms in place of 3.3 on the 2-core build machine). What is kept is bounded: every thread
-shares one arena, and ``HeapTrim`` gives every free page back (``malloc_trim``) at most
-every ``TRIM_EVERY_S``. In a ten-minute soak on the build machine the worker's RSS ended at
-365 MiB with neither, 338 with the trim, 308 with both; the rest of that rise was the frame
-reader's pool (``framing.FrameReader``), and with all three it ended at 107.5 MiB.
+shares one arena, and ``HeapTrim``'s thread gives every free page back (``malloc_trim``)
+every ``TRIM_EVERY_S``, under load or idle. In a ten-minute soak on the build machine the
+worker's RSS ended at 365 MiB with neither, 338 with the trim, 308 with both; the rest of
+that rise was the frame reader's pool (``framing.FrameReader``), and with all three it ended
+at 107.5 MiB.
 """
 
 from __future__ import annotations
@@ -117,9 +118,10 @@ def keep_freed_memory() -> bool:
 
 
 class HeapTrim:
-    """Called after each batch: at most every ``every_s`` seconds, gives the heap's free pages
-    back to the OS but ``slack`` bytes (``malloc_trim``); whether it trimmed. Any thread may
-    call it (glibc locks each arena as it trims it)."""
+    """At most every ``every_s`` seconds, gives the heap's free pages back to the OS but
+    ``slack`` bytes (``malloc_trim``): called, it says whether it trimmed; ``start`` calls it
+    from a thread of its own, so that an idle worker gives back what its last batch freed.
+    glibc locks the arena as it trims it, and ctypes lets go of the GIL meanwhile."""
 
     def __init__(self, every_s: float = TRIM_EVERY_S, slack: int = TRIM_SLACK,
                  trim: Callable[[int], object] | None = None,
@@ -139,6 +141,20 @@ class HeapTrim:
         self._next = now + self._every
         self._trim(self._slack)
         return True
+
+    def start(self) -> threading.Thread | None:
+        """Trim every period from a daemon thread; ``None`` where there is no malloc_trim."""
+        if self._trim is None:
+            return None
+
+        def run() -> None:
+            while True:
+                time.sleep(max(self._next - self._clock(), 0.0))
+                self()
+
+        thread = threading.Thread(target=run, name="erlcuda-trim", daemon=True)
+        thread.start()
+        return thread
 
 
 def _malloc_trim() -> Callable[[int], object] | None:

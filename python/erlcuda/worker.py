@@ -70,8 +70,7 @@ class Options:
 
 class Worker:
     def __init__(self, reader: FrameReader, writer: FrameWriter, options: Options,
-                 shm: SharedFolder | None = None, *,
-                 trim: Callable[[], object] | None = None) -> None:
+                 shm: SharedFolder | None = None) -> None:
         self.reader = reader
         self.shm = shm
         self.writer = writer
@@ -100,7 +99,7 @@ class Worker:
         self.lanes = [
             Lane(i, self.backend, writer, max_batch=options.max_batch,
                  max_elements=options.max_batch_elements, on_fatal=self._fatal,
-                 unavailable=unavailable, spin_us=spin_us, shm=shm, trim=trim)
+                 unavailable=unavailable, spin_us=spin_us, shm=shm)
             for i in range(count)
         ]
         self.handlers = self._handlers()

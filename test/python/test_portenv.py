@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -51,3 +52,18 @@ def test_freed_memory_is_kept_until_trimmed_then_given_back() -> None:
     assert grown - base >= 190
     assert kept - base >= 190, "freed blocks are kept for reuse"
     assert trimmed - base <= 40, "trimmed down to the slack"
+
+
+def test_the_heap_is_trimmed_from_a_thread_of_its_own_even_when_idle() -> None:
+    calls: list[int] = []
+    done = threading.Event()
+
+    def trim(slack: int) -> None:
+        calls.append(slack)
+        if len(calls) >= 3:
+            done.set()
+
+    thread = HeapTrim(every_s=0.02, slack=0, trim=trim).start()
+    assert thread is not None and thread.daemon
+    assert done.wait(10), "no trim while nothing else ran"
+    assert calls[:3] == [0, 0, 0]
