@@ -543,36 +543,22 @@ bandwidth_size(K, N, B, Shm) ->
                    full_ns => [F || {F, _} <- Pairs], echo_ns => [E || {_, E} <- Pairs],
                    pure_ns => Pure}).
 
-%% One round of the shared-memory floor: the vector operands written to fresh files, a
-%% result of OutBytes (written beforehand, untimed, as the worker would) read back; every
-%% file deleted, untimed. Both ways in part files several at once, as erlcuda moves them
-%% (erlcuda_shm), so this is the transport's own cost.
+%% One round of the shared-memory floor: the operands over the threshold written to fresh
+%% files, a result of OutBytes (written beforehand, untimed, as the worker would) read back;
+%% every file deleted, untimed. As erlcuda moves them (erlcuda_shm): operands in parts
+%% written at once, the result one file, in a folder like a worker's.
 shm_floor(Args, OutBytes) ->
-    Dir = "/dev/shm",
-    Tag = integer_to_list(erlang:unique_integer([positive])),
-    Parts = fun(Name, Bin) ->
-                    Size = byte_size(Bin),
-                    Part = erlcuda_shm:part_bytes(Size),
-                    [{filename:join(Dir, Name ++ "." ++ integer_to_list(K)),
-                      binary_part(Bin, K * Part, min(Part, Size - K * Part))}
-                     || K <- lists:seq(0, max(1, (Size + Part - 1) div Part) - 1)]
-            end,
-    Small = OutBytes < shm_threshold(),
-    Out = case Small of
-              true -> [];
-              false -> Parts("erlcuda-bench-floor-r" ++ Tag, binary:copy(<<0>>, OutBytes))
-          end,
+    {ok, Dir} = erlcuda_shm:folder("/dev/shm"),
+    {_, Ins} = erlcuda_shm:plan(#{dir => Dir, threshold => shm_threshold()},
+                                erlang:unique_integer([positive]), Args),
+    Out = [{filename:join(Dir, "r.0"), binary:copy(<<0>>, OutBytes)}
+           || OutBytes >= shm_threshold()],
     ok = erlcuda_shm:stage(Out),
-    Ins = lists:append([Parts("erlcuda-bench-floor-i" ++ Tag ++ "-" ++ integer_to_list(I), A)
-                        || {I, A} <- lists:zip(lists:seq(1, length(Args)), Args),
-                           is_binary(A)]),
-    OutPart = erlcuda_shm:part_bytes(OutBytes),
-    Reads = [{F, (K - 1) * OutPart, byte_size(B)} || {K, {F, B}} <- lists:enumerate(Out)],
     T0 = now_ns(),
     ok = erlcuda_shm:stage(Ins),
-    _ = [{ok, _} = erlcuda_shm:read_parts(Reads, OutBytes) || not Small],
+    _ = [{ok, _} = erlcuda_shm:read_parts([{F, 0, OutBytes}], OutBytes) || {F, _} <- Out],
     T = now_ns() - T0,
-    erlcuda_shm:delete([F || {F, _} <- Ins ++ Out]),
+    erlcuda_shm:remove(Dir),
     T.
 
 %% Throughput: N callers, each looping launch_sync until the deadline.

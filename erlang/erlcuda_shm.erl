@@ -110,17 +110,15 @@ ceil_div(A, B) ->
 %% @doc Write the planned parts, all at once (each write runs on a dirty I/O scheduler);
 %% on failure, delete them all.
 -spec stage(plan()) -> ok | {error, binary()}.
-stage([]) ->
-    ok;
-stage([{File, Bin}]) ->
-    checked([{File, file:write_file(File, Bin, [raw])}], [File]);
 stage(Plan) ->
-        Results = in_parallel(fun({F, B}) -> {F, file:write_file(F, B, [raw])} end, Plan),
+    Results = in_parallel(fun({F, B}) -> {F, file:write_file(F, B, [raw])} end, Plan),
     checked(Results, [F || {F, _} <- Plan]).
 
-%% Fun on each element, each in a process of its own; the results in order. Linked: they
-%% die with a caller that dies. Unlinked once done, and any 'EXIT' of a caller trapping
-%% exits taken.
+%% Fun on each element, each in a process of its own (one alone runs here); the results in
+%% order. Linked: they die with a caller that dies. Unlinked once done, and any 'EXIT' of a
+%% caller trapping exits taken.
+in_parallel(Fun, [E]) ->
+    [Fun(E)];
 in_parallel(Fun, List) ->
     Self = self(),
     Pids = [spawn_link(fun() -> Self ! {erlcuda_shm, self(), Fun(E)} end) || E <- List],
