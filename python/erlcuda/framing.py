@@ -69,13 +69,22 @@ class FrameReader:
         self._ahead = bytearray(self.READ_AHEAD)
         self._ahead_view = memoryview(self._ahead)
         self._lo = self._hi = 0
+        self._large = False  # whether the last frame's body bypassed the read-ahead buffer
         self._poll = select.poll()
         self._poll.register(fd, select.POLLIN)
 
     def pending(self) -> bool:
-        """Whether a frame has begun to arrive: ``read`` then waits only for its rest."""
+        """Whether a frame has begun to arrive: ``read`` then waits only for its rest.
+
+        After a small frame this costs no system call: its read took everything already in
+        the pipe (up to ``READ_AHEAD`` bytes), so what is not read ahead had not arrived a
+        moment ago, and a lone job does not pay a ``poll`` to learn that. After a large
+        frame, read straight into its buffer, the pipe is asked.
+        """
         if self._hi > self._lo:
             return True
+        if not self._large:
+            return False
         try:
             return bool(self._poll.poll(0))
         except OSError as e:
@@ -83,6 +92,28 @@ class FrameReader:
 
     def read(self) -> bytearray | memoryview | None:
         """Return the next frame's body, or ``None`` on end of file between frames."""
+        if self._hi == self._lo:
+            # One read brings what the pipe holds: most often whole small frames.
+            try:
+                self._lo, self._hi = 0, os.readv(self._fd, [self._ahead_view])
+            except OSError as e:
+                raise FrameError(f"read failed: {e}") from e
+            if not self._hi:
+                return None
+        lo, hi = self._lo, self._hi
+        if hi - lo >= 4:
+            n = _header.unpack_from(self._ahead, lo)[0]
+            end = lo + 4 + n
+            if end <= hi and n <= self._max_frame:
+                # A frame read ahead whole (under READ_AHEAD, so no pooled buffer).
+                self._lo = end
+                self._large = False
+                if self._pool and self._clock() >= self._sweep_at:
+                    self._sweep()
+                return self._ahead[lo + 4 : end]
+        return self._read_slow()
+
+    def _read_slow(self) -> bytearray | memoryview | None:
         header = bytearray(4)
         got = self._fill(header)
         if got == 0:
@@ -94,6 +125,7 @@ class FrameReader:
             raise FrameError(f"frame of {n} bytes is over the {self._max_frame} byte limit")
         if self._pool and self._clock() >= self._sweep_at:
             self._sweep()
+        self._large = n - (self._hi - self._lo) >= self.READ_AHEAD
         if n < self.POOL_MIN:
             body: bytearray | memoryview = bytearray(n)
             got = self._fill(body)
@@ -270,6 +302,30 @@ class FrameWriter:
         if oversized:
             raise FrameError(f"over the {self.max_frame} byte limit, not written: "
                              + ", ".join(oversized))
+
+    def write_sized(self, chunks: Sequence[bytes | memoryview], size: int) -> None:
+        """Write one frame of ``size`` bytes (at most ``max_frame``, which the caller
+        checked) made of ``chunks``, bytes or 1-D byte memoryviews: ``write`` without its
+        per-chunk checks, for the one-record frames of lone jobs."""
+        if size > self.max_frame:
+            raise FrameError(f"over the {self.max_frame} byte limit, not written: "
+                             f"a frame of {size} bytes")
+        bufs: list[bytes | memoryview] = [_header.pack(size), *chunks]
+        with self._lock:
+            try:
+                written = os.writev(self._fd, bufs)
+            except OSError:
+                written = 0  # _writev_all retries, or says what it was
+            if written == size + 4:
+                return
+            sizes = [len(c) for c in bufs]
+            while written >= sizes[0]:  # what was written in part, left out
+                written -= sizes.pop(0)
+                bufs.pop(0)
+            if written:
+                bufs[0] = memoryview(bufs[0])[written:]
+                sizes[0] -= written
+            self._writev_all(bufs, sizes)
 
     def _writev_all(self, bufs: list[bytes | memoryview], sizes: list[int]) -> None:
         i = 0

@@ -216,6 +216,46 @@ class Lane(threading.Thread):
         if fatal is not None:
             self.on_fatal(fatal)
 
+    def _run(self, requests: list[Request], device: Device) -> (
+            tuple[list[Result] | None, Failure | None, str | None]):
+        """One backend call for ``requests`` (one batch key): its values, else the failure
+        every one of them gets; and why the device is lost, where it is."""
+        kernel = requests[0].kernel
+        try:
+            values = device.run(kernel, requests)
+        except BackendError as exc:
+            fatal = f"device {self.index}: {exc.code}: {exc.message}" if exc.fatal else None
+            return None, protocol.cuda_error(exc.code, exc.message), fatal
+        except Exception as exc:
+            log.exception("device %d: %s failed", self.index, kernel)
+            return None, protocol.internal(f"{type(exc).__name__}: {exc}"), None
+        self.stats.launches += 1
+        self.stats.max_batch = max(self.stats.max_batch, len(requests))
+        return values, None, None
+
+    def run_lone(self, job_id: int, request: Request, device: Device | None) -> bool:
+        """Run and answer one job that arrived alone, with the least Python: what
+        ``_batch`` does for a batch of one plain job. ``False`` (nothing done) where the
+        job needs more than that: the caller then takes the general path."""
+        if device is None or request.device_bytes > self.memory:
+            return False
+        values, failure, fatal = self._run([request], device)
+        result: Result = failure if values is None else values[0]  # type: ignore[assignment]
+        self.stats.jobs += 1
+        lone = protocol.encode_lone(job_id, result, self.writer.max_frame)
+        try:
+            if lone is not None:
+                self.writer.write_sized(*lone)
+            else:
+                encoded = results_frames([(job_id, result, None)], self.writer.max_frame)
+                self.stats.errors += encoded.errors
+                self.writer.write_many(encoded.frames)
+        except FrameError:
+            log.warning("device %d: replies dropped, the port is closed", self.index)
+        if fatal is not None:
+            self.on_fatal(fatal)
+        return True
+
     def _write(self, frames: Sequence[Sequence[bytes | memoryview]]) -> None:
         try:
             self.writer.write_many(frames)
@@ -312,29 +352,19 @@ class Lane(threading.Thread):
         t_run = now()
         last = len(groups) - 1
         for g, indices in enumerate(groups.values()):
-            requests = [batch[i].request for i in indices]
-            kernel = requests[0].kernel  # type: ignore[union-attr]
-            try:
-                values = device.run(kernel, requests)  # type: ignore[union-attr,arg-type]
-                self.stats.launches += 1
-                self.stats.max_batch = max(self.stats.max_batch, len(indices))
-                for i, value in zip(indices, values, strict=True):
-                    # A backend's arrays may live in its staging memory, valid only until
-                    # its next run: keep a copy where another group runs before the write.
-                    if g < last and isinstance(value, np.ndarray):
-                        value = value.copy()
-                    results[i] = value
-            except BackendError as exc:
-                failure = protocol.cuda_error(exc.code, exc.message)
+            requests: list[Request] = [batch[i].request for i in indices]  # type: ignore[misc]
+            values, failure, why = self._run(requests, device)  # type: ignore[arg-type]
+            fatal = why or fatal
+            if values is None:
                 for i in indices:
                     results[i] = failure
-                if exc.fatal:
-                    fatal = f"device {self.index}: {exc.code}: {exc.message}"
-            except Exception as exc:
-                log.exception("device %d: %s failed", self.index, kernel)
-                failure = protocol.internal(f"{type(exc).__name__}: {exc}")
-                for i in indices:
-                    results[i] = failure
+                continue
+            for i, value in zip(indices, values, strict=True):
+                # A backend's arrays may live in its staging memory, valid only until its
+                # next run: keep a copy where another group runs before the write.
+                if g < last and isinstance(value, np.ndarray):
+                    value = value.copy()
+                results[i] = value
         t_done = now()
         self.stats.jobs += len(batch)
         t_encode = now()

@@ -530,6 +530,34 @@ def encode_results(records: Iterable[Record], max_frame: int = contract.MAX_FRAM
     return Encoded(frames, failures, replaced)
 
 
+_LONE_HEAD = struct.Struct(">BIQBI")  # a one-record results frame: results byte, Count, record
+
+
+def encode_lone(job_id: int, res: Result, max_frame: int = contract.MAX_FRAME) -> (
+        tuple[Chunks, int] | None):
+    """A lone job's results frame and its size, byte for byte what ``encode_results``
+    makes of ``[(job_id, res, None)]``, for the plain results (a float, or a 1-D contiguous
+    f32 array that fits ``max_frame``); ``None`` for any other, which ``encode_results``
+    then answers. Here because a lone job is the common case at low load, where every
+    microsecond of Python is on the caller's clock."""
+    cls = type(res)
+    if cls is float:
+        size = _LONE_HEAD.size + 8
+        if size > max_frame:
+            return None
+        return [_LONE_HEAD.pack(_W.results, 1, job_id, _T_SCALAR, 8) + _pack_f64(res)], size
+    if cls is np.ndarray and res.dtype is _F32 and res.ndim == 1 and res.flags.c_contiguous:
+        n = res.nbytes
+        size = _LONE_HEAD.size + n
+        if size > max_frame:
+            return None
+        head = _LONE_HEAD.pack(_W.results, 1, job_id, _T_VECTOR, n)
+        if n < SMALL_PAYLOAD:
+            return [head + res.tobytes()], size
+        return [head, res.data.cast("B")], size
+    return None
+
+
 # -- worker -> Erlang: ETF frames ------------------------------------------------------------
 
 

@@ -42,6 +42,8 @@ from .uniform import decode_uniform
 
 log = logging.getLogger("erlcuda.worker")
 
+_LAUNCH = contract.WIRE.launch
+
 #: Exit status when a device's context is poisoned: Erlang restarts the worker.
 EXIT_FATAL = 70
 #: How long a GPU's thread polls for work before sleeping: waking a sleeping thread cost
@@ -144,6 +146,8 @@ class Worker:
                 frame = self.reader.read()
                 if frame is None:
                     return self.shutdown(0)
+                if not self.reader.pending() and self._lone(frame, lane, device):
+                    continue
                 jobs: list[Job] = []
                 while True:
                     self._take_frame(frame, jobs, lane, device)
@@ -157,6 +161,26 @@ class Worker:
         except FrameError as exc:
             log.error("port closed: %s", exc)
             return self.shutdown(1)
+
+    def _lone(self, frame: bytearray | memoryview, lane: Lane, device: Device | None) -> bool:
+        """Run a launch frame that came alone, as the general path would, where it is a
+        plain one (no trace, no shared memory, nothing to refuse); ``False``, with nothing
+        done, for any other frame."""
+        if not frame or frame[0] != _LAUNCH or self.refusal is not None:
+            return False
+        try:
+            message = protocol.decode(frame)
+        except ProtocolError:
+            return False
+        if (type(message) is not Launch or message.error is not None or message.trace
+                or message.result_file or message.device != lane.index
+                or message.kernel not in kernels.KERNELS):
+            return False
+        try:
+            request = kernels.parse(message.kernel, message.args)
+        except kernels.BadArgs:
+            return False
+        return lane.run_lone(message.job_id, request, device)
 
     def _take_frame(self, frame: bytearray | memoryview, jobs: list[Job], lane: Lane,
                     device: Device | None) -> None:

@@ -328,3 +328,90 @@ def test_an_idle_pooled_buffer_goes_under_small_frames_too(periods: int, kept: i
             assert reader.read() == b"x" * 100
         assert len(reader._pool) == kept
         finish(thread)
+
+
+def test_small_frames_that_came_together_are_read_apart() -> None:
+    sizes = [0, 1, 3, 4, 5, 100, 4000, 20_000, 70_000, 5]
+    bodies = [bytes((i,)) * n for i, n in enumerate(sizes)]
+    with pipe() as p:
+        thread = in_thread(lambda: FrameWriter(p.w).write_many([[b] for b in bodies]))
+        reader = FrameReader(p.r)
+        got = [reader.read() for _ in bodies]
+        finish(thread)
+    assert [bytes(g) for g in got if g is not None] == bodies
+    # Each is a buffer of its own, not a view of the read-ahead buffer, which is reused.
+    assert all(type(g) is bytearray for g in got[:-2])
+
+
+def test_pending_after_a_small_frame_asks_only_what_was_read() -> None:
+    with pipe() as p:
+        writer = FrameWriter(p.w)
+        reader = FrameReader(p.r)
+        writer.write_many([[b"one"], [b"two"]])
+        assert reader.read() == b"one"
+        assert reader.pending()  # "two" came in the same read
+        assert reader.read() == b"two"
+        writer.write([b"three"])
+        # What arrives after a small frame's read waits for the next read, without a poll.
+        assert not reader.pending()
+        assert reader.read() == b"three"
+
+
+def test_pending_after_a_large_frame_asks_the_pipe() -> None:
+    big = bytes(FrameReader.READ_AHEAD * 3)
+    with pipe() as p:
+        writer = FrameWriter(p.w)
+        reader = FrameReader(p.r)
+        thread = in_thread(lambda: writer.write([big]))
+        assert reader.read() == big
+        finish(thread)
+        assert not reader.pending()
+        writer.write([b"next"])
+        assert reader.pending()
+        assert reader.read() == b"next"
+
+
+def test_a_frame_over_the_limit_inside_the_read_ahead_still_fails() -> None:
+    with pipe() as p:
+        os.write(p.w, struct.pack(">I", 10) + bytes(10))
+        with pytest.raises(FrameError, match="over the 9 byte limit"):
+            FrameReader(p.r, max_frame=9).read()
+
+
+@pytest.mark.parametrize("cuts", [[3], [4], [5, 1], [1, 1, 1, 1, 1, 1]])
+def test_a_sized_frame_written_in_part_is_finished_in_order(
+        cuts: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A blocking pipe takes a writev whole unless a signal cuts it short: write_sized must
+    # then send the rest, once.
+    real = os.writev
+    left = list(cuts)
+
+    def short(fd: int, bufs: list[bytes | memoryview]) -> int:
+        if not left:
+            return real(fd, bufs)
+        data = b"".join(bytes(b) for b in bufs)[: left.pop(0)]
+        return real(fd, [data])
+
+    body = [b"head-", memoryview(b"payload" * 40)]
+    size = 5 + 280
+    with pipe() as p:
+        monkeypatch.setattr(os, "writev", short)
+        FrameWriter(p.w).write_sized(body, size)
+        monkeypatch.setattr(os, "writev", real)
+        assert FrameReader(p.r).read() == b"head-" + b"payload" * 40
+
+
+def test_a_sized_frame_over_the_limit_is_refused_unwritten() -> None:
+    with pipe() as p:
+        writer = FrameWriter(p.w, max_frame=4)
+        with pytest.raises(FrameError, match="over the 4 byte limit"):
+            writer.write_sized([b"12345"], 5)
+        writer.write([b"ok"])
+        assert FrameReader(p.r).read() == b"ok"
+
+
+def test_a_sized_frame_to_a_closed_pipe_is_a_frame_error() -> None:
+    with pipe() as p:
+        p.close(p.r)
+        with pytest.raises(FrameError):
+            FrameWriter(p.w).write_sized([b"nobody listens"], 14)

@@ -69,6 +69,11 @@ class CapturingWriter:
     def write_many(self, frames: Sequence[Sequence[bytes | memoryview]]) -> None:
         self.frames.extend(parse_results(b"".join(bytes(c) for c in f)) for f in frames)
 
+    def write_sized(self, chunks: Sequence[bytes | memoryview], size: int) -> None:
+        body = b"".join(bytes(c) for c in chunks)
+        assert len(body) == size
+        self.frames.append(parse_results(body))
+
     @property
     def replies(self) -> list[Reply]:
         return [r for frame in self.frames for r in frame]
@@ -208,3 +213,31 @@ def test_a_batch_over_the_frame_limit_is_split_over_frames() -> None:
     assert [[r.job_id for r in f] for f in frames] == [[0], [1], [2], [3]]
     assert all(r.result == ("ok", [2.0] * 300) for f in frames for r in f)
     assert lane.stats.errors == 0
+
+
+def test_a_lone_job_is_answered_whatever_its_run_does() -> None:
+    lane, writer, fatal = make_lane()
+    device = lane.open_here()
+    ones = np.ones(13, np.float32)
+    lone = [(1, kernels.parse("reduce", [ones])),
+            (2, kernels.parse("vector_add", [ones[:7], ones[:7]])),  # not encodable
+            (3, kernels.parse("vector_add", [ones[:3], ones[:3]])),
+            (4, kernels.parse("dot_product", [ones, ones]))]  # a fatal error
+    for job_id, request in lone:
+        assert lane.run_lone(job_id, request, device)
+    assert [len(frame) for frame in writer.frames] == [1, 1, 1, 1]
+    replies = writer.results()
+    assert replies[1] == ("ok", 13.0)
+    assert replies[2][0] == "error" and replies[2][1][0] == "internal"
+    assert replies[3] == ("ok", [2.0, 2.0, 2.0])
+    assert replies[4][0] == "error" and replies[4][1][:2] == ("cuda", "illegal_address")
+    assert len(fatal) == 1 and "illegal_address" in fatal[0]
+    assert (lane.stats.jobs, lane.stats.errors, lane.stats.launches) == (4, 2, 3)
+
+
+def test_a_lone_job_the_general_path_must_answer_is_left_untouched() -> None:
+    lane, writer, _ = make_lane()
+    big = kernels.parse("reduce", [np.ones(300_000, np.float32)])  # over the 1 MiB device
+    assert not lane.run_lone(1, big, lane.open_here())
+    assert not lane.run_lone(2, kernels.parse("reduce", [np.ones(1, np.float32)]), None)
+    assert writer.frames == [] and lane.stats.jobs == 0

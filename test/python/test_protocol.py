@@ -410,3 +410,34 @@ def test_a_result_file_of_4_gib_or_more_has_a_record() -> None:
                                         None)])
     (reply,) = parse_results(b"".join(bytes(c) for c in encoded.frames[0]))
     assert reply.result == ("file", (nbytes, (1 << 32) + (1 << 20)))
+
+
+@pytest.mark.parametrize("res", [
+    1.0, -0.0, float("inf"), 2.5e300,
+    np.array([], np.float32), np.array([1.5, -2.0, np.nan], np.float32),
+    np.arange(63, dtype=np.float32), np.arange(64, dtype=np.float32),  # 252 and 256 bytes
+    np.arange(100_000, dtype=np.float32)])
+def test_a_lone_jobs_frame_is_the_general_frame(res: Any) -> None:
+    job_id = 2**64 - 2
+    lone = protocol.encode_lone(job_id, res)
+    assert lone is not None
+    chunks, size = lone
+    (general,) = protocol.encode_results([(job_id, res, None)]).frames
+    assert joined(chunks) == joined(general) and size == len(joined(general))
+    # A large vector travels from its own memory, as the general frame's does.
+    assert any(isinstance(c, memoryview) for c in chunks) == (
+        isinstance(res, np.ndarray) and res.nbytes >= protocol.SMALL_PAYLOAD)
+
+
+@pytest.mark.parametrize("res", [
+    protocol.TOO_LARGE, np.float32(0.5), 3, np.arange(4.0), np.ones((2, 2), np.float32),
+    np.arange(8, dtype=np.float32)[::2], "text"], ids=repr)
+def test_a_lone_result_the_general_encoder_must_judge_is_left_to_it(res: Any) -> None:
+    assert protocol.encode_lone(1, res) is None
+
+
+def test_a_lone_result_over_the_frame_limit_is_left_to_the_general_encoder() -> None:
+    vector = np.ones(100, np.float32)
+    assert protocol.encode_lone(1, vector, max_frame=18 + 400) is not None
+    assert protocol.encode_lone(1, vector, max_frame=18 + 399) is None
+    assert protocol.encode_lone(1, 1.0, max_frame=18 + 7) is None

@@ -386,3 +386,37 @@ def test_native_output_becomes_log_frames(worker: WorkerPipe) -> None:
         worker.call("info")
         time.sleep(0.05)
     raise AssertionError(f"log lines missing: {worker.logs}")
+
+
+def test_a_lone_job_is_answered_as_a_batched_one() -> None:
+    # A frame that arrives alone takes the lone path (no batch, one-record frame); the same
+    # launches in one batch frame take the general path. The records must be the same.
+    jobs = [("vector_add", [f32([1, 2]), f32([3, 4])]),
+            ("vector_add", [f32(range(100)), f32(range(100))]),  # sent from its own memory
+            ("reduce", [f32([1, 2, 3.5])]),
+            ("reduce", [f32([])]),
+            ("dot_product", [f32([1, 2]), f32([3, 4])]),
+            ("matmul", [f32([1, 2, 3, 4]), f32([5, 6, 7, 8]), 2, 2, 2]),
+            ("vector_add", [f32([1]), f32([1, 2])]),  # bad_args, from the general path
+            ("reduce", [f32([3e38, 3e38])]),
+            ("nothing", [f32([1])])]
+    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "1", "--bench-hooks", record=True)
+    try:
+        lone = []
+        for job_id, (kernel, args) in enumerate(jobs, 1):
+            pipe.send_raw(launch_frame(job_id, kernel, args))
+            lone.append(pipe.reply())  # one at a time: each frame is alone in the pipe
+        assert pipe.results_frames == len(jobs)
+        pipe.send_raw(batch_frame([launch_frame(job_id, kernel, args)
+                                   for job_id, (kernel, args) in enumerate(jobs, 1)]))
+        batched = [pipe.reply() for _ in jobs]
+        assert pipe.results_frames == len(jobs) + 1
+        _, _, info = pipe.call("info")
+    finally:
+        assert pipe.close() == 0
+    assert [(r.job_id, r.tag, r.payload) for r in lone] == [
+        (r.job_id, r.tag, r.payload) for r in batched]
+    assert lone[0].result == ("ok", [4.0, 6.0]) and lone[5].result[1][:2] == [19.0, 22.0]
+    assert lone[6].result[1][0] == "bad_args" and lone[8].result[1][0] == "unknown_kernel"
+    lane = info["device_info"][0]
+    assert lane["jobs"] == 2 * len(jobs) and lane["errors"] == 4
