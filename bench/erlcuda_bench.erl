@@ -400,8 +400,9 @@ latency(#{groups := Groups, warmup := Warmup} = L, Floor) ->
                                       Kind <- [full, pure, floor], _ <- lists:seq(1, Iters)]),
     phase(<<"latency">>, length(Items)),
     ById = maps:from_list(enumerate(Prepared)),
-    Samples = lists:foldl(
-                fun({Index, Kind} = Key, Acc) ->
+    %% Each sample also notes what ran just before it (for the tails: what a job follows).
+    {Samples, _} = lists:foldl(
+                fun({Index, Kind} = Key, {Acc, Prev}) ->
                         {{K, _} = G, Args, _} = maps:get(Index, ById),
                         T = case Kind of
                                 full -> full(K, Args);
@@ -409,8 +410,10 @@ latency(#{groups := Groups, warmup := Warmup} = L, Floor) ->
                                 floor -> floor_call(Floor, K, Args, floor_out(G))
                             end,
                         step(),
-                        maps:update_with(Key, fun(Ts) -> [T | Ts] end, [T], Acc)
-                end, #{}, Items),
+                        Acc1 = maps:update_with(Key, fun(Ts) -> [T | Ts] end, [T], Acc),
+                        {maps:update_with({Index, Kind, 'after'}, fun(Ps) -> [Prev | Ps] end,
+                                          [Prev], Acc1), Kind}
+                end, {#{}, none}, Items),
     lists:foreach(
       fun({Index, {{K, Size} = G, Args, Iters}}) ->
               emit(#{event => result, section => latency, kernel => K, size => Size,
@@ -418,7 +421,10 @@ latency(#{groups := Groups, warmup := Warmup} = L, Floor) ->
                      bytes_out => bytes_out(G), iters => Iters,
                      full_ns => lists:reverse(maps:get({Index, full}, Samples)),
                      pure_ns => lists:reverse(maps:get({Index, pure}, Samples)),
-                     floor_ns => lists:reverse(maps:get({Index, floor}, Samples))})
+                     floor_ns => lists:reverse(maps:get({Index, floor}, Samples)),
+                     'after' => maps:from_list(
+                                [{Kind, lists:reverse(maps:get({Index, Kind, 'after'}, Samples))}
+                                 || Kind <- [full, pure, floor]])})
       end, enumerate(Prepared)),
     ok.
 
