@@ -517,3 +517,37 @@ def test_a_lone_job_goal_the_floor_itself_misses_reads_floor_above(
                       ("reduce", "overhead"): "missed", ("reduce", "p99"): "missed"}
     floors = [t["floor"] for name, t in got.items() if name.startswith("vector_add 1e3, lone")]
     assert floors == [None, 60.0, 2.5]
+
+
+def test_lone_job_targets_take_each_side_after_a_call_of_its_own_process(
+    stack_bench: types.ModuleType,
+) -> None:
+    # Shuffled, erlcuda follows its own worker (full, pure) and the floor its own floor
+    # only part of the time; a switch between the two processes costs both sides 200 us.
+    # The targets read each side's samples that follow its own process.
+    full, full_after, floor, floor_after = [], [], [], []
+    for i in range(300):
+        prev = ("full", "pure", "floor")[i % 3]
+        full.append((120_000 if prev != "floor" else 320_000) + i)
+        full_after.append(prev)
+        floor.append((100_000 if prev == "floor" else 300_000) + i)
+        floor_after.append(prev)
+    event = {"section": "latency", "kernel": "vector_add", "size": stack_bench.FLOOR_SIZE,
+             "elements": stack_bench.FLOOR_SIZE, "bytes_in": 8000, "bytes_out": 4000,
+             "full_ns": full, "pure_ns": [50_000] * 300, "floor_ns": floor,
+             "after": {"full": full_after, "floor": floor_after, "pure": ["full"] * 300}}
+    (row,) = stack_bench.summarize_latency([event], np.random.default_rng(0))
+    # All samples: erlcuda 120 us (two in three), the floor 300 us (two in three).
+    assert row["over_floor"]["p50"] == pytest.approx(0.4, abs=0.01)
+    own = row["own"]
+    assert (own["n_full"], own["n_floor"]) == (200, 100)
+    assert own["over_floor"]["p50"] == pytest.approx(1.2, abs=0.01)
+    summary = {"machine": {"backend": "cuda"}, "throughput": [], "floor_throughput": [],
+               "latency": [row]}
+    got = {t["target"]: t for t in stack_bench.floor_targets(summary)}
+    (p50,) = [t for name, t in got.items() if "floor p50" in name and "vector_add" in name]
+    assert p50["measured"] == pytest.approx(1.2, abs=0.01) and p50["status"] == "met"
+    (over,) = [t for name, t in got.items() if "overhead" in name and "vector_add" in name]
+    assert over["measured"] == pytest.approx(70.0, abs=1.0)
+    assert over["floor"] == pytest.approx(50.0, abs=1.0)
+    assert "own process" in over["target"]
