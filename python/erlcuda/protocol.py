@@ -301,6 +301,25 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
                   result_file=flags & _W_RESULT_FILE != 0)
 
 
+def vector_spans(launch: Launch) -> tuple[list[tuple[int, int]], int] | None:
+    """Where each vector argument's data lies in ``launch``'s frame (``(start, end)``, in
+    param order) and where the frame ends, worked out from the decoded launch alone; ``None``
+    where an argument is in shared memory. Everything else in the frame (the JobId aside)
+    is header: two launch frames whose headers are equal differ in their data only."""
+    pos = _HEAD_SIZE + len(launch.kernel.encode()) + 1
+    spans: list[tuple[int, int]] = []
+    for arg in launch.args:
+        if type(arg) is np.ndarray:
+            start = pos + _VECTOR_HEAD.size + 1
+            pos = start + arg.nbytes
+            spans.append((start, pos))
+        elif type(arg) is int:
+            pos += _DIM.size + 1
+        else:
+            return None
+    return spans, pos
+
+
 def _truncated_head(frame: bytes | bytearray | memoryview, size: int) -> Launch:
     """A launch frame shorter than its fixed part: an error for its JobId, if it has one."""
     if size < 1 + _JOB_ID.size:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import contract
-from .protocol import Launch, decode
+from .protocol import Launch, decode, vector_spans
 
 _W = contract.WIRE
 _U32 = struct.Struct(">I")
@@ -26,7 +26,6 @@ _BATCH_HEAD = 5  # the batch byte and Count
 _SIZE = 4  # each launch's Size, before it
 _JOB_ID_AT, _JOB_ID_END = 1, 9  # the JobId inside a launch
 _HEAD = 13  # the launch byte, JobId, Device, Flags, KernelLen
-_VECTOR_HEAD, _DIM = 10, 9  # an argument's bytes before its data, and a dim's in all
 
 #: Fewer launches than this take the general path: the table costs more than it saves.
 MIN_ROWS = 8
@@ -71,18 +70,10 @@ def decode_uniform(frame: bytes | bytearray | memoryview) -> Uniform | None:
             or first.result_file):
         return None
     # Where each argument's data lies in a row, from the first launch's own layout.
-    pos = _SIZE + _HEAD + len(first.kernel.encode()) + 1
-    spans: list[tuple[int, int]] = []
-    for arg in first.args:
-        if isinstance(arg, np.ndarray):
-            spans.append((pos + _VECTOR_HEAD, pos + _VECTOR_HEAD + arg.nbytes))
-            pos += _VECTOR_HEAD + arg.nbytes
-        elif isinstance(arg, int):
-            pos += _DIM
-        else:
-            return None  # a shared-memory operand
-    if pos != row:
-        return None
+    layout = vector_spans(first)
+    if layout is None or _SIZE + layout[1] != row:
+        return None  # a shared-memory operand, or a launch that is not what it says
+    spans = [(_SIZE + start, _SIZE + end) for start, end in layout[0]]
     # np.frombuffer holds the frame's buffer while a view of it lives: the reader reuses a
     # large frame's buffer once nothing does. (np.ndarray(buffer=...) would not hold it.)
     table = np.frombuffer(frame, np.uint8, count * row, _BATCH_HEAD).reshape(count, row)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import struct
 import sys
 import threading
 import time
@@ -36,6 +37,7 @@ from .backends import select
 from .backends.base import Backend, BackendUnavailable, Device
 from .framing import FrameError, FrameReader, FrameWriter, frame_size
 from .lanes import Control, Job, Lane, UniformJobs, results_frames
+from .lone import Templates
 from .protocol import Call, Failure, Launch, ProtocolError
 from .shm import FileArg, SharedFolder, ShmError
 from .uniform import decode_uniform
@@ -43,6 +45,7 @@ from .uniform import decode_uniform
 log = logging.getLogger("erlcuda.worker")
 
 _LAUNCH = contract.WIRE.launch
+_JOB_ID = struct.Struct(">Q")
 
 #: Exit status when a device's context is poisoned: Erlang restarts the worker.
 EXIT_FATAL = 70
@@ -108,6 +111,7 @@ class Worker:
         # One device: the reading thread owns it (``_serve_here``).
         self.inline = len(self.lanes) == 1 and not options.device_thread
         self._device: Device | None = None
+        self._templates = Templates()  # of lone frames, for the reading thread alone
         self._calls: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
         self._control = threading.Thread(target=self._serve_calls, name="erlcuda-control",
                                          daemon=True)
@@ -168,6 +172,10 @@ class Worker:
         done, for any other frame."""
         if not frame or frame[0] != _LAUNCH or self.refusal is not None:
             return False
+        template = self._templates.find(frame)
+        if template is not None:
+            return lane.run_lone(_JOB_ID.unpack_from(frame, 1)[0], template.fill(frame),
+                                 device)
         try:
             message = protocol.decode(frame)
         except ProtocolError:
@@ -180,6 +188,7 @@ class Worker:
             request = kernels.parse(message.kernel, message.args)
         except kernels.BadArgs:
             return False
+        self._templates.learn(frame, message, request)
         return lane.run_lone(message.job_id, request, device)
 
     def _take_frame(self, frame: bytearray | memoryview, jobs: list[Job], lane: Lane,

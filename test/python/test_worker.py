@@ -420,3 +420,26 @@ def test_a_lone_job_is_answered_as_a_batched_one() -> None:
     assert lone[6].result[1][0] == "bad_args" and lone[8].result[1][0] == "unknown_kernel"
     lane = info["device_info"][0]
     assert lane["jobs"] == 2 * len(jobs) and lane["errors"] == 4
+
+
+def test_repeated_lone_jobs_each_get_their_own_result() -> None:
+    # The second and later frames of one shape are read through the first one's template:
+    # each must still be computed from its own data and answered to its own JobId.
+    rng = np.random.default_rng(11)
+    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "1")
+    try:
+        for job_id in range(1, 30):
+            a, b = rng.standard_normal((2, 7)).astype(np.float32)
+            kernel = ("vector_add", "reduce", "dot_product")[job_id % 3]
+            args = [a.tobytes()] if kernel == "reduce" else [a.tobytes(), b.tobytes()]
+            pipe.send_raw(launch_frame(job_id, kernel, args))
+            reply = pipe.reply()
+            assert reply.job_id == job_id
+            if kernel == "vector_add":
+                assert reply.payload == (a + b).tobytes()
+            else:
+                want = float(np.float32(np.sum(a.astype(np.float64)
+                                               * (b if kernel == "dot_product" else 1))))
+                assert reply.result == ("ok", pytest.approx(want, rel=1e-6))
+    finally:
+        assert pipe.close() == 0
