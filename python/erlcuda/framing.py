@@ -76,14 +76,16 @@ class FrameReader:
     def pending(self) -> bool:
         """Whether a frame has begun to arrive: ``read`` then waits only for its rest.
 
-        After a small frame this costs no system call: its read took everything already in
-        the pipe (up to ``READ_AHEAD`` bytes), so what is not read ahead had not arrived a
-        moment ago, and a lone job does not pay a ``poll`` to learn that. After a large
-        frame, read straight into its buffer, the pipe is asked.
+        After a small frame this costs no system call where the last read took everything
+        then in the pipe (it came back short of ``READ_AHEAD``): what is not read ahead had
+        not arrived a moment ago, and a lone job does not pay a ``poll`` to learn that. The
+        pipe is asked after a read that filled the read-ahead buffer (the pipe may hold
+        more, and a blocked writer refills it at once) and after a large frame, read
+        straight into its buffer.
         """
         if self._hi > self._lo:
             return True
-        if not self._large:
+        if not self._large and self._hi < self.READ_AHEAD:
             return False
         try:
             return bool(self._poll.poll(0))

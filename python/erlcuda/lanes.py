@@ -240,6 +240,9 @@ class Lane(threading.Thread):
         if device is None or request.device_bytes > self.memory:
             return False
         values, failure, fatal = self._run([request], device)
+        if values is not None and len(values) != 1:
+            failure = protocol.internal(f"the backend gave {len(values)} results for one job")
+            values = None
         result: Result = failure if values is None else values[0]  # type: ignore[assignment]
         self.stats.jobs += 1
         lone = protocol.encode_lone(job_id, result, self.writer.max_frame)

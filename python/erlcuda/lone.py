@@ -6,7 +6,8 @@ decoded and checked (``protocol.decode``, ``kernels.parse``), its template keeps
 other byte; a later frame of the same length whose other bytes are equal is then that
 launch with new data, and its request is the checked one with views of the new data. The
 checks read only those other bytes, so they would say the same again: nothing is skipped
-but their repetition. Any other frame takes the general path, which learns its template.
+but their repetition. The worker's lone path learns the template of each plain lone frame
+it decodes; a frame that matches none is decoded and checked as ever.
 
 The checks also depend on the catalogue: a worker whose catalogue changes must ``clear``
 its templates.
@@ -63,6 +64,8 @@ class Templates:
               request: Request) -> None:
         """Keep the template of ``frame``, a plain launch (no trace, no shared memory)
         decoded as ``launch`` and checked as ``request``."""
+        if launch.error is not None or launch.trace or launch.result_file:
+            return  # never a template that would answer such a launch as a plain one
         layout = protocol.vector_spans(launch)
         if layout is None or layout[1] != len(frame):
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import struct
 import threading
 import tracemalloc
@@ -415,3 +416,23 @@ def test_a_sized_frame_to_a_closed_pipe_is_a_frame_error() -> None:
         p.close(p.r)
         with pytest.raises(FrameError):
             FrameWriter(p.w).write_sized([b"nobody listens"], 14)
+
+
+def test_pending_after_a_read_that_filled_the_read_ahead_asks_the_pipe() -> None:
+    # Frames of 4096 bytes: a full read ahead ends on a frame boundary, while a blocked
+    # writer refills the pipe. pending() must see those frames (it once said no, and the
+    # worker cut every batch at 16 frames).
+    body = bytes(4092)
+    with pipe() as p:
+        thread = in_thread(lambda: FrameWriter(p.w).write_many([[body]] * 48))
+        reader = FrameReader(p.r)
+        while True:
+            assert reader.read() == body
+            if reader._lo == reader._hi:  # the read ahead is used up
+                break
+        assert reader._hi == FrameReader.READ_AHEAD  # that read filled it
+        assert select.select([p.r], [], [], 10)[0]  # more has come meanwhile
+        assert reader.pending()
+        for _ in range(48 - 16):
+            assert reader.read() == body
+        finish(thread)

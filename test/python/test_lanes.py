@@ -241,3 +241,15 @@ def test_a_lone_job_the_general_path_must_answer_is_left_untouched() -> None:
     assert not lane.run_lone(1, big, lane.open_here())
     assert not lane.run_lone(2, kernels.parse("reduce", [np.ones(1, np.float32)]), None)
     assert writer.frames == [] and lane.stats.jobs == 0
+
+
+def test_a_lone_job_whose_backend_breaks_its_contract_is_internal() -> None:
+    lane, writer, fatal = make_lane()
+    device = lane.open_here()
+    request = kernels.parse("reduce", [np.ones(3, np.float32)])
+    for job_id, values in ((1, []), (2, [1.0, 2.0])):
+        device.run = lambda kernel, requests, v=values: v  # type: ignore[method-assign]
+        assert lane.run_lone(job_id, request, device)
+    replies = writer.results()
+    assert [replies[1][1][0], replies[2][1][0]] == ["internal", "internal"]
+    assert not fatal and lane.stats.errors == 2

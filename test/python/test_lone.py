@@ -115,3 +115,13 @@ def test_templates_are_kept_up_to_a_bound_and_can_be_cleared() -> None:
     assert all(templates.find(f) is not None for f in frames[1:])
     templates.clear()
     assert templates.find(frames[-1]) is None
+
+
+def test_a_traced_or_malformed_launch_teaches_no_template() -> None:
+    templates = lone.Templates()
+    for frame in (bytearray(launch_frame(1, "reduce", [f32(4)], trace=True)),
+                  bytearray(launch_frame(1, "reduce", [f32(4)], result_file=True))):
+        launch = protocol.decode(frame)
+        assert isinstance(launch, Launch)
+        templates.learn(frame, launch, kernels.parse("reduce", launch.args))
+        assert templates.find(frame) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import threading
 import time
 from collections.abc import Iterator
 
@@ -443,3 +444,26 @@ def test_repeated_lone_jobs_each_get_their_own_result() -> None:
                 assert reply.result == ("ok", pytest.approx(want, rel=1e-6))
     finally:
         assert pipe.close() == 0
+
+
+def test_frames_queued_in_a_full_pipe_still_batch() -> None:
+    # 4096-byte frames written faster than the worker runs them: every 64 KiB read ends on
+    # a frame boundary with more in the pipe, which must join the batch (batches were cut at
+    # 16 frames, one read's worth).
+    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "1")
+    ones = np.ones(506, np.float32).tobytes()
+    frames = [[launch_frame(j, "vector_add", [ones, ones])] for j in range(1, 2001)]
+    assert len(frames[0][0]) + 4 == 4096
+    try:
+        writer = threading.Thread(target=pipe.writer.write_many, args=(frames,))
+        writer.start()
+        time.sleep(0.5)  # the pipe fills; the worker's replies wait in its own pipe
+        got = 0
+        while got < len(frames):
+            got += isinstance(pipe.receive(), Reply)
+        writer.join()
+        _, _, info = pipe.call("info")
+    finally:
+        assert pipe.close() == 0
+    lane = info["device_info"][0]
+    assert lane["jobs"] == 2000 and lane["max_batch"] > 16
