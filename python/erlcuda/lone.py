@@ -22,7 +22,6 @@ import numpy as np
 from . import protocol
 from .kernels import Request
 
-_JOB_ID = slice(1, 9)
 #: Templates kept at most; past it, the oldest goes (a caller with ever new shapes).
 MAX_TEMPLATES = 32
 
@@ -83,7 +82,7 @@ class Templates:
             vectors.append((start, value.size, value.dtype))
         # The header: what lies around the JobId and the data spans.
         header, pos = [], 0
-        for start, end in [(_JOB_ID.start, _JOB_ID.stop), *spans]:
+        for start, end in [protocol.LAUNCH_JOB_ID, *spans]:
             if start > pos:
                 header.append((pos, start, bytes(frame[pos:start])))
             pos = end

@@ -139,6 +139,16 @@ _LAUNCH_HEAD = struct.Struct(">BQHBB")
 _HEAD_SIZE = _LAUNCH_HEAD.size
 _JOB_ID = struct.Struct(">Q")
 _DEVICE = struct.Struct(">H")
+#: Where a launch frame's JobId lies, and its Flags byte (the fixed part above).
+LAUNCH_JOB_ID = (1, 1 + _JOB_ID.size)
+LAUNCH_FLAGS = LAUNCH_JOB_ID[1] + _DEVICE.size
+#: The fixed part's size: a launch frame is longer (its kernel name and NArgs follow).
+LAUNCH_HEAD_SIZE = _HEAD_SIZE
+
+
+def launch_job_id(frame: bytes | bytearray | memoryview) -> int:
+    """The JobId of a launch frame at least ``LAUNCH_HEAD_SIZE`` long."""
+    return int(_JOB_ID.unpack_from(frame, LAUNCH_JOB_ID[0])[0])
 # After the argument's kind byte: ElemType and Bytes of a vector; Value of a dim.
 _VECTOR_HEAD = struct.Struct(">BQ")
 _FILE_HEAD = struct.Struct(">BQQ")  # ElemType, Bytes, PartBytes

@@ -18,14 +18,13 @@ from typing import Any
 import numpy as np
 
 from . import contract
-from .protocol import Launch, decode, vector_spans
+from .protocol import LAUNCH_HEAD_SIZE, LAUNCH_JOB_ID, Launch, decode, vector_spans
 
 _W = contract.WIRE
 _U32 = struct.Struct(">I")
 _BATCH_HEAD = 5  # the batch byte and Count
 _SIZE = 4  # each launch's Size, before it
-_JOB_ID_AT, _JOB_ID_END = 1, 9  # the JobId inside a launch
-_HEAD = 13  # the launch byte, JobId, Device, Flags, KernelLen
+_JOB_ID_AT, _JOB_ID_END = LAUNCH_JOB_ID  # the JobId inside a launch
 
 #: Fewer launches than this take the general path: the table costs more than it saves.
 MIN_ROWS = 8
@@ -63,7 +62,7 @@ def decode_uniform(frame: bytes | bytearray | memoryview) -> Uniform | None:
         return None
     (length,) = _U32.unpack_from(frame, _BATCH_HEAD)
     row = _SIZE + length
-    if length <= _HEAD or size - _BATCH_HEAD != count * row:
+    if length <= LAUNCH_HEAD_SIZE or size - _BATCH_HEAD != count * row:
         return None
     first = decode(memoryview(frame)[_BATCH_HEAD + _SIZE : _BATCH_HEAD + row])
     if (not isinstance(first, Launch) or first.error is not None or first.trace

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import struct
 import sys
 import threading
 import time
@@ -45,8 +44,6 @@ from .uniform import decode_uniform
 log = logging.getLogger("erlcuda.worker")
 
 _LAUNCH = contract.WIRE.launch
-_JOB_ID = struct.Struct(">Q")
-_FLAGS = 11  # a launch frame's Flags byte
 
 #: Exit status when a device's context is poisoned: Erlang restarts the worker.
 EXIT_FATAL = 70
@@ -171,13 +168,12 @@ class Worker:
         """Run a launch frame that came alone, as the general path would, where it is a
         plain one (no trace, no shared memory, nothing to refuse); ``False``, with nothing
         done, for any other frame."""
-        if len(frame) <= _FLAGS or frame[0] != _LAUNCH or frame[_FLAGS] or (
-                self.refusal is not None):
+        if len(frame) < protocol.LAUNCH_HEAD_SIZE or frame[0] != _LAUNCH or (
+                frame[protocol.LAUNCH_FLAGS] or self.refusal is not None):
             return False  # a traced launch or a result file: the general path, decoded once
         template = self._templates.find(frame)
         if template is not None:
-            return lane.run_lone(_JOB_ID.unpack_from(frame, 1)[0], template.fill(frame),
-                                 device)
+            return lane.run_lone(protocol.launch_job_id(frame), template.fill(frame), device)
         try:
             message = protocol.decode(frame)
         except ProtocolError:
