@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from . import protocol
+from . import kernels, protocol
 from .backends.base import Backend, BackendError, Device
 from .framing import FrameError, FrameWriter
 from .kernels import Request, UniformRequest
 from .protocol import Failure, Result
-from .shm import SharedFolder, ShmError
+from .shm import FileArg, SharedFolder, ShmError
 from .uniform import encode_uniform
 
 log = logging.getLogger("erlcuda.lane")
@@ -42,9 +42,16 @@ class Job:
     error: Failure | None = None  # decided before the job reached the device
     trace: dict[str, int] | None = None
     result_file: bool = False  # a vector result goes to shared memory, where there is one
+    # A launch with operands in shared memory: its kernel and arguments, mapped and checked
+    # on the device's own thread (``Lane.prepare``), so that mapping a large launch's part
+    # files never holds up the reading thread and the jobs of other devices behind it.
+    unmapped: tuple[str, list[Any]] | None = None
 
     @property
     def elements(self) -> int:
+        if self.unmapped is not None:
+            return sum(a.nbytes // a.dtype.itemsize for a in self.unmapped[1]
+                       if type(a) is FileArg)
         return 0 if self.request is None else self.request.elements
 
 
@@ -335,8 +342,24 @@ class Lane(threading.Thread):
         except Exception as exc:
             item.future.set_exception(exc)
 
+    def prepare(self, job: Job) -> None:
+        """Map and check a job's shared-memory operands: its request, else its error."""
+        if job.unmapped is None:
+            return
+        kernel, args = job.unmapped
+        job.unmapped = None
+        try:
+            if self.shm is None:
+                raise ShmError("shared memory: this worker was started without --shm-dir")
+            mapped = [self.shm.open_input(a) if type(a) is FileArg else a for a in args]
+            job.request = kernels.parse(kernel, mapped)
+        except (kernels.BadArgs, ShmError) as exc:
+            job.error = protocol.bad_args(str(exc))
+
     def _batch(self, batch: list[Job], device: Device | None) -> None:
         now = time.perf_counter_ns
+        for job in batch:
+            self.prepare(job)
         t_take = now()
         groups: dict[tuple[Any, ...], list[int]] = {}
         results: list[Result | None] = [None] * len(batch)

@@ -38,7 +38,7 @@ from .framing import FrameError, FrameReader, FrameWriter, frame_size
 from .lanes import Control, Job, Lane, UniformJobs, results_frames
 from .lone import Templates
 from .protocol import Call, Failure, Launch, ProtocolError
-from .shm import FileArg, SharedFolder, ShmError
+from .shm import FileArg, SharedFolder
 from .uniform import decode_uniform
 
 log = logging.getLogger("erlcuda.worker")
@@ -271,23 +271,17 @@ class Worker:
             return self._reply_now(job, protocol.bad_device(device))
         elif message.kernel not in kernels.KERNELS:
             job.error = protocol.unknown_kernel(message.kernel)
+        elif any(type(a) is FileArg for a in message.args):
+            job.unmapped = (message.kernel, message.args)  # mapped on its device's thread
         else:
             try:
-                job.request = kernels.parse(message.kernel, self._mapped(message.args))
-            except (kernels.BadArgs, ShmError) as exc:
+                job.request = kernels.parse(message.kernel, message.args)
+            except kernels.BadArgs as exc:
                 job.error = protocol.bad_args(str(exc))
         if not lanes:  # the backend never started: answer at once
             return self._reply_now(
                 job, job.error or self.unavailable or protocol.backend_unavailable("no device"))
         return job
-
-    def _mapped(self, args: list[Any]) -> list[Any]:
-        """``args`` with each shared-memory argument mapped (``ShmError`` where it cannot)."""
-        if not any(type(a) is FileArg for a in args):
-            return args
-        if self.shm is None:
-            raise ShmError("shared memory: this worker was started without --shm-dir")
-        return [self.shm.open_input(a) if type(a) is FileArg else a for a in args]
 
     def _reply_now(self, job: Job, failure: Failure) -> None:
         encoded = results_frames([(job.job_id, failure, job.trace)], self.writer.max_frame)
