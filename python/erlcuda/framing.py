@@ -110,8 +110,7 @@ class FrameReader:
                 # A frame read ahead whole (under READ_AHEAD, so no pooled buffer).
                 self._lo = end
                 self._large = False
-                if self._pool and self._clock() >= self._sweep_at:
-                    self._sweep()
+                self._sweep_due()
                 return self._ahead[lo + 4 : end]
         return self._read_slow()
 
@@ -125,8 +124,7 @@ class FrameReader:
         n = _header.unpack(header)[0]
         if n > self._max_frame:
             raise FrameError(f"frame of {n} bytes is over the {self._max_frame} byte limit")
-        if self._pool and self._clock() >= self._sweep_at:
-            self._sweep()
+        self._sweep_due()
         self._large = n - (self._hi - self._lo) >= self.READ_AHEAD
         if n < self.POOL_MIN:
             body: bytearray | memoryview = bytearray(n)
@@ -150,6 +148,11 @@ class FrameReader:
                 self._used.add(id(buf))
                 return memoryview(buf)[:n]
         return None
+
+    def _sweep_due(self) -> None:
+        """Sweep the pool where a sweep is due: on every frame, large or small."""
+        if self._pool and self._clock() >= self._sweep_at:
+            self._sweep()
 
     def _sweep(self) -> None:
         """Drop the pooled buffers that no frame used since the last sweep and no view

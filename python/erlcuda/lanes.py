@@ -253,22 +253,24 @@ class Lane(threading.Thread):
         result: Result = failure if values is None else values[0]  # type: ignore[assignment]
         self.stats.jobs += 1
         lone = protocol.encode_lone(job_id, result, self.writer.max_frame)
-        try:
-            if lone is not None:
-                self.writer.write_sized(*lone)
-            else:
-                encoded = results_frames([(job_id, result, None)], self.writer.max_frame)
-                self.stats.errors += encoded.errors
-                self.writer.write_many(encoded.frames)
-        except FrameError:
-            log.warning("device %d: replies dropped, the port is closed", self.index)
+        if lone is not None:
+            self._write((), lone)
+        else:
+            encoded = results_frames([(job_id, result, None)], self.writer.max_frame)
+            self.stats.errors += encoded.errors
+            self._write(encoded.frames)
         if fatal is not None:
             self.on_fatal(fatal)
         return True
 
-    def _write(self, frames: Sequence[Sequence[bytes | memoryview]]) -> None:
+    def _write(self, frames: Sequence[Sequence[bytes | memoryview]],
+               sized: tuple[Sequence[bytes | memoryview], int] | None = None) -> None:
+        """Write ``frames``, or the one frame ``sized`` (its chunks and its size)."""
         try:
-            self.writer.write_many(frames)
+            if sized is not None:
+                self.writer.write_sized(*sized)
+            else:
+                self.writer.write_many(frames)
         except FrameError:
             log.warning("device %d: replies dropped, the port is closed", self.index)
 

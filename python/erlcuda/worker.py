@@ -178,9 +178,8 @@ class Worker:
             message = protocol.decode(frame)
         except ProtocolError:
             return False
-        if (type(message) is not Launch or message.error is not None or message.trace
-                or message.result_file or message.device != lane.index
-                or message.kernel not in kernels.KERNELS):
+        if (type(message) is not Launch or message.error is not None
+                or message.device != lane.index or message.kernel not in kernels.KERNELS):
             return False
         try:
             request = kernels.parse(message.kernel, message.args)
