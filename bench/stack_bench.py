@@ -433,42 +433,48 @@ def summarize_latency(results: list[Json], rng: np.random.Generator) -> list[Jso
             "kernel": r["kernel"], "size": r["size"], "elements": r["elements"],
             "bytes_in": r["bytes_in"], "bytes_out": r["bytes_out"], "n": int(full.size),
             "full_us": fp, "pure_us": pp,
-            "overhead_us": {k: fp[k] - pp[k] for k in fp},
+            "overhead_us": over_pure(fp, pp),
             "overhead_p50_ci95_us": [lo, hi],
         }
         if r.get("floor_ns"):  # runs before the floor have none
             fl = pcts(us(r["floor_ns"]))
             row["floor_us"] = fl
-            row["over_floor"] = {k: ratio(fp[k], fl[k]) for k in fp}
-            row["floor_over_pure_us"] = {k: fl[k] - pp[k] for k in fl}
+            row.update(against_floor(fp, fl, pp))
             after = r.get("after")
             if after:  # runs before the bench noted each sample's predecessor have none
-                own_full = us([t for t, prev in zip(r["full_ns"], after["full"], strict=True)
-                               if prev in SAME_KIND["full"]])
-                own_floor = us([t for t, prev in zip(r["floor_ns"], after["floor"],
-                                                     strict=True)
-                                if prev in SAME_KIND["floor"]])
+                own_full, own_floor = (
+                    us([t for t, prev in zip(r[f"{kind}_ns"], after[kind], strict=True)
+                        if prev == kind])
+                    for kind in ("full", "floor"))
                 if own_full.size and own_floor.size:
                     of, ofl = pcts(own_full), pcts(own_floor)
                     row["own"] = {"n_full": int(own_full.size), "n_floor": int(own_floor.size),
                                   "full_us": of, "floor_us": ofl,
-                                  "over_floor": {k: ratio(of[k], ofl[k]) for k in of},
-                                  "overhead_us": {k: of[k] - pp[k] for k in of},
-                                  "floor_over_pure_us": {k: ofl[k] - pp[k] for k in ofl}}
+                                  "overhead_us": over_pure(of, pp),
+                                  **against_floor(of, ofl, pp)}
         rows.append(row)
     return rows
 
 
-#: A lone-job sample counts as "after its own kind" when the call before it was a call of
-#: the same kind to the same OS process: a full-stack job after a full-stack job, a floor
-#: call after a floor call. Shuffled job by job, a sample otherwise follows the other
-#: process's call and pays a switch between the two processes (on a GPU, between two CUDA
-#: contexts: about 190 us at p50 on the H200), which falls on the floor twice as often as
-#: on erlcuda (the pure calls run in erlcuda's worker); or, for erlcuda, it follows a pure
-#: call, a control call through the worker that the floor has no counterpart of (and after
-#: which erlcuda's next job ran 40 us slower on the build machine). Both sides are then
-#: compared in the same condition.
-SAME_KIND = {"full": ("full",), "floor": ("floor",)}
+def against_floor(full: dict[str, float], floor: dict[str, float],
+                  pure: dict[str, float]) -> Json:
+    """The full stack's percentiles over the floor's, and the floor's over the pure call."""
+    return {"over_floor": {k: ratio(full[k], floor[k]) for k in full},
+            "floor_over_pure_us": over_pure(floor, pure)}
+
+
+def over_pure(times: dict[str, float], pure: dict[str, float]) -> dict[str, float]:
+    return {k: times[k] - pure[k] for k in times}
+
+
+# A lone-job sample counts as "after its own kind" (row["own"]) when the call before it was
+# of the same kind: a full-stack job after a full-stack job, a floor call after a floor
+# call. Shuffled job by job, a sample otherwise follows the other process's call and pays a
+# switch between the two processes (on a GPU, between two CUDA contexts: about 190 us at p50
+# on the H200), which falls on the floor twice as often as on erlcuda (the pure calls run in
+# erlcuda's worker); or, for erlcuda, it follows a pure call, a control call through the
+# worker that the floor has no counterpart of (and after which erlcuda's next job ran 40 us
+# slower on the build machine). Both sides are then compared in the same condition.
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -735,7 +741,7 @@ def floor_targets(summary: Json) -> list[Json]:
     for k in FLOOR_KERNELS:
         r = lat.get((k, FLOOR_SIZE))
         # Each side's samples that follow a call of its own kind, where the run noted them
-        # (SAME_KIND), else every sample.
+        # (summarize_latency), else every sample.
         f = (r.get("own") or r) if r else None
         own = " (each after a call of its own kind)" if r and "own" in r else ""
         name = f"{k} {sci(FLOOR_SIZE)}, lone job"
