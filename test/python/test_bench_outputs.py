@@ -449,6 +449,12 @@ def test_targets_are_issue_12s_with_the_echo_beside_a_missed_payload_goal(
     holds = [t for t in summary["targets"] if t["unit"] == "ms"]
     assert [t["status"] for t in holds] == ["met", "missed"]
     assert holds[1]["measured"] == pytest.approx(249.9)
+    # the goal is the default transport's; the pipe's row beside it is marked as reference
+    assert [t.get("not_default") for t in holds] == [False, True]
+    hold_rows = {"pipe" if "(pipe)" in line else "shm": line for line in report.splitlines()
+                 if line.startswith("| small job on another device")}
+    assert "not the default transport" in hold_rows["pipe"]
+    assert "not the default transport" not in hold_rows["shm"]
     # the older issue's goals are gone
     assert not any("1000 callers" in t["target"] or "µs" == t["unit"]
                    for t in summary["targets"])
