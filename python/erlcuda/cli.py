@@ -3,6 +3,7 @@
     python -m erlcuda devices [--backend auto|cpu|cuda]
     python -m erlcuda run vector_add --size 1000 [--backend cpu|cuda] [--device 0]
     python -m erlcuda serve [--backend ...] [--cpu-devices N] [--max-batch N] [--bench-hooks]
+                            [--buffer-limit BYTES]
     python -m erlcuda --version
 
 ``serve`` is what Erlang starts (a port with nouse_stdio: frames on fds 3 and 4); from a
@@ -63,12 +64,23 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--shm-dir", metavar="DIR",
                        help="the worker's shared-memory folder (an erlcuda-* folder that "
                             "Erlang made): large operands and results travel through it")
+    serve.add_argument("--buffer-limit", type=_bytes, default=0, metavar="BYTES",
+                       help="most bytes of buffers kept on each device (0: no limit but the "
+                            "device's memory); past it a launch that keeps a vector gets "
+                            "{cuda, out_of_memory, _}")
     serve.add_argument("--switch-interval-us", type=int, default=0, metavar="US",
                        help="the interpreter's thread switch interval (0: Python's default)")
     serve.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
     serve.add_argument("--bench-hooks", action="store_true",
                        help="answer the benchmarks' calls echo and pure")
     return parser
+
+
+def _bytes(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a number of bytes")
+    return value
 
 
 def _devices(args: argparse.Namespace) -> int:
@@ -148,7 +160,7 @@ def _serve(args: argparse.Namespace) -> int:
     options = Options(backend=args.backend, cpu_devices=args.cpu_devices,
                       max_batch=args.max_batch, test_hooks=args.test_hooks,
                       bench_hooks=args.bench_hooks, spin_us=args.spin_us,
-                      device_thread=args.device_thread)
+                      device_thread=args.device_thread, buffer_limit=args.buffer_limit)
     shm = None
     if args.shm_dir:
         try:

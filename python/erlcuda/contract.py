@@ -41,24 +41,33 @@ SOURCE = Path(__file__).with_name("contract.json")
 
 @dataclass(frozen=True, slots=True)
 class Param:
-    """One argument: a ``vector`` of ``type`` or a ``dim`` (a non-negative integer).
+    """One argument: a ``vector`` of ``type``, a ``dim`` (a non-negative integer) or, for a
+    user kernel, a ``scalar`` of ``type``.
 
     ``length`` names the params whose product is the vector's length: a dim counts with its
-    value, a vector with its length; empty means any length.
+    value, a vector with its length; empty means any length. ``access`` says whether a
+    kernel reads a vector (``in``), writes it (``out``) or both (``inout``).
     """
 
     name: str
     kind: str
     type: str | None = None
     length: tuple[str, ...] = ()
+    access: str = "in"
 
 
 @dataclass(frozen=True, slots=True)
 class KernelSpec:
+    """A kernel of the catalogue. ``types`` are the element types it runs in: its vectors
+    and its vector result all share the one a launch picks (``types[0]`` by default).
+    A ``general`` kernel (buffer operations) never takes the batched f32 path."""
+
     name: str
     doc: str
     params: tuple[Param, ...]
     result: Param
+    types: tuple[str, ...] = ("f32",)
+    general: bool = False
 
     @property
     def arity(self) -> int:
@@ -67,7 +76,7 @@ class KernelSpec:
 
 def _param(raw: dict[str, Any], name: str = "result") -> Param:
     return Param(name=raw.get("name", name), kind=raw["kind"], type=raw.get("type"),
-                 length=tuple(raw.get("length", ())))
+                 length=tuple(raw.get("length", ())), access=raw.get("access", "in"))
 
 
 def _load(path: Path = SOURCE) -> dict[str, Any]:
@@ -83,7 +92,8 @@ MAX_ELEMENTS: int = _RAW["max_elements"]
 ELEMENT_TYPES: tuple[str, ...] = tuple(_RAW["element_types"])
 KERNELS: dict[str, KernelSpec] = {
     k["name"]: KernelSpec(k["name"], k["doc"], tuple(_param(p) for p in k["params"]),
-                          _param(k["result"]))
+                          _param(k["result"]), tuple(k.get("types", ("f32",))),
+                          bool(k.get("general", False)))
     for k in _RAW["kernels"]
 }
 CUDA_CODES: tuple[str, ...] = tuple(_RAW["cuda_codes"])
@@ -109,14 +119,22 @@ class Wire:
     results: int
     flag_trace: int
     flag_result_file: int
+    flag_keep: int
+    flag_geometry: int
     arg_vector: int
     arg_dim: int
     arg_file: int
+    arg_handle: int
+    arg_scalar: int
+    arg_empty: int
     tag_vector: int
     tag_scalar: int
     tag_error: int
     tag_traced: int
     tag_file: int
+    tag_typed: int
+    tag_handle: int
+    tag_list: int
 
     def macros(self) -> dict[str, int]:
         """The Erlang macro names (``WIRE_...``) and their values."""
@@ -130,14 +148,22 @@ WIRE = Wire(
     results=_WIRE["results"],
     flag_trace=_WIRE["flags"]["trace"],
     flag_result_file=_WIRE["flags"]["result_file"],
+    flag_keep=_WIRE["flags"]["keep"],
+    flag_geometry=_WIRE["flags"]["geometry"],
     arg_vector=_WIRE["arg"]["vector"],
     arg_dim=_WIRE["arg"]["dim"],
     arg_file=_WIRE["arg"]["file"],
+    arg_handle=_WIRE["arg"]["handle"],
+    arg_scalar=_WIRE["arg"]["scalar"],
+    arg_empty=_WIRE["arg"]["empty"],
     tag_vector=_WIRE["tag"]["vector"],
     tag_scalar=_WIRE["tag"]["scalar"],
     tag_error=_WIRE["tag"]["error"],
     tag_traced=_WIRE["tag"]["traced"],
     tag_file=_WIRE["tag"]["file"],
+    tag_typed=_WIRE["tag"]["typed"],
+    tag_handle=_WIRE["tag"]["handle"],
+    tag_list=_WIRE["tag"]["list"],
 )
 
 
@@ -160,6 +186,8 @@ def _erl_param(p: Param, with_name: bool = True) -> str:
     if p.type is not None:
         fields.append(f"type => {_atom(p.type)}")
     fields.append("length => [" + ", ".join(_binary(n) for n in p.length) + "]")
+    if p.kind == "vector" and with_name:
+        fields.append(f"access => {_atom(p.access)}")
     return "#{" + ", ".join(fields) + "}"
 
 
@@ -172,7 +200,9 @@ def erlang_module() -> str:
     kernels = ",\n     ".join(
         f"#{{name => {_atom(k.name)},\n       doc => {_binary(k.doc)},\n"
         f"       params => [" + ",\n                  ".join(_erl_param(p) for p in k.params)
-        + f"],\n       result => {_erl_param(k.result, with_name=False)}}}"
+        + f"],\n       result => {_erl_param(k.result, with_name=False)},\n"
+        f"       types => [" + ", ".join(_atom(t) for t in k.types) + "],\n"
+        f"       general => {'true' if k.general else 'false'}}}"
         for k in KERNELS.values()
     )
     atoms = ", ".join(_atom(a) for a in sorted(ATOMS))
@@ -181,8 +211,8 @@ def erlang_module() -> str:
 %% Do not edit: change the JSON file, and both sides follow.
 -module(erlcuda_contract).
 
--export([protocol/0, max_frame/0, max_elements/0, kernels/0, cuda_codes/0, reasons/0,
-         worker_atoms/0]).
+-export([protocol/0, max_frame/0, max_elements/0, element_types/0, kernels/0, cuda_codes/0,
+         reasons/0, worker_atoms/0]).
 
 -export_type([builtin_kernel/0, cuda_code/0, element_type/0, spec/0, param/0]).
 
@@ -190,8 +220,10 @@ def erlang_module() -> str:
 -type cuda_code() :: {_union(CUDA_CODES)}.
 -type element_type() :: {_union(ELEMENT_TYPES)}.
 -type param() :: #{{name => binary(), kind := vector | dim | scalar,
-                   type => element_type(), length := [binary()]}}.
--type spec() :: #{{name := atom(), doc := binary(), params := [param()], result := param()}}.
+                   type => element_type(), length := [binary()],
+                   access => in | out | inout}}.
+-type spec() :: #{{name := atom(), doc := binary(), params := [param()], result := param(),
+                  types := [element_type(), ...], general := boolean(), atom() => term()}}.
 
 %% @doc The version of the wire protocol; the worker must speak the same.
 -spec protocol() -> pos_integer().
@@ -204,6 +236,10 @@ max_frame() -> {MAX_FRAME}.
 %% @doc The most elements one operand may have.
 -spec max_elements() -> pos_integer().
 max_elements() -> {MAX_ELEMENTS}.
+
+%% @doc The element types, in the order of their index on the wire.
+-spec element_types() -> [element_type()].
+element_types() -> [{", ".join(_atom(t) for t in ELEMENT_TYPES)}].
 
 %% @doc The built-in kernels.
 -spec kernels() -> [spec()].

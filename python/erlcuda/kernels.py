@@ -30,10 +30,14 @@ F32 = np.dtype("<f4")
 #: loop counter on the device safe and bounds one request at 8 GiB).
 MAX_ELEMENTS = contract.MAX_ELEMENTS
 
-KERNELS: tuple[str, ...] = tuple(contract.KERNELS)
+#: The kernels of the batched f32 path (a ``general`` one, such as a buffer operation, runs
+#: on the general path alone).
+KERNELS: tuple[str, ...] = tuple(k for k, spec in contract.KERNELS.items() if not spec.general)
 
 #: numpy dtypes of the contract's element types.
-DTYPES: dict[str, np.dtype[Any]] = {"f32": F32}
+DTYPES: dict[str, np.dtype[Any]] = {
+    "f32": F32, "f64": np.dtype("<f8"), "i32": np.dtype("<i4"), "u32": np.dtype("<u4"),
+    "i64": np.dtype("<i8"), "u8": np.dtype("u1")}
 
 # Request carries up to two vectors (a, b) and three dims (m, n, k), filled in param order.
 _VECTOR_FIELDS = ("a", "b")
@@ -99,6 +103,8 @@ def _product(names: Sequence[str], sizes: dict[str, int]) -> int:
 def _check_catalogue() -> None:
     """Fail at import, not at the first job, when the contract outgrows ``Request``."""
     for spec in contract.KERNELS.values():
+        if spec.general:
+            continue
         kinds = [p.kind for p in spec.params]
         if kinds.count("vector") > len(_VECTOR_FIELDS) or kinds.count("dim") > len(_DIM_FIELDS):
             raise RuntimeError(f"contract: {spec.name} has more params than Request holds")
@@ -211,6 +217,8 @@ def parse(kernel: str, args: Sequence[Any]) -> Request:
     spec = contract.KERNELS.get(kernel)
     if spec is None:
         raise BadArgs(f"unknown kernel {kernel!r:.40}")
+    if spec.general:
+        raise BadArgs(f"{kernel} is not a kernel of the batched f32 path")
     plan = _PLANS.get(kernel)
     if plan is None or plan.spec is not spec:
         plan = _PLANS[kernel] = _plan(spec)

@@ -7,6 +7,12 @@ results frame (more only where the writer's frame limit demands), in the order t
 arrived, so one caller's jobs to one device are answered in the order launched. Each job gets
 its one reply whatever happens to the others: a result that cannot travel becomes
 ``{internal, _}`` and a record over the writer's frame limit ``too_large``, for that job alone.
+
+A general job (``general.py``: buffers, other element types, user kernels) runs alone, in
+its turn among the others: the lane checks it against the buffers it holds, uploads and
+allocates what it needs, makes one device call and keeps or downloads its results, freeing
+every temporary array whatever happens. The lane's ``BufferStore`` holds the buffers; they
+are made and freed on the lane's thread only.
 """
 
 from __future__ import annotations
@@ -22,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from . import kernels, protocol
+from . import general, kernels, protocol
 from .backends.base import Backend, BackendError, Device
 from .framing import FrameError, FrameWriter
-from .kernels import Request, UniformRequest
-from .protocol import Failure, Result
+from .general import Plan, Registry
+from .kernels import DTYPES, Request, UniformRequest
+from .protocol import Failure, Kept, Launch, Listed, Result
 from .shm import FileArg, SharedFolder, ShmError
 from .uniform import encode_uniform
 
@@ -46,6 +53,9 @@ class Job:
     # on the device's own thread (``Lane.prepare``), so that mapping a large launch's part
     # files never holds up the reading thread and the jobs of other devices behind it.
     unmapped: tuple[str, list[Any]] | None = None
+    # A launch for the general path, checked and run on its device's thread (it may name
+    # buffers, which only that thread knows).
+    general: Launch | None = None
 
     @property
     def elements(self) -> int:
@@ -80,6 +90,56 @@ def results_frames(records: list[protocol.Record], max_frame: int) -> protocol.E
     return encoded
 
 
+class BufferStore:
+    """A lane's buffers: id -> (device array, element type), and what they add up to.
+
+    Changed on the lane's thread alone; other threads read the counters (``info``).
+    ``limit`` bounds the bytes held (0: no bound): a job that would go over it is refused
+    with ``{cuda, out_of_memory, _}``, as a full device would refuse it."""
+
+    def __init__(self, limit: int = 0) -> None:
+        self._held: dict[int, tuple[Any, str]] = {}
+        self.limit = max(0, limit)
+        self.bytes = 0
+        self.peak = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def held(self, buffer_id: int) -> tuple[str, int] | None:
+        """The element type and length of buffer ``buffer_id``, if held."""
+        entry = self._held.get(buffer_id)
+        return None if entry is None else (entry[1], int(entry[0].size))
+
+    def get(self, buffer_id: int) -> Any:
+        return self._held[buffer_id][0]
+
+    def room(self, ids: tuple[int, ...], nbytes: int) -> None:
+        """Check that ``nbytes`` more can be kept under the new ids ``ids``."""
+        for buffer_id in ids:
+            if buffer_id in self._held:
+                raise general.Refused(protocol.bad_args(f"buffer id {buffer_id} is in use"))
+        if self.limit and self.bytes + nbytes > self.limit:
+            raise BackendError("out_of_memory",
+                               f"the buffer limit: {self.bytes} bytes held, {nbytes} more "
+                               f"asked for, {self.limit} at most")
+
+    def put(self, buffer_id: int, array: Any, etype: str) -> None:
+        self._held[buffer_id] = (array, etype)
+        self.bytes += int(array.nbytes)
+        self.peak = max(self.peak, self.bytes)
+
+    def pop(self, buffer_id: int) -> Any | None:
+        entry = self._held.pop(buffer_id, None)
+        if entry is None:
+            return None
+        self.bytes -= int(entry[0].nbytes)
+        return entry[0]
+
+    def ids(self) -> list[int]:
+        return list(self._held)
+
+
 @dataclass(slots=True)
 class Stats:
     jobs: int = 0
@@ -102,6 +162,8 @@ class Lane(threading.Thread):
         unavailable: str | None = None,
         spin_us: int = 0,
         shm: SharedFolder | None = None,
+        buffer_limit: int = 0,
+        registry: Registry | None = None,
     ) -> None:
         super().__init__(name=f"erlcuda-device-{index}", daemon=True)
         self.index = index
@@ -114,6 +176,8 @@ class Lane(threading.Thread):
         self.spin_ns = spin_us * 1000
         self.shm = shm
         self.stats = Stats()
+        self.store = BufferStore(buffer_limit)
+        self.registry = registry if registry is not None else Registry()
         self.ready = threading.Event()
         self.device_info: dict[str, Any] = {}
         self.memory = 1 << 62  # device memory in bytes, where the backend says
@@ -143,6 +207,8 @@ class Lane(threading.Thread):
                     self._control(items, device)
                 elif isinstance(items, UniformJobs):
                     self.run_uniform(items, device)
+                elif items[0].general is not None:
+                    self._general(items[0], device)
                 else:
                     self._batch(items, device)
         finally:
@@ -158,17 +224,28 @@ class Lane(threading.Thread):
     def close_here(self, device: Device | None) -> None:
         if device is not None:
             try:
+                self.free_buffers(device, self.store.ids())
+            except Exception:
+                log.exception("device %d: freeing its buffers failed", self.index)
+            try:
                 device.close()
             except Exception:
                 log.exception("device %d: close failed", self.index)
 
     def run_jobs(self, jobs: list[Job], device: Device | None) -> None:
         """Run ``jobs`` in arrival order, in batches within ``max_batch`` and
-        ``max_elements`` (what ``_take`` would have formed from a queue)."""
+        ``max_elements`` (what ``_take`` would have formed from a queue); a general job
+        alone."""
         start, count = 0, len(jobs)
         while start < count:
             end, elements = start + 1, jobs[start].elements
+            if jobs[start].general is not None:
+                self._general(jobs[start], device)
+                start = end
+                continue
             while end < count and end - start < self.max_batch:
+                if jobs[end].general is not None:
+                    break
                 elements += jobs[end].elements
                 if elements > self.max_elements:
                     break
@@ -299,13 +376,16 @@ class Lane(threading.Thread):
         if isinstance(first, (Control, UniformJobs)):
             return first
         batch: list[Job] = [first]
+        if first.general is not None:
+            return batch  # a general job runs alone
         elements = first.elements
         while len(batch) < self.max_batch:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(item, Job) and elements + item.elements <= self.max_elements:
+            if (isinstance(item, Job) and item.general is None
+                    and elements + item.elements <= self.max_elements):
                 batch.append(item)
                 elements += item.elements
             else:
@@ -413,6 +493,153 @@ class Lane(threading.Thread):
         self._write(encoded.frames)
         if fatal is not None:
             self.on_fatal(fatal)
+
+    # -- the general path ------------------------------------------------------------------
+    def _general(self, job: Job, device: Device | None) -> None:
+        """Run and answer one general job (``general.check``, then its plan)."""
+        now = time.perf_counter_ns
+        t_take = now()
+        launch = job.general
+        assert launch is not None
+        job.general = None
+        result: Result
+        fatal: str | None = None
+        t_run = t_take
+        try:
+            plan = general.check(launch, self.registry, self.store.held)
+            if device is None:
+                result = protocol.backend_unavailable(self.unavailable or "")
+            elif plan.device_bytes > self.memory:
+                result = protocol.TOO_LARGE
+            else:
+                self.store.room(plan.keep or (), plan.kept_bytes)
+                t_run = now()
+                result = self._execute(plan, device)
+                self.stats.launches += 1
+                self.stats.max_batch = max(self.stats.max_batch, 1)
+        except general.Refused as exc:
+            result = exc.failure
+        except ShmError as exc:
+            result = protocol.bad_args(str(exc))
+        except BackendError as exc:
+            result = protocol.cuda_error(exc.code, exc.message)
+            if exc.fatal:
+                fatal = f"device {self.index}: {exc.code}: {exc.message}"
+        except Exception as exc:
+            log.exception("device %d: job %d (%s) failed", self.index, job.job_id,
+                          launch.kernel)
+            result = protocol.internal(f"{type(exc).__name__}: {exc}")
+        t_done = now()
+        self.stats.jobs += 1
+        if job.trace is not None:
+            job.trace.update(take=t_take, run=t_run, done=t_done, encode=now())
+        elif (job.result_file and self.shm is not None and type(result) is np.ndarray
+              and result.dtype == kernels.F32):
+            # shared memory carries f32 results only (the record names no type)
+            try:
+                result = self.shm.write_result(job.job_id, result)
+            except ShmError as exc:
+                log.warning("job %d: the result goes through the pipe: %s", job.job_id, exc)
+        encoded = results_frames([(job.job_id, result, job.trace)], self.writer.max_frame)
+        self.stats.errors += encoded.errors
+        self._write(encoded.frames)
+        if fatal is not None:
+            self.on_fatal(fatal)
+
+    def _execute(self, plan: Plan, device: Device) -> Result:
+        """Run ``plan`` on ``device``: its result, kept or downloaded. Every array made here
+        that is not kept is freed, whatever happens."""
+        temps: dict[int, Any] = {}  # by id(): device arrays need not compare
+
+        def track(array: Any) -> Any:
+            temps[id(array)] = array
+            return array
+
+        def operand(op: general.Operand) -> Any:
+            if op.source == "value":
+                return op.value
+            if op.source == "buffer":
+                return self.store.get(op.value)
+            assert op.type is not None
+            if op.source == "zeros":
+                return track(device.alloc(DTYPES[op.type], op.elements, zero=True))
+            return track(device.upload(self._host(op)))
+
+        try:
+            outputs: list[tuple[Any, str]]  # the result vectors on the device, and types
+            out_type = plan.out_type or "f32"
+            if plan.action == "builtin":
+                values = [operand(op) for op in plan.operands]
+                if plan.scalar:
+                    return float(device.builtin(plan.kernel, values, None))  # type: ignore[arg-type]
+                out = track(device.alloc(DTYPES[out_type], plan.out_elements, zero=False))
+                device.builtin(plan.kernel, values, out)
+                outputs = [(out, out_type)]
+            elif plan.action == "copy":
+                op = plan.operands[0]
+                if plan.keep is None:
+                    if op.source == "buffer":
+                        return device.download(self.store.get(op.value))
+                    if op.source == "zeros":
+                        return np.zeros(op.elements, DTYPES[out_type])
+                    return np.array(self._host(op))  # a copy: the frame's memory is reused
+                if op.source == "buffer":
+                    out = track(device.alloc(DTYPES[out_type], plan.out_elements, zero=False))
+                    device.builtin("copy", [self.store.get(op.value)], out)
+                    outputs = [(out, out_type)]
+                else:
+                    outputs = [(operand(op), out_type)]  # the upload is the new buffer
+            elif plan.action == "fill":
+                if plan.keep is None:  # empty's contents are unspecified: zeros will do
+                    return np.zeros(plan.out_elements, DTYPES[out_type])
+                outputs = [(track(device.alloc(DTYPES[out_type], plan.out_elements,
+                                               zero=plan.kernel == "zeros")), out_type)]
+            else:
+                user = plan.user
+                assert user is not None
+                values = [operand(op) for op in plan.operands]
+                if plan.geometry is not None:
+                    grid, block, shared = plan.geometry
+                    device.launch_user(user.module, user.name, values, grid, block, shared)
+                outputs = [(values[i], plan.operands[i].type or "f32") for i in plan.results]
+            if plan.keep is not None:
+                items: list[Any] = []
+                for buffer_id, (array, etype) in zip(plan.keep, outputs, strict=True):
+                    temps.pop(id(array), None)
+                    self.store.put(buffer_id, array, etype)
+                    items.append(Kept(buffer_id, etype, int(array.size)))
+            else:
+                items = [device.download(array) for array, _ in outputs]
+            return Listed(tuple(items)) if plan.action == "user" else items[0]
+        finally:
+            for array in temps.values():
+                try:
+                    device.free(array)
+                except Exception:
+                    log.exception("device %d: freeing a temporary array failed", self.index)
+
+    def _host(self, op: general.Operand) -> np.ndarray:
+        """A data operand's elements on the host: the frame's, or shared memory mapped."""
+        if op.source == "data":
+            return op.value  # type: ignore[no-any-return]
+        if self.shm is None:
+            raise ShmError("shared memory: this worker was started without --shm-dir")
+        return self.shm.open_input(op.value)
+
+    def free_buffers(self, device: Device | None, ids: Sequence[int]) -> None:
+        """Free the buffers ``ids`` (those held: others are ignored), on the lane's thread.
+        A device lost while freeing raises its ``BackendError``."""
+        for buffer_id in ids:
+            array = self.store.pop(buffer_id)
+            if array is None or device is None:
+                continue
+            try:
+                device.free(array)
+            except BackendError as exc:
+                if exc.fatal:
+                    raise
+                log.warning("device %d: freeing buffer %d: %s", self.index, buffer_id,
+                            exc.message)
 
 
 def _row(values: np.ndarray | None, i: int) -> Result:

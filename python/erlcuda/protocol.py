@@ -1,4 +1,4 @@
-"""erlcuda's messages: the one place that turns them into bytes and back (protocol 5).
+"""erlcuda's messages: the one place that turns them into bytes and back (protocol 6).
 
 The hot path travels in fixed-layout binary frames (``contract.WIRE``; big-endian integers),
 everything else as one ETF term in erlport's shapes (first byte 131).
@@ -9,23 +9,34 @@ Erlang -> worker (``decode``):
                    bytes (little-endian elements), or WIRE.arg_dim, Value:u64, or
                    WIRE.arg_file, ElemType:u8, Bytes:u64, PartBytes:u64, NameLen:u8, Name
                    (a vector in the worker's shared-memory folder, in the part files
-                   Name.0, Name.1, ... of PartBytes bytes each, ``shm.FileArg``)  ``Launch``
+                   Name.0, Name.1, ... of PartBytes bytes each, ``shm.FileArg``), or
+                   WIRE.arg_handle, BufferId:u64 (``Handle``), or WIRE.arg_scalar,
+                   ElemType:u8 and 8 bytes of value, little-endian and zero-padded
+                   (``Scalar``), or WIRE.arg_empty, ElemType:u8, Elements:u64 (``Empty``);
+                   then, with flag_keep, NKeep:u8 and NKeep BufferId:u64, and with
+                   flag_geometry, Grid:3xu32, Block:3xu32, SharedBytes:u32  ``Launch``
     {'C', Id, erlcuda, Function, Args}                          a control call   ``Call``
 Worker -> Erlang:
     results frame: WIRE.results, Count:u32, then per job JobId:u64, Tag:u8, Len:u32 and the
                    payload: raw f32 (tag_vector), an f64 (tag_scalar), the ETF of the reason
                    (tag_error), Bytes:u64 and PartBytes:u64 (tag_file: the vector is in the
-                   part files r<JobId>.0, r<JobId>.1, ...),
+                   part files r<JobId>.0, r<JobId>.1, ...), Type:u8 and raw elements
+                   of that type (tag_typed: a vector of another type than f32),
+                   BufferId:u64, Type:u8, Elements:u64 (tag_handle: a vector kept on the
+                   device, ``Kept``), Count:u32 and per item Tag:u8, Len:u32, payload
+                   (tag_list: a user kernel's vectors, ``Listed``),
                    or an inner Tag:u8, Len:u32, payload and the ETF of the stamps map
                    (tag_traced)                                            ``encode_results``
     {'r', Id, Answer}                                  a call's answer     ``encode_answer``
     {'e', Id, Text}                                    a call refused      ``encode_call_error``
     {'L', Level, Text}                                 a log line          ``encode_log``
 
-A job's result is its value (an f32 vector as a numpy array, a scalar as a float) or a
-``Failure`` (``{error, Reason}`` on the Erlang side). Vectors travel as raw little-endian
-f32 and scalars as f64, infinities and NaN included: Erlang converts them and refuses what
-its floats cannot hold (``non_finite``). hello's and info's Answer is a map (``encode_info``).
+A job's result is its value (a vector as a numpy array, a scalar as a float, a kept vector
+as ``Kept``, a user kernel's vectors as ``Listed``) or a ``Failure`` (``{error, Reason}`` on
+the Erlang side). Vectors travel as raw little-endian elements (f32 as tag_vector, any
+other element type as tag_typed) and scalars as f64, infinities and NaN included: Erlang
+converts them and refuses what its floats cannot hold (``non_finite``). hello's and info's
+Answer is a map (``encode_info``).
 
 No ``ReplyTo`` travels: Erlang keeps it by JobId. Erlang decodes ETF with
 ``binary_to_term(B, [safe])``, which refuses atoms the node does not know, so every atom the
@@ -51,16 +62,23 @@ __all__ = [
     "OK",
     "TOO_LARGE",
     "Call",
+    "Empty",
     "Encoded",
     "Failure",
+    "Handle",
+    "Kept",
     "Launch",
+    "Listed",
     "ProtocolError",
     "Record",
     "Result",
+    "Scalar",
     "atom",
     "backend_unavailable",
     "bad_args",
     "bad_device",
+    "buffer_lost",
+    "compile_error",
     "cuda_error",
     "decode",
     "decode_all",
@@ -104,14 +122,41 @@ _W = contract.WIRE
 # -- Erlang -> worker ------------------------------------------------------------------------
 
 
+class Handle(NamedTuple):
+    """A buffer argument: the id of a vector kept on the launch's device."""
+
+    buffer_id: int
+
+
+class Scalar(NamedTuple):
+    """A scalar argument of element type ``type``; ``value`` is a numpy scalar of it."""
+
+    type: str
+    value: np.generic
+
+
+class Empty(NamedTuple):
+    """An argument the worker makes: ``elements`` zeroed elements of ``type``."""
+
+    type: str
+    elements: int
+
+
+#: A launch's shape for a user kernel: grid (x, y, z), block (x, y, z), shared bytes.
+Geometry = tuple[tuple[int, int, int], tuple[int, int, int], int]
+
+
 @dataclass(slots=True, eq=False)
 class Launch:
     """A job, as the frame says: the worker checks ``device``, ``kernel`` and ``args``.
 
-    ``args`` are numpy arrays viewing the frame's bytes (a vector, of its element type) and
-    ints (a dim). ``error`` is set for a malformed frame whose JobId could be read: the job
-    is answered ``{bad_args, error}``; what the frame could not say is then ``device`` -1,
-    ``kernel`` ``""`` and ``args`` empty.
+    ``args`` are numpy arrays viewing the frame's bytes (a vector, of its element type),
+    ints (a dim), ``shm.FileArg``, ``Handle``, ``Scalar`` and ``Empty``. ``error`` is set
+    for a malformed frame whose JobId could be read: the job is answered
+    ``{bad_args, error}``; what the frame could not say is then ``device`` -1, ``kernel``
+    ``""`` and ``args`` empty. ``general`` says the frame itself needs the general path
+    (flag_keep or flag_geometry, a handle, scalar or empty argument, a vector that is not
+    f32); a kernel outside the batched catalogue needs it too, which the worker decides.
     """
 
     job_id: int
@@ -121,6 +166,9 @@ class Launch:
     trace: bool = False  # flag_trace: the reply carries the worker's time stamps
     error: str | None = None
     result_file: bool = False  # flag_result_file: a vector result goes to a file
+    keep: tuple[int, ...] | None = None  # flag_keep: the ids the vector results stay under
+    geometry: Geometry | None = None  # flag_geometry
+    general: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +201,7 @@ def launch_job_id(frame: bytes | bytearray | memoryview) -> int:
 _VECTOR_HEAD = struct.Struct(">BQ")
 _FILE_HEAD = struct.Struct(">BQQ")  # ElemType, Bytes, PartBytes
 _DIM = struct.Struct(">Q")
+_GEOMETRY = struct.Struct(">7I")  # Grid x, y, z, Block x, y, z, SharedBytes
 
 _W_LAUNCH = _W.launch
 _W_BATCH = _W.batch
@@ -160,8 +209,13 @@ _U32 = struct.Struct(">I")
 _W_VECTOR = _W.arg_vector
 _W_DIM = _W.arg_dim
 _W_FILE = _W.arg_file
+_W_HANDLE = _W.arg_handle
+_W_SCALAR = _W.arg_scalar
+_W_EMPTY = _W.arg_empty
 _W_TRACE = _W.flag_trace
 _W_RESULT_FILE = _W.flag_result_file
+_W_KEEP = _W.flag_keep
+_W_GEOMETRY = _W.flag_geometry
 _ETF = etf.VERSION
 
 #: numpy dtypes of the wire's element types, by index (a contract type without one fails
@@ -251,6 +305,7 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
     nargs = frame[pos]
     pos += 1
     args: list[Any] = []
+    general = flags & (_W_KEEP | _W_GEOMETRY) != 0
     for i in range(1, nargs + 1):
         if pos >= size:
             return Launch(job_id, device, kernel, [], trace,
@@ -276,6 +331,7 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
                               f"argument {i}: {nbytes} bytes is not a whole number of "
                               f"{contract.ELEMENT_TYPES[etype]} elements")
             args.append(np.frombuffer(frame, _ELEMENT_DTYPES[etype], nbytes // itemsize, pos))
+            general = general or etype != 0
             pos += nbytes
         elif kind == _W_FILE:
             if pos + 19 > size:
@@ -294,6 +350,7 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
                 return Launch(job_id, device, kernel, [], trace,
                               f"argument {i}: the file name is not UTF-8")
             args.append(FileArg(name, _ELEMENT_DTYPES[etype], nbytes, part))
+            general = general or etype != 0
             pos += nlen
         elif kind == _W_DIM:
             if pos + 9 > size:
@@ -301,21 +358,87 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
                               f"launch of {size} bytes ends inside argument {i}")
             args.append(_DIM.unpack_from(frame, pos + 1)[0])
             pos += 9
+        elif kind == _W_HANDLE:
+            if pos + 9 > size:
+                return Launch(job_id, device, kernel, [], trace,
+                              f"launch of {size} bytes ends inside argument {i}")
+            args.append(Handle(_DIM.unpack_from(frame, pos + 1)[0]))
+            general = True
+            pos += 9
+        elif kind == _W_SCALAR:
+            if pos + 10 > size:
+                return Launch(job_id, device, kernel, [], trace,
+                              f"launch of {size} bytes ends inside argument {i}")
+            etype = frame[pos + 1]
+            if etype >= _N_TYPES:
+                return Launch(job_id, device, kernel, [], trace,
+                              f"argument {i}: element type {etype} is not one of "
+                              f"{list(contract.ELEMENT_TYPES)}")
+            itemsize = _ELEMENT_SIZES[etype]
+            # Zero padding, as the contract says: a value written in another width (an
+            # f32 sent as an f64) would otherwise be read as some other number.
+            if any(frame[pos + 2 + itemsize : pos + 10]):
+                return Launch(job_id, device, kernel, [], trace,
+                              f"argument {i}: a {contract.ELEMENT_TYPES[etype]} scalar "
+                              f"whose padding is not zero")
+            value = np.frombuffer(frame, _ELEMENT_DTYPES[etype], 1, pos + 2)[0]
+            args.append(Scalar(contract.ELEMENT_TYPES[etype], value))
+            general = True
+            pos += 10
+        elif kind == _W_EMPTY:
+            if pos + 10 > size:
+                return Launch(job_id, device, kernel, [], trace,
+                              f"launch of {size} bytes ends inside argument {i}")
+            etype, count = _VECTOR_HEAD.unpack_from(frame, pos + 1)
+            if etype >= _N_TYPES:
+                return Launch(job_id, device, kernel, [], trace,
+                              f"argument {i}: element type {etype} is not one of "
+                              f"{list(contract.ELEMENT_TYPES)}")
+            args.append(Empty(contract.ELEMENT_TYPES[etype], count))
+            general = True
+            pos += 10
         else:
             return Launch(job_id, device, kernel, [], trace,
                           f"argument {i}: unknown kind byte {kind}")
+    keep: tuple[int, ...] | None = None
+    if flags & _W_KEEP:
+        if pos >= size:
+            return Launch(job_id, device, kernel, [], trace,
+                          f"launch of {size} bytes ends before its NKeep")
+        nkeep = frame[pos]
+        pos += 1
+        if 8 * nkeep > size - pos:
+            return Launch(job_id, device, kernel, [], trace,
+                          f"launch of {size} bytes ends inside its {nkeep} kept ids")
+        keep = struct.unpack_from(f">{nkeep}Q", frame, pos)
+        pos += 8 * nkeep
+        if len(set(keep)) != nkeep:
+            return Launch(job_id, device, kernel, [], trace,
+                          "a buffer id is kept twice")
+    geometry: Geometry | None = None
+    if flags & _W_GEOMETRY:
+        if _GEOMETRY.size > size - pos:
+            return Launch(job_id, device, kernel, [], trace,
+                          f"launch of {size} bytes ends inside its geometry")
+        gx, gy, gz, bx, by, bz, shared = _GEOMETRY.unpack_from(frame, pos)
+        pos += _GEOMETRY.size
+        geometry = ((gx, gy, gz), (bx, by, bz), shared)
     if pos != size:
         return Launch(job_id, device, kernel, [], trace,
                       f"{size - pos} trailing bytes after the last argument")
     return Launch(job_id, device, kernel, args, trace,
-                  result_file=flags & _W_RESULT_FILE != 0)
+                  result_file=flags & _W_RESULT_FILE != 0, keep=keep, geometry=geometry,
+                  general=general)
 
 
 def vector_spans(launch: Launch) -> tuple[list[tuple[int, int]], int] | None:
     """Where each vector argument's data lies in ``launch``'s frame (``(start, end)``, in
     param order) and where the frame ends, worked out from the decoded launch alone; ``None``
-    where an argument is in shared memory. Everything else in the frame (the JobId aside)
-    is header: two launch frames whose headers are equal differ in their data only."""
+    where an argument is in shared memory and for a ``general`` launch (the batched f32
+    path's layouts only). Everything else in the frame (the JobId aside) is header: two
+    launch frames whose headers are equal differ in their data only."""
+    if launch.general:
+        return None
     pos = _HEAD_SIZE + len(launch.kernel.encode()) + 1
     spans: list[tuple[int, int]] = []
     for arg in launch.args:
@@ -375,9 +498,25 @@ class Failure:
         return (tag, *self.detail) if self.detail else tag
 
 
-#: A job's result: an f32 vector (a numpy array, or a ``FileResult`` once written to
-#: shared memory), a scalar (a float) or a ``Failure``.
-Result = np.ndarray | float | Failure | FileResult
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A vector result kept on the device as buffer ``buffer_id`` (tag_handle)."""
+
+    buffer_id: int
+    type: str  # an element type of the contract
+    elements: int
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """A user kernel's vector results, in param order (tag_list): arrays and ``Kept``."""
+
+    items: tuple[np.ndarray | Kept, ...]
+
+
+#: A job's result: a vector (a numpy array, or a ``FileResult`` once written to shared
+#: memory), a scalar (a float), a kept vector, a user kernel's vectors or a ``Failure``.
+Result = np.ndarray | float | Failure | FileResult | Kept | Listed
 
 TOO_LARGE = Failure("too_large")
 
@@ -399,6 +538,16 @@ def unknown_kernel(kernel: str) -> Failure:
 
 def backend_unavailable(text: str) -> Failure:
     return Failure("backend_unavailable", (text,))
+
+
+def buffer_lost(buffer_id: int) -> Failure:
+    """``{buffer_lost, Id}``: the launch named a buffer its device does not hold."""
+    return Failure("buffer_lost", (buffer_id,))
+
+
+def compile_error(log: str) -> Failure:
+    """``{compile, Log}``: nvcc's message for user code that does not compile."""
+    return Failure("compile", (log,))
 
 
 def cuda_error(code: str, text: str) -> Failure:
@@ -445,7 +594,16 @@ _T_SCALAR = _W.tag_scalar
 _T_ERROR = _W.tag_error
 _T_TRACED = _W.tag_traced
 _T_FILE = _W.tag_file
+_T_TYPED = _W.tag_typed
+_T_HANDLE = _W.tag_handle
+_T_LIST = _W.tag_list
 _FILE_RECORD = struct.Struct(">QQ")
+_HANDLE_RECORD = struct.Struct(">QBQ")  # BufferId, Type, Elements
+_ITEM_HEAD = _INNER_HEAD  # a list item's Tag, Len
+#: The index on the wire of each element type, by its little-endian numpy dtype.
+_TYPE_INDEX: dict[np.dtype[Any], int] = {d: i for i, d in enumerate(_ELEMENT_DTYPES)}
+_TYPE_BYTE = [bytes((i,)) for i in range(_N_TYPES)]
+_TYPE_OF_NAME = {name: i for i, name in enumerate(contract.ELEMENT_TYPES)}
 #: Payloads shorter than this are copied next to their header; longer ones are chunks of
 #: their own that share the result's memory (``writev``).
 SMALL_PAYLOAD = etf.SMALL_PAYLOAD
@@ -461,14 +619,62 @@ def _error_bytes(failure: Failure) -> bytes:
 _TOO_LARGE_BYTES = _error_bytes(TOO_LARGE)
 
 
-def _payload(res: Any, errors: dict[int, bytes]) -> tuple[int, bytes | memoryview]:
+#: A payload: one piece, or several (a typed vector's Type byte and its elements, a list's
+#: items), each copied next to its header or sent from its own memory by its size.
+Payload = bytes | memoryview | list[bytes | memoryview]
+
+
+def _array_payload(res: np.ndarray) -> tuple[int, Payload]:
+    """A vector's tag and payload: f32 as tag_vector; another element type as tag_typed;
+    any other numeric dtype converted to f32."""
+    if res.dtype is not _F32:
+        index = _TYPE_INDEX.get(res.dtype.newbyteorder("<")) if res.dtype.kind in "fiu" else 0
+        if index is None or index == 0:
+            if res.dtype.kind not in "fiu":
+                raise ProtocolError(f"a vector of {res.dtype} has no f32 values")
+            res = res.astype(_F32)
+        else:
+            if res.ndim != 1 or not res.flags.c_contiguous or res.dtype.byteorder == ">":
+                res = np.ascontiguousarray(res, _ELEMENT_DTYPES[index]).reshape(-1)
+            return _T_TYPED, [_TYPE_BYTE[index], res.data.cast("B")]
+    if res.ndim != 1 or not res.flags.c_contiguous:
+        res = np.ascontiguousarray(res).reshape(-1)
+    return _T_VECTOR, res.data.cast("B")
+
+
+def _kept_payload(res: Kept) -> bytes:
+    index = _TYPE_OF_NAME.get(res.type)
+    if index is None:
+        raise ProtocolError(f"a buffer of type {res.type!r:.40} has no record")
+    return _HANDLE_RECORD.pack(res.buffer_id, index, res.elements)
+
+
+def _list_payload(res: Listed) -> list[bytes | memoryview]:
+    pieces: list[bytes | memoryview] = [_U32.pack(len(res.items))]
+    for item in res.items:
+        if type(item) is Kept:
+            data = _kept_payload(item)
+            pieces += [_ITEM_HEAD.pack(_T_HANDLE, len(data)), data]
+        elif type(item) is np.ndarray:
+            tag, payload = _array_payload(item)
+            parts = payload if type(payload) is list else [payload]
+            pieces.append(_ITEM_HEAD.pack(tag, sum(_size(p) for p in parts)))
+            pieces += parts
+        else:
+            raise ProtocolError(f"a list item of type {type(item).__name__} has no record")
+    return pieces
+
+
+def _size(piece: bytes | memoryview) -> int:
+    return len(piece) if type(piece) is bytes else piece.nbytes  # type: ignore[union-attr]
+
+
+def _payload(res: Any, errors: dict[int, bytes]) -> tuple[int, Payload]:
     """The tag and payload of a result; ``ProtocolError`` for one that cannot travel."""
     cls = type(res)
     if cls is np.ndarray:
         if res.dtype is not _F32:
-            if res.dtype.kind not in "fiu":
-                raise ProtocolError(f"a vector of {res.dtype} has no f32 values")
-            res = res.astype(_F32)
+            return _array_payload(res)
         if res.ndim != 1 or not res.flags.c_contiguous:
             res = np.ascontiguousarray(res).reshape(-1)
         return _T_VECTOR, res.data.cast("B")
@@ -476,6 +682,10 @@ def _payload(res: Any, errors: dict[int, bytes]) -> tuple[int, bytes | memoryvie
         return _T_SCALAR, _pack_f64(res)
     if cls is FileResult:
         return _T_FILE, _FILE_RECORD.pack(res.nbytes, res.part_bytes)
+    if cls is Kept:
+        return _T_HANDLE, _kept_payload(res)
+    if cls is Listed:
+        return _T_LIST, _list_payload(res)
     if cls is Failure:
         data = errors.get(id(res))
         if data is None:
@@ -523,7 +733,12 @@ def encode_results(records: Iterable[Record], max_frame: int = contract.MAX_FRAM
                     extra = _stamps(stamps)
                 except ProtocolError:
                     extra = _stamps({})
-        n = len(payload) if type(payload) is bytes else payload.nbytes
+        if type(payload) is bytes:
+            n = len(payload)
+        elif type(payload) is list:
+            n = sum(_size(p) for p in payload)
+        else:
+            n = payload.nbytes  # type: ignore[union-attr]
         record = _RECORD + n if stamps is None else _TRACED + n + len(extra)
         if _FRAME_HEAD + record > max_frame:
             replaced.append((job_id, f"a reply of {_FRAME_HEAD + record} bytes is over the "
@@ -543,10 +758,18 @@ def encode_results(records: Iterable[Record], max_frame: int = contract.MAX_FRAM
         else:
             cur += _pack_record(job_id, _T_TRACED, _INNER_HEAD.size + n + len(extra))
             cur += _pack_inner(tag, n)
-        if n < SMALL_PAYLOAD:
-            cur += payload
+        if type(payload) is list:
+            for piece in payload:
+                if _size(piece) < SMALL_PAYLOAD:
+                    cur += piece
+                else:
+                    chunks.append(piece)
+                    cur = bytearray()
+                    chunks.append(cur)
+        elif n < SMALL_PAYLOAD:
+            cur += payload  # type: ignore[operator]
         else:
-            chunks.append(payload)
+            chunks.append(payload)  # type: ignore[arg-type]
             cur = bytearray()
             chunks.append(cur)
         if extra:

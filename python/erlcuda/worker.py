@@ -11,8 +11,14 @@ jobs on its own thread and writes its own replies (frames are written under one 
 interleaved), and control calls run on a separate thread so that a slow one never stalls
 the reading of jobs. ``--device-thread`` gives a lone device that layout too.
 
-Each call is a handler in a table (``hello``, ``info``; the test and benchmark hooks only
-when the worker is started with them), so a call that is not in the table is refused.
+Each call is a handler in a table (``hello``, ``info``, ``free``, ``load``,
+``elementwise``, ``unload``; the test and benchmark hooks only when the worker is started
+with them), so a call that is not in the table is refused.
+
+A launch that the batched f32 path does not take (``general.py``: buffers, other element
+types, ``copy``/``zeros``/``empty``, user kernels) is routed as a general job, decided here
+from what the frame says and checked on its device's thread. User code is compiled here (the
+control thread), once per compute capability, and loaded into every device on its thread.
 
 ``hello`` carries Erlang's version and protocol: a worker of another version (a stale copy
 in priv/, another checkout on the path) says so in its answer and refuses every job.
@@ -31,10 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__, contract, kernels, protocol
+from . import __version__, contract, general, kernels, protocol
 from .backends import select
-from .backends.base import Backend, BackendUnavailable, Device
+from .backends.base import Backend, BackendError, BackendUnavailable, Device
 from .framing import FrameError, FrameReader, FrameWriter, frame_size
+from .general import Registry, UserKernel
 from .lanes import Control, Job, Lane, UniformJobs, results_frames
 from .lone import Templates
 from .protocol import Call, Failure, Launch, ProtocolError
@@ -69,6 +76,7 @@ class Options:
     bench_hooks: bool = False
     spin_us: int = -1  # -1: AUTO_SPIN_US on a GPU, none on the CPU backend
     device_thread: bool = False  # a lone device on a thread of its own, not the reader's
+    buffer_limit: int = 0  # bytes of buffers per device (0: no bound but the device's)
 
 
 class Worker:
@@ -99,10 +107,12 @@ class Worker:
         spin_us = options.spin_us
         if spin_us < 0:
             spin_us = AUTO_SPIN_US if self.backend_name == "cuda" else 0
+        self.registry = Registry()  # user kernels, shared with every lane
         self.lanes = [
             Lane(i, self.backend, writer, max_batch=options.max_batch,
                  max_elements=options.max_batch_elements, on_fatal=self._fatal,
-                 unavailable=unavailable, spin_us=spin_us, shm=shm)
+                 unavailable=unavailable, spin_us=spin_us, shm=shm,
+                 buffer_limit=options.buffer_limit, registry=self.registry)
             for i in range(count)
         ]
         self.handlers = self._handlers()
@@ -178,7 +188,7 @@ class Worker:
             message = protocol.decode(frame)
         except ProtocolError:
             return False
-        if (type(message) is not Launch or message.error is not None
+        if (type(message) is not Launch or message.error is not None or message.general
                 or message.device != lane.index or message.kernel not in kernels.KERNELS):
             return False
         try:
@@ -244,6 +254,10 @@ class Worker:
             job = self.launch(message, recv)
             if job is not None:
                 self.lanes[message.device].submit(job)
+        elif message.function == "free":
+            # Queued on its device here, between the launches read before it and those read
+            # after: a launch that follows a free finds that memory given back.
+            self._answer_here(message)
         else:
             self._calls.put(message)
 
@@ -268,8 +282,11 @@ class Worker:
                 return self._reply_now(job, job.error)
         elif not 0 <= device < (lanes or 1):
             return self._reply_now(job, protocol.bad_device(device))
-        elif message.kernel not in kernels.KERNELS:
-            job.error = protocol.unknown_kernel(message.kernel)
+        elif message.general or message.kernel not in kernels.KERNELS:
+            if message.kernel in contract.KERNELS or message.kernel in self.registry.kernels:
+                job.general = message  # checked on its device's thread
+            else:
+                job.error = protocol.unknown_kernel(message.kernel)
         elif any(type(a) is FileArg for a in message.args):
             job.unmapped = (message.kernel, message.args)  # mapped on its device's thread
         else:
@@ -289,7 +306,10 @@ class Worker:
 
     # -- control calls ---------------------------------------------------------------------
     def _handlers(self) -> dict[str, Handler]:
-        handlers: dict[str, Handler] = {"hello": self.hello, "info": self.info_call}
+        handlers: dict[str, Handler] = {
+            "hello": self.hello, "info": self.info_call, "free": self.free_call,
+            "load": self.load_call, "elementwise": self.elementwise_call,
+            "unload": self.unload_call}
         if self.options.test_hooks:
             handlers.update(fault=self.fault, print=self.print_hook, stall=self.stall)
         if self.options.bench_hooks:
@@ -364,6 +384,7 @@ class Worker:
             lane.ready.wait()
         devices = []
         for lane in self.lanes:
+            store = lane.store
             entry: dict[str, Any] = {
                 "jobs": lane.stats.jobs,
                 "launches": lane.stats.launches,
@@ -371,6 +392,10 @@ class Worker:
                 "errors": lane.stats.errors,
                 "table_jobs": lane.stats.table_jobs,
                 "queue": lane.depth(),
+                "buffers": len(store),
+                "buffer_bytes": store.bytes,
+                "buffer_peak": store.peak,
+                "buffer_limit": store.limit,
             }
             if lane.unavailable:
                 entry["unavailable"] = lane.unavailable
@@ -392,6 +417,7 @@ class Worker:
             "batching": self.options.max_batch > 1,
             "hooks": [name for name in (*TEST_HOOKS, *BENCH_HOOKS) if name in self.handlers],
             "device_info": devices,
+            "modules": sorted(self.registry.modules),
         }
 
     def on_device(self, index: int, fn: Callable[[Device | None], Any],
@@ -403,6 +429,140 @@ class Worker:
         else:
             self.lanes[index].submit(item)
         return item.future.result(timeout)
+
+    # -- buffers and user code -------------------------------------------------------------
+    def free_call(self, args: list[Any]) -> Any:
+        """``free(Device, Ids)``: the buffers ``Ids`` of ``Device`` are freed on its thread,
+        after the launches queued there before (ids it does not hold are ignored)."""
+        match args:
+            case [int() as index, list() as ids] if all(
+                    type(i) is int and i >= 0 for i in ids) and not isinstance(index, bool):
+                pass
+            case _:
+                raise ValueError("free takes [Device :: integer(), Ids :: [integer()]]")
+        if 0 <= index < len(self.lanes) and ids:
+            lane = self.lanes[index]
+            item = Control(lambda d: lane.free_buffers(d, ids))
+            if self.inline:
+                lane.run_control(item, self._device)
+            else:  # not awaited: the reading thread calls this and must not wait on a lane
+                lane.submit(item)
+        return protocol.OK
+
+    def load_call(self, args: list[Any]) -> Any:
+        """``load(Module, Source, Options, Kernels)``: ``ok`` or ``{error, Reason}``."""
+        try:
+            match args:
+                case [module_term, source_term, options_term, kernels_term]:
+                    pass
+                case _:
+                    raise general.Refused(protocol.bad_args(
+                        "load takes [Module, Source, Options, Kernels]"))
+            module = general.text(module_term, "the module name")
+            source = general.text(source_term, "the source")
+            flags = general.options(options_term)
+            found = general.user_kernels(module, kernels_term)
+        except general.Refused as exc:
+            return _error(exc.failure)
+        return self._install(module, source, flags, found)
+
+    def elementwise_call(self, args: list[Any]) -> Any:
+        """``elementwise(Name, Inputs, Outputs, Operation, Options)``: the kernel written
+        from ``Operation`` and loaded as module ``Name``; answers as ``load``."""
+        try:
+            match args:
+                case [name_term, inputs_term, outputs_term, operation_term, options_term]:
+                    pass
+                case _:
+                    raise general.Refused(protocol.bad_args(
+                        "elementwise takes [Name, Inputs, Outputs, Operation, Options]"))
+            kernel, inputs, outputs = general.elementwise_kernel(name_term, inputs_term,
+                                                                 outputs_term)
+            operation = general.text(operation_term, "the operation")
+            flags = general.options(options_term)
+        except general.Refused as exc:
+            return _error(exc.failure)
+        try:
+            from . import usercode
+        except ImportError as exc:
+            return _error(protocol.backend_unavailable(f"no user code support: {exc}"))
+        try:
+            source = usercode.elementwise_source(kernel.name, inputs, outputs, operation)
+        except ValueError as exc:
+            return _error(protocol.bad_args(str(exc)))
+        return self._install(kernel.name, source, flags, [kernel])
+
+    def unload_call(self, args: list[Any]) -> Any:
+        """``unload(Module)``: ``ok``, whether it was loaded or not."""
+        match args:
+            case [module_term]:
+                module = general.text(module_term, "the module name")
+            case _:
+                raise ValueError("unload takes [Module :: binary()]")
+        if self.registry.remove(module):
+            self._templates.clear()
+            self._unload_everywhere(module)
+        return protocol.OK
+
+    def _install(self, module: str, source: str, flags: list[str],
+                 found: list[UserKernel]) -> Any:
+        """Compile ``source`` for each device's compute capability, load it into every
+        device and register its kernels: ``ok`` or ``{error, Reason}``."""
+        for kernel in found:
+            owner = self.registry.owner(kernel.name, module)
+            if owner is not None:
+                return _error(protocol.bad_args(
+                    f"already loaded: the kernel {kernel.name} belongs to {owner}"))
+        try:
+            from . import usercode
+        except ImportError as exc:
+            return _error(protocol.backend_unavailable(f"no user code support: {exc}"))
+        for lane in self.lanes:
+            lane.ready.wait()
+        # One image per compute capability; a device without one (the cpu backend) gets
+        # the default architecture's, so that a compile error is reported before its
+        # backend says it runs no user code.
+        archs = [usercode.arch_of(cc) if _capability(cc := lane.device_info.get(
+                     "compute_capability")) else usercode.default_arch()
+                 for lane in self.lanes] or [usercode.default_arch()]
+        images: dict[str, bytes] = {}
+        try:
+            for arch in archs:
+                if arch not in images:
+                    images[arch] = usercode.compile_module(source, flags, arch)
+        except usercode.CompileError as exc:
+            return _error(protocol.compile_error(exc.log))
+        except usercode.NoCompiler as exc:
+            return _error(protocol.backend_unavailable(f"user code needs nvcc: {exc}"))
+        except ValueError as exc:  # an option or a name nvcc must not see
+            return _error(protocol.bad_args(str(exc)))
+        if self.unavailable is not None:
+            return _error(self.unavailable)
+        names = [k.name for k in found]
+        try:
+            for lane, arch in zip(self.lanes, archs, strict=True):
+                image = images[arch]
+                self.on_device(lane.index, lambda d, image=image, lane=lane: _load(
+                    d, lane, module, image, names))
+        except BackendError as exc:
+            # No device keeps a module that not every device has.
+            self.registry.remove(module)
+            self._templates.clear()
+            self._unload_everywhere(module)
+            if isinstance(exc, BackendUnavailable):
+                return _error(protocol.backend_unavailable(exc.message))
+            return _error(protocol.cuda_error(exc.code, exc.message))
+        self.registry.install(module, found)
+        self._templates.clear()
+        return protocol.OK
+
+    def _unload_everywhere(self, module: str) -> None:
+        for lane in self.lanes:
+            try:
+                self.on_device(lane.index,
+                               lambda d: d.unload_module(module) if d is not None else None)
+            except Exception as exc:
+                log.warning("device %d: unloading %s: %s", lane.index, module, exc)
 
     # -- test hooks ------------------------------------------------------------------------
     def fault(self, args: list[Any]) -> Any:
@@ -466,3 +626,21 @@ class Worker:
         if self.backend is not None:
             self.backend.close()
         return status
+
+
+def _error(failure: Failure) -> tuple[Any, Any]:
+    """A call's ``{error, Reason}`` answer."""
+    return (protocol.atom("error"), failure.term)
+
+
+def _capability(value: Any) -> bool:
+    """Whether a device's info names a compute capability ``(Major, Minor)``."""
+    return isinstance(value, (tuple, list)) and len(value) == 2 and all(
+        type(v) is int for v in value)
+
+
+def _load(device: Device | None, lane: Lane, module: str, image: bytes,
+          names: list[str]) -> None:
+    if device is None:
+        raise BackendUnavailable(lane.unavailable or f"device {lane.index} is unavailable")
+    device.load_module(module, image, names)

@@ -69,10 +69,25 @@ def test_a_request_knows_its_sizes_however_it_was_made() -> None:
 
 
 def test_the_catalogue_is_the_contracts() -> None:
-    assert kernels.KERNELS == tuple(contract.KERNELS)
+    # The batched f32 path takes the contract's kernels but its general ones (the buffer
+    # operations copy, zeros and empty), which only the general path runs.
+    assert kernels.KERNELS == tuple(k for k, spec in contract.KERNELS.items()
+                                    if not spec.general)
+    assert {k for k, spec in contract.KERNELS.items() if spec.general} == {
+        "copy", "zeros", "empty"}
     for spec in contract.KERNELS.values():
+        if spec.general:
+            with pytest.raises(BadArgs, match=f"{spec.name} is not a kernel of the batched"):
+                parse(spec.name, [ONE] * spec.arity)
+            continue
         with pytest.raises(BadArgs, match=f"{spec.name} takes {spec.arity} arguments"):
             parse(spec.name, [ONE] * (spec.arity + 1))
+
+
+def test_every_element_type_has_its_dtype() -> None:
+    assert list(kernels.DTYPES) == list(contract.ELEMENT_TYPES)
+    assert [kernels.DTYPES[t].itemsize for t in contract.ELEMENT_TYPES] == [4, 8, 4, 4, 8, 1]
+    assert all(kernels.DTYPES[t].byteorder in "<|=" for t in contract.ELEMENT_TYPES)
 
 
 def test_a_kernel_declared_in_the_contract_is_checked_without_code(

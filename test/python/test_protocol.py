@@ -149,9 +149,15 @@ def test_vectors_are_sent_from_their_own_memory() -> None:
     shared = [c for c in frame if isinstance(c, memoryview) and np.shares_memory(c, big)]
     assert len(shared) == 1 and shared[0].nbytes == big.nbytes
     assert not any(isinstance(c, memoryview) and np.shares_memory(c, small) for c in frame)
-    # Another dtype or a strided array is converted (a copy) and still travels as f32.
-    (frame,) = protocol.encode_results([(1, np.arange(4.0)[::2], None)]).frames
-    assert parse_results(joined(frame))[0].result == ("ok", [0.0, 2.0])
+    # A strided array is made contiguous (a copy); another element type of the contract
+    # travels as itself (tag_typed), any other numeric dtype as f32.
+    (frame,) = protocol.encode_results([(1, np.arange(4, dtype=np.float32)[::2], None),
+                                        (2, np.arange(4.0)[::2], None),
+                                        (3, np.arange(3, dtype=np.int16), None)]).frames
+    strided, typed, converted = parse_results(joined(frame))
+    assert strided.result == ("ok", [0.0, 2.0]) and strided.tag == W.tag_vector
+    assert typed.tag == W.tag_typed and typed.payload == b"\x01" + np.arange(4.0)[::2].tobytes()
+    assert converted.result == ("ok", [0.0, 1.0, 2.0]) and converted.tag == W.tag_vector
 
 
 def test_a_result_that_cannot_travel_is_internal_for_its_job_alone() -> None:
@@ -226,8 +232,11 @@ def test_decode_gives_typed_messages() -> None:
     assert vector.dtype == np.dtype("<f4") and vector.tolist() == a.tolist()
     assert np.shares_memory(vector, np.frombuffer(frame, np.uint8))  # a view, no copy
     assert launch.args[1].size == 0
-    plain = protocol.decode(memoryview(launch_frame(1, "reduce", [a], flags=0xFF ^ W.flag_trace)))
+    # Flag bits the protocol does not define are ignored (keep and geometry add fields).
+    flags = 0xFF ^ (W.flag_trace | W.flag_keep | W.flag_geometry)
+    plain = protocol.decode(memoryview(launch_frame(1, "reduce", [a], flags=flags)))
     assert isinstance(plain, Launch) and not plain.trace and plain.error is None
+    assert plain.keep is None and plain.geometry is None and not plain.general
     assert protocol.decode(launch_frame(1, "тест", [])).kernel == "тест"
     call = protocol.decode(etf.encode_bytes((Atom("C"), 9, Atom("erlcuda"), Atom("info"), [])))
     assert call == Call(9, "info", [])
@@ -290,7 +299,10 @@ def test_the_erlang_module_lists_every_worker_atom() -> None:
     exports = re.search(r"-export\(\[([^\]]*)\]\)", source)
     assert exports is not None
     assert exports[1].split() == ["protocol/0,", "max_frame/0,", "max_elements/0,",
-                                  "kernels/0,", "cuda_codes/0,", "reasons/0,", "worker_atoms/0"]
+                                  "element_types/0,", "kernels/0,", "cuda_codes/0,",
+                                  "reasons/0,", "worker_atoms/0"]
+    types = source.split("\nelement_types() -> [", 1)[1].split("].", 1)[0]
+    assert [t.strip() for t in types.split(",")] == list(contract.ELEMENT_TYPES)
     body = source.split("\nworker_atoms() ->", 1)[1].split("].", 1)[0].strip(" \n[")
     assert {a.strip().strip("'") for a in body.split(",")} == contract.ATOMS
 

@@ -46,20 +46,74 @@ class FileVector:
     part_bytes: int = 8 << 20
 
 
+@dataclass(frozen=True)
+class Buffer:
+    """A buffer argument (arg.handle): the id of a vector kept on the device."""
+
+    buffer_id: int
+
+
+@dataclass(frozen=True)
+class Number:
+    """A scalar argument (arg.scalar) of element type ``etype``: 8 bytes, the value
+    little-endian and zero-padded (``raw`` overrides them)."""
+
+    value: float | int
+    etype: int = 0
+    raw: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Zeroed:
+    """An empty argument (arg.empty): ``elements`` zeroed elements the worker makes."""
+
+    elements: int
+    etype: int = 0
+
+
+#: The numpy dtype of each ElemType, by index (contract.ELEMENT_TYPES).
+DTYPES = {"f32": "<f4", "f64": "<f8", "i32": "<i4", "u32": "<u4", "i64": "<i8", "u8": "u1"}
+ETYPE = {name: i for i, name in enumerate(contract.ELEMENT_TYPES)}
+
+
+def typed(values: Any, etype: str) -> Vector:
+    """A vector argument of element type ``etype``."""
+    return Vector(np.asarray(values, DTYPES[etype]).tobytes(), ETYPE[etype])
+
+
 def launch_frame(job_id: int, kernel: str | bytes, args: list[Any], *, device: int = 0,
                  trace: bool = False, flags: int | None = None,
-                 result_file: bool = False) -> bytes:
+                 result_file: bool = False, keep: list[int] | None = None,
+                 geometry: tuple[tuple[int, int, int], tuple[int, int, int], int] | None = None
+                 ) -> bytes:
     """The launch frame Erlang writes: bytes (or a numpy array) are an f32 vector argument,
     an int a dim, a ``Vector`` a vector of its element type, a ``FileVector`` a vector in
-    shared memory."""
+    shared memory, a ``Buffer`` a buffer, a ``Number`` a scalar, a ``Zeroed`` an empty
+    argument; ``keep`` (flag keep) the ids to keep the results under, ``geometry`` (flag
+    geometry) a user kernel's grid, block and shared bytes."""
     name = kernel.encode() if isinstance(kernel, str) else kernel
     if flags is None:
-        flags = (W.flag_trace if trace else 0) | (W.flag_result_file if result_file else 0)
+        flags = ((W.flag_trace if trace else 0) | (W.flag_result_file if result_file else 0)
+                 | (W.flag_keep if keep is not None else 0)
+                 | (W.flag_geometry if geometry is not None else 0))
     parts = [struct.pack(">BQHBB", W.launch, job_id, device, flags, len(name)), name,
              bytes((len(args),))]
     for arg in args:
         if isinstance(arg, int):
             parts.append(struct.pack(">BQ", W.arg_dim, arg))
+            continue
+        if isinstance(arg, Buffer):
+            parts.append(struct.pack(">BQ", W.arg_handle, arg.buffer_id))
+            continue
+        if isinstance(arg, Number):
+            raw = arg.raw
+            if raw is None:
+                dtype = DTYPES[contract.ELEMENT_TYPES[arg.etype]]
+                raw = np.asarray(arg.value, dtype).tobytes().ljust(8, b"\0")
+            parts.append(struct.pack(">BB", W.arg_scalar, arg.etype) + raw)
+            continue
+        if isinstance(arg, Zeroed):
+            parts.append(struct.pack(">BBQ", W.arg_empty, arg.etype, arg.elements))
             continue
         if isinstance(arg, FileVector):
             fname = arg.name.encode() if isinstance(arg.name, str) else arg.name
@@ -71,6 +125,11 @@ def launch_frame(job_id: int, kernel: str | bytes, args: list[Any], *, device: i
         elif not isinstance(arg, Vector):
             arg = Vector(bytes(arg))
         parts += [struct.pack(">BBQ", W.arg_vector, arg.etype, len(arg.data)), arg.data]
+    if keep is not None:
+        parts.append(struct.pack(f">B{len(keep)}Q", len(keep), *keep))
+    if geometry is not None:
+        (gx, gy, gz), (bx, by, bz), shared = geometry
+        parts.append(struct.pack(">7I", gx, gy, gz, bx, by, bz, shared))
     return b"".join(parts)
 
 
@@ -84,8 +143,10 @@ def batch_frame(launches: list[bytes]) -> bytes:
 class Reply:
     """One record of a results frame, as Erlang reads it.
 
-    ``result`` is ``("ok", Value)`` (a vector as a list of floats, a scalar a float) or
-    ``("error", Reason)`` (the decoded term); ``payload`` the raw payload of the result's
+    ``result`` is ``("ok", Value)`` (a vector as a list of floats, a typed vector as a list
+    of its numbers, a scalar a float, a list record as the list of its items' values, a
+    buffer as ``("buffer", Id, Type, Elements)``) or ``("error", Reason)`` (the decoded
+    term); ``payload`` the raw payload of the result's
     tag; ``stamps`` the decoded map of a traced record (else ``None``); ``etf`` every ETF
     blob in the record (the reason, the stamps) as sent.
     """
@@ -110,6 +171,29 @@ def _result(tag: int, payload: bytes) -> tuple[str, Any]:
     if tag == W.tag_file:
         assert len(payload) == 16, "a file result's payload is its size and part size"
         return "file", struct.unpack(">QQ", payload)
+    if tag == W.tag_typed:
+        assert len(payload) >= 1, "a typed vector starts with its type"
+        etype = contract.ELEMENT_TYPES[payload[0]]
+        dtype = np.dtype(DTYPES[etype])
+        assert etype != "f32", "an f32 vector travels as tag_vector"
+        assert (len(payload) - 1) % dtype.itemsize == 0, "a typed payload is whole elements"
+        return "ok", np.frombuffer(payload, dtype, offset=1).tolist()
+    if tag == W.tag_handle:
+        assert len(payload) == 17, "a handle is BufferId:64 Type:8 Elements:64"
+        buffer_id, etype, elements = struct.unpack(">QBQ", payload)
+        return "ok", ("buffer", buffer_id, contract.ELEMENT_TYPES[etype], elements)
+    if tag == W.tag_list:
+        (count,) = struct.unpack_from(">I", payload)
+        pos, items = 4, []
+        for _ in range(count):
+            item_tag, n = struct.unpack_from(">BI", payload, pos)
+            pos += 5
+            assert item_tag in (W.tag_vector, W.tag_typed, W.tag_handle), item_tag
+            assert pos + n <= len(payload), "a list item runs past its record"
+            items.append(_result(item_tag, payload[pos : pos + n])[1])
+            pos += n
+        assert pos == len(payload), "trailing bytes after a list's items"
+        return "ok", items
     raise AssertionError(f"unknown tag {tag}")
 
 
@@ -192,11 +276,13 @@ class WorkerPipe:
         self.writer.write([frame])
 
     def launch(self, job_id: int, kernel: str, args: list[Any], *, device: int = 0,
-               trace: bool = False, result_file: bool = False) -> None:
+               trace: bool = False, result_file: bool = False, keep: list[int] | None = None,
+               geometry: tuple[tuple[int, int, int], tuple[int, int, int], int] | None = None
+               ) -> None:
         if self.record:
             self.sent.append(Atom(kernel))
         self.send_raw(launch_frame(job_id, kernel, args, device=device, trace=trace,
-                                   result_file=result_file))
+                                   result_file=result_file, keep=keep, geometry=geometry))
 
     def receive(self) -> Any:
         """The next message that is not a log line: a ``Reply`` (one record of a results

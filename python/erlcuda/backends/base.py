@@ -64,6 +64,57 @@ class Device(ABC):
             return np.empty((0, batch.result_elements), np.float32)
         return np.stack(values).astype(np.float32, copy=False)
 
+    # -- the general path: device arrays, buffers and user kernels ---------------------------
+    # A device array is whatever the backend holds on its device (a numpy array on the CPU
+    # backend, a device allocation on CUDA); it has ``dtype`` (numpy), ``size`` (elements)
+    # and ``nbytes``. The lane owns every one of them (buffers and temporaries alike) and
+    # frees each exactly once with ``free``.
+
+    def alloc(self, dtype: np.dtype[Any], count: int, *, zero: bool) -> Any:
+        """A new device array of ``count`` elements, zeroed if ``zero``. Raises
+        ``BackendError("out_of_memory", ...)`` (not fatal) where the device has no room."""
+        raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
+
+    def upload(self, host: np.ndarray) -> Any:
+        """A new device array holding the 1-D ``host`` array's elements, of its dtype."""
+        raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
+
+    def download(self, array: Any) -> np.ndarray:
+        """A host copy of ``array``: a 1-D numpy array of its dtype, owned by the caller."""
+        raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
+
+    def free(self, array: Any) -> None:
+        """Give ``array``'s memory back to the device."""
+        raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
+
+    def builtin(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
+        """Run a catalogue kernel (``vector_add``, ``reduce``, ``dot_product``, ``matmul``,
+        ``copy``) on device arrays: ``operands`` in param order, vectors as device arrays of
+        one dtype (f32 or f64; ``copy`` any element type) and dims as ints. A vector result
+        is written into ``out`` (a device array of the result's length and dtype) and
+        ``None`` returned; a scalar result is returned as a float (``out`` is ``None``)."""
+        raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
+
+    def load_module(self, name: str, image: bytes, functions: Sequence[str]) -> None:
+        """Load compiled code (a cubin) as module ``name`` into this device's context, with
+        its ``functions`` (extern "C" names) ready to launch; replaces a module of that
+        name. Raises ``BackendUnavailable`` where the backend runs no user code."""
+        raise BackendUnavailable(f"the {type(self).__name__} backend runs no user kernels: "
+                                 "they need the cuda backend and a GPU")
+
+    def unload_module(self, name: str) -> None:  # noqa: B027 - optional hook
+        """Forget module ``name`` (nothing if it is not loaded)."""
+
+    def launch_user(self, module: str, function: str, args: Sequence[Any],
+                    grid: tuple[int, int, int], block: tuple[int, int, int],
+                    shared: int) -> None:
+        """Launch ``function`` of ``module`` with ``args`` in order: device arrays (passed
+        as pointers) and numpy scalars of the declared types (passed by value); returns
+        once it finished (a fault raises ``BackendError``, ``fatal`` when the context is
+        lost)."""
+        raise BackendUnavailable(f"the {type(self).__name__} backend runs no user kernels: "
+                                 "they need the cuda backend and a GPU")
+
     @abstractmethod
     def info(self) -> dict[str, Any]:
         """Static facts about the device (name, memory, ...), safe to call from its thread."""

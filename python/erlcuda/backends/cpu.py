@@ -1,7 +1,8 @@
 """The CPU backend: numpy, one call per batch. Runs everywhere; the reference for the GPU.
 
 ``cpu_devices`` virtual devices share the host's cores; they exist so that routing and
-per-device queues behave as they do with several GPUs.
+per-device queues behave as they do with several GPUs. Their device arrays (buffers, the
+general path's operands) are numpy arrays in host memory; user kernels need a GPU.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels import F32, Request, UniformRequest
-from .base import Backend, Device, Result
+from .base import Backend, BackendError, Device, Result
 
 
 def _offsets(requests: Sequence[Request]) -> np.ndarray:
@@ -89,6 +90,45 @@ class CpuDevice(Device):
                             dtype=F32)
             return out.reshape(batch.count, m * n)
         return super().run_uniform(batch)
+
+    # -- device arrays: numpy arrays ---------------------------------------------------------
+    def alloc(self, dtype: np.dtype[Any], count: int, *, zero: bool) -> np.ndarray:
+        try:
+            return np.zeros(count, dtype) if zero else np.empty(count, dtype)
+        except MemoryError as exc:
+            raise BackendError("out_of_memory",
+                               f"{count} elements of {dtype} do not fit in memory") from exc
+
+    def upload(self, host: np.ndarray) -> np.ndarray:
+        array = self.alloc(host.dtype, host.size, zero=False)
+        array[:] = host
+        return array
+
+    def download(self, array: np.ndarray) -> np.ndarray:
+        return array.copy()
+
+    def free(self, array: np.ndarray) -> None:
+        pass  # the memory goes with the last reference
+
+    def builtin(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
+        if kernel == "copy":
+            out[:] = operands[0]
+        elif kernel == "vector_add":
+            np.add(operands[0], operands[1], out=out)
+        elif kernel == "matmul":
+            a, b, m, n, k = operands
+            np.matmul(a.reshape(m, k), b.reshape(k, n), out=out.reshape(m, n))
+        elif kernel in ("reduce", "dot_product"):
+            # f64 accumulation, as run's: an f32 launch's sum is rounded to f32 as there
+            a = operands[0]
+            values = a.astype(np.float64)
+            if kernel == "dot_product":
+                values *= operands[1]
+            total = np.add.reduceat(values, [0])[0] if values.size else 0.0
+            return float(np.float32(total)) if a.dtype == F32 else float(total)
+        else:
+            raise BackendError("not_supported", f"the cpu backend has no built-in {kernel}")
+        return None
 
     def info(self) -> dict[str, Any]:
         return {"name": f"cpu:{self.index}"}
