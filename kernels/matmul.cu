@@ -203,3 +203,108 @@ matmul_checked(const float* __restrict__ A, const float* __restrict__ B, float* 
                int M, int N, int K) {
     erlcuda_matmul::gemm<true>(A, B, C, M, N, K);
 }
+
+// -- f64 ------------------------------------------------------------------------------------
+// matmul_f64: C = A B for row-major f64 matrices, any M, N, K >= 0 (bounds checked; K == 0
+// writes zeros), jobs of a batch in blockIdx.z as above. A plainer kernel than the f32 one:
+// blockIdx.x numbers the 64 x 64 tiles of C (ceil(M/64) * ceil(N/64), row-major); each of
+// the 256 threads computes a 4 x 4 micro-tile with rows ty + 16i and columns tx + 16j, so a
+// warp's shared-memory reads are broadcasts or consecutive and its stores coalesce; K is
+// walked in steps of 16 through shared memory. Bounds are compared as differences, so
+// nothing overflows near 2^31.
+namespace erlcuda_matmul_f64 {
+
+constexpr int kBM = 64;
+constexpr int kBN = 64;
+constexpr int kBK = 16;
+constexpr int kThreads = 256;
+constexpr int kMicro = 4;  // micro-tile rows and columns per thread
+constexpr int kSide = 16;  // threads per tile row and per tile column
+
+}  // namespace erlcuda_matmul_f64
+
+extern "C" __global__ void __launch_bounds__(erlcuda_matmul_f64::kThreads)
+matmul_f64(const double* __restrict__ A, const double* __restrict__ B, double* __restrict__ C,
+           int M, int N, int K) {
+    using namespace erlcuda_matmul_f64;
+    // +1: the transposed stores of the A tile spread over more banks.
+    __shared__ double As[kBK][kBM + 1];
+    __shared__ double Bs[kBK][kBN];
+
+    const long long z = blockIdx.z;
+    A += z * M * K;
+    B += z * K * N;
+    C += z * M * N;
+
+    const int tiles_n = (N + kBN - 1) / kBN;
+    const int row0 = static_cast<int>(blockIdx.x / tiles_n) * kBM;
+    const int col0 = static_cast<int>(blockIdx.x % tiles_n) * kBN;
+    const int rows_left = M - row0;  // rows r < rows_left of the tile exist
+    const int cols_left = N - col0;
+    const int tid = threadIdx.x;
+    const int tx = tid % kSide;
+    const int ty = tid / kSide;
+
+    double acc[kMicro][kMicro];
+#pragma unroll
+    for (int i = 0; i < kMicro; ++i) {
+#pragma unroll
+        for (int j = 0; j < kMicro; ++j) {
+            acc[i][j] = 0.0;
+        }
+    }
+
+    for (int k_left = K; k_left > 0; k_left -= kBK) {
+        const int k0 = K - k_left;
+        // Each thread loads four elements of the A tile (64 x 16, stored k-major) and four of
+        // the B tile (16 x 64); outside A or B they read as zero.
+#pragma unroll
+        for (int r = 0; r < (kBM * kBK) / kThreads; ++r) {
+            const int e = tid + r * kThreads;
+            const int ar = e / kBK;
+            const int ak = e % kBK;
+            As[ak][ar] = (ar < rows_left && ak < k_left)
+                             ? A[static_cast<long long>(row0 + ar) * K + k0 + ak]
+                             : 0.0;
+            const int bk = e / kBN;
+            const int bc = e % kBN;
+            Bs[bk][bc] = (bk < k_left && bc < cols_left)
+                             ? B[static_cast<long long>(k0 + bk) * N + col0 + bc]
+                             : 0.0;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < kBK; ++k) {
+            double a[kMicro];
+            double b[kMicro];
+#pragma unroll
+            for (int i = 0; i < kMicro; ++i) {
+                a[i] = As[k][ty + kSide * i];
+                b[i] = Bs[k][tx + kSide * i];
+            }
+#pragma unroll
+            for (int i = 0; i < kMicro; ++i) {
+#pragma unroll
+                for (int j = 0; j < kMicro; ++j) {
+                    acc[i][j] = fma(a[i], b[j], acc[i][j]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < kMicro; ++i) {
+        const int r = ty + kSide * i;
+        if (r < rows_left) {
+            double* c_row = C + static_cast<long long>(row0 + r) * N + col0;
+#pragma unroll
+            for (int j = 0; j < kMicro; ++j) {
+                const int c = tx + kSide * j;
+                if (c < cols_left) {
+                    c_row[c] = acc[i][j];
+                }
+            }
+        }
+    }
+}

@@ -6,9 +6,12 @@
 //     (the host launches about SMs x 8 blocks), then reduce_final adds the partials in one
 //     block;
 //   * a batch of small vectors: {reduce,dot}_segments, one block per segment.
-// Every sum is accumulated in f32: each thread sums a strided slice into eight independent
-// accumulators, then the block and the partials are added as trees, which keeps the
-// rounding error far below that of one long sequential sum.
+// Every f32 sum is accumulated in f32: each thread sums a strided slice into eight
+// independent accumulators, then the block and the partials are added as trees, which keeps
+// the rounding error far below that of one long sequential sum.
+//
+// f64 vectors have the two-pass shape only ({reduce,dot}_partial_f64, reduce_final_f64),
+// accumulated in f64 the same way (four accumulators per thread, then trees).
 #include "common.cuh"
 
 namespace erlcuda_reduce {
@@ -154,4 +157,104 @@ extern "C" __global__ void __launch_bounds__(erlcuda::kBlock1D)
 dot_segments(const float* __restrict__ x, const float* __restrict__ y,
              const long long* __restrict__ offsets, int nseg, float* __restrict__ out) {
     erlcuda_reduce::segments<true>(x, y, offsets, nseg, out);
+}
+
+// -- f64 ------------------------------------------------------------------------------------
+
+namespace erlcuda_reduce {
+
+__device__ __forceinline__ double warp_sum_f64(double v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v += __shfl_down_sync(erlcuda::kFullMask, v, offset);
+    }
+    return v;
+}
+
+// erlcuda::block_sum for doubles: valid in thread 0 only; every thread of the block calls it.
+__device__ __forceinline__ double block_sum_f64(double v) {
+    __shared__ double warp_totals[32];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int warps = blockDim.x >> 5;
+
+    v = warp_sum_f64(v);
+    if (lane == 0) {
+        warp_totals[warp] = v;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < warps ? warp_totals[lane] : 0.0;
+        v = warp_sum_f64(v);
+    }
+    return v;
+}
+
+// This thread's share of terms first, first + stride, ... below n: four loads in flight.
+template <bool DOT>
+__device__ __forceinline__ double thread_sum_f64(const double* __restrict__ x,
+                                                 const double* __restrict__ y, long long n,
+                                                 long long first, long long stride) {
+    double s0 = 0.0;
+    double s1 = 0.0;
+    double s2 = 0.0;
+    double s3 = 0.0;
+    long long i = first;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        if (DOT) {
+            s0 = fma(x[i], y[i], s0);
+            s1 = fma(x[i + stride], y[i + stride], s1);
+            s2 = fma(x[i + 2 * stride], y[i + 2 * stride], s2);
+            s3 = fma(x[i + 3 * stride], y[i + 3 * stride], s3);
+        } else {
+            s0 += x[i];
+            s1 += x[i + stride];
+            s2 += x[i + 2 * stride];
+            s3 += x[i + 3 * stride];
+        }
+    }
+    for (; i < n; i += stride) {
+        s0 = DOT ? fma(x[i], y[i], s0) : s0 + x[i];
+    }
+    return (s0 + s1) + (s2 + s3);
+}
+
+template <bool DOT>
+__device__ __forceinline__ void partial_f64(const double* __restrict__ x,
+                                            const double* __restrict__ y, long long n,
+                                            double* __restrict__ partials) {
+    double v = thread_sum_f64<DOT>(x, y, n, erlcuda::global_thread(), erlcuda::grid_threads());
+    v = block_sum_f64(v);
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = v;
+    }
+}
+
+}  // namespace erlcuda_reduce
+
+// Pass 1 for one f64 vector of n terms: partials[blockIdx.x] = this block's share. y is
+// unused by reduce_partial_f64.
+extern "C" __global__ void __launch_bounds__(erlcuda::kBlock1D)
+reduce_partial_f64(const double* __restrict__ x, const double* __restrict__ y, long long n,
+                   double* __restrict__ partials) {
+    erlcuda_reduce::partial_f64<false>(x, y, n, partials);
+}
+
+extern "C" __global__ void __launch_bounds__(erlcuda::kBlock1D)
+dot_partial_f64(const double* __restrict__ x, const double* __restrict__ y, long long n,
+                double* __restrict__ partials) {
+    erlcuda_reduce::partial_f64<true>(x, y, n, partials);
+}
+
+// Pass 2, one block: *out = sum of partials[0..count-1] (0.0 when count == 0).
+extern "C" __global__ void __launch_bounds__(erlcuda::kBlock1D)
+reduce_final_f64(const double* __restrict__ partials, int count, double* __restrict__ out) {
+    double v = 0.0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) {
+        v += partials[i];
+    }
+    v = erlcuda_reduce::block_sum_f64(v);
+    if (threadIdx.x == 0) {
+        *out = v;
+    }
 }

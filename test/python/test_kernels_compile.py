@@ -19,15 +19,18 @@ ARCH = "sm_90"  # the H200 the project targets
 
 #: The extern "C" entry points backends/cuda.py loads, by file.
 ENTRY_POINTS = {
-    "vector_add.cu": {"vector_add"},
+    "vector_add.cu": {"vector_add", "vector_add_f64"},
     "reduce.cu": {
         "reduce_partial",
         "dot_partial",
         "reduce_final",
         "reduce_segments",
         "dot_segments",
+        "reduce_partial_f64",
+        "dot_partial_f64",
+        "reduce_final_f64",
     },
-    "matmul.cu": {"matmul_aligned", "matmul_checked"},
+    "matmul.cu": {"matmul_aligned", "matmul_checked", "matmul_f64"},
     "testing.cu": {"erlcuda_fault"},
 }
 

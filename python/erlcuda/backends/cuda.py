@@ -11,6 +11,12 @@ grow with the largest batch seen and are reused: every batch is copied into pinn
 memory, sent with one host-to-device copy, computed with as few launches as the kernel
 allows, and fetched with one device-to-host copy. Arrays returned are views into the pinned
 output staging, valid until the next ``run`` (the contract of ``base.Device``).
+
+The general path (``alloc``/``upload``/``download``/``free``/``builtin`` and user modules)
+works on ``CudaArray`` device arrays of any element type, on the same stream; each of its
+calls returns once its work on the device is done, so a fault is reported by the call that
+caused it. Host transfers go through two pinned chunks in turn (one is packed while the other
+is copied), so large ones run near pinned speed without pinning the caller's memory.
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ SEGMENT_MAX = 1 << 20
 MATMUL_TILE = 128
 MATMUL_BK = 8
 MATMUL_THREADS = 256
+#: matmul_f64's tile (kernels/matmul.cu: 64 x 64, 256 threads).
+MATMUL_F64_TILE = 64
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Z = 65535
 #: Smallest staging allocation, in elements; staging grows geometrically beyond it.
@@ -60,6 +68,8 @@ MIN_STAGING = 1 << 20
 #: Packed operands start on multiples of this many elements (256 bytes), so that each one
 #: is 16-byte aligned for the kernels' float4 paths.
 PACK_ALIGN = 64
+#: Bytes per pinned chunk of the general path's host transfers (two of them per device).
+TRANSFER_CHUNK = 32 << 20
 
 #: Kernel file (stem) and PyCUDA argument format of each function: P pointer, q int64,
 #: i int32.
@@ -72,6 +82,11 @@ FUNCTIONS: Mapping[str, tuple[str, str]] = {
     "dot_segments": ("reduce", "PPPiP"),
     "matmul_aligned": ("matmul", "PPPiii"),
     "matmul_checked": ("matmul", "PPPiii"),
+    "vector_add_f64": ("vector_add", "PPPq"),
+    "reduce_partial_f64": ("reduce", "PPqP"),
+    "dot_partial_f64": ("reduce", "PPqP"),
+    "reduce_final_f64": ("reduce", "PiP"),
+    "matmul_f64": ("matmul", "PPPiii"),
 }
 TEST_FUNCTIONS: Mapping[str, tuple[str, str]] = {"erlcuda_fault": ("testing", "P")}
 NVCC_OPTIONS = ("-O3",)  # IEEE f32 arithmetic: no --use_fast_math
@@ -88,7 +103,12 @@ _STICKY_MARKERS = (
     "uncorrectable",
     "context is destroyed",
     "exception",
+    "device-side assert",
 )
+
+#: PyCUDA argument format of each element type passed by value to a user kernel.
+_SCALAR_FORMATS = {"f4": "f", "f8": "d", "i4": "i", "u4": "I", "i8": "q", "u1": "B"}
+F64 = np.dtype("<f8")
 
 
 def _cache_dir() -> str | bool:
@@ -140,6 +160,8 @@ def to_backend_error(exc: BaseException) -> BackendError:
     # encountered"), usually at the next synchronize.
     if "illegal address" in low or "illegal memory access" in low:
         return BackendError("illegal_address", message, fatal=True)
+    if "too many resources" in low:  # a launch refused before it ran: nothing is poisoned
+        return BackendError("launch_failed", message)
     if isinstance(exc, cuda.LaunchError):
         return BackendError("launch_failed", message, fatal=True)
     if isinstance(exc, cuda.LogicError) and ("invalid value" in low or "invalid argument" in low):
@@ -263,6 +285,71 @@ class _HostBuffer:
             self._pinned = False
 
 
+# -- device arrays and user modules ---------------------------------------------------------
+
+
+class CudaArray:
+    """A device array of the general path: ``size`` elements of ``dtype`` (``nbytes`` bytes)
+    in device memory of the device that made it. An empty one holds no allocation (the driver
+    makes no zero-byte blocks) and passes a null pointer to kernels."""
+
+    __slots__ = ("_alloc", "_freed", "dtype", "nbytes", "size")
+
+    def __init__(self, alloc: cuda.DeviceAllocation | None, dtype: np.dtype[Any],
+                 size: int) -> None:
+        self._alloc = alloc
+        self._freed = False
+        self.dtype = dtype
+        self.size = size
+        self.nbytes = size * dtype.itemsize
+
+    @property
+    def ptr(self) -> int:
+        """The device address (0 for an empty array)."""
+        if self._freed:
+            raise BackendError("invalid_value", "a device array was used after it was freed")
+        return 0 if self._alloc is None else int(self._alloc)
+
+    def __repr__(self) -> str:
+        state = " freed" if self._freed else ""
+        return f"<CudaArray {self.dtype.name}[{self.size}]{state}>"
+
+
+class _UserModule:
+    """A loaded cubin, its functions by name, and the argument format each is prepared for."""
+
+    __slots__ = ("formats", "functions", "module")
+
+    def __init__(self, module: cuda.Module, functions: dict[str, cuda.Function]) -> None:
+        self.module = module
+        self.functions = functions
+        self.formats: dict[str, str] = {}
+
+
+def _vector(operand: object, kernel: str) -> CudaArray:
+    if not isinstance(operand, CudaArray):
+        raise BackendError("invalid_value", f"{kernel}: expected a device array, got "
+                           f"{type(operand).__name__}")
+    return operand
+
+
+def _dim(operand: object, kernel: str) -> int:
+    if not isinstance(operand, (int, np.integer)) or isinstance(operand, bool) or operand < 0:
+        raise BackendError("invalid_value", f"{kernel}: expected a dim, got {operand!r:.40}")
+    return int(operand)
+
+
+def _same(kernel: str, arrays: Sequence[CudaArray], sizes: Sequence[int]) -> None:
+    """Every array of one dtype, and of the size given for it."""
+    for array, size in zip(arrays, sizes, strict=True):
+        if array.dtype != arrays[0].dtype:
+            raise BackendError("invalid_value", f"{kernel}: operands of types "
+                               f"{arrays[0].dtype.name} and {array.dtype.name}")
+        if array.size != size:
+            raise BackendError("invalid_value", f"{kernel}: an operand of {array.size} "
+                               f"elements where {size} are needed")
+
+
 # -- the device ----------------------------------------------------------------------------
 
 
@@ -311,13 +398,22 @@ class CudaDevice(Device):
                 raise BackendUnavailable(f"kernel file {stem}.cu was not compiled")
             self._fn[name] = self._modules[stem].get_function(name).prepare(signature)
         self._stream = cuda.Stream()
-        self._partials = cuda.mem_alloc(self._sm_count * REDUCE_BLOCKS_PER_SM * 4)
+        # 8 bytes a block: f64 partials too.
+        self._partials = cuda.mem_alloc(self._sm_count * REDUCE_BLOCKS_PER_SM * 8)
         self._dev_in = _DeviceBuffer("input staging")
         self._dev_out = _DeviceBuffer("output staging")
         self._dev_offsets = _DeviceBuffer("segment offsets", np.int64)
         self._host_in = _HostBuffer("input staging")
         self._host_out = _HostBuffer("output staging")
         self._host_offsets = _HostBuffer("segment offsets", np.int64)
+        # The general path: a scalar result, pinned transfer chunks and their copies' events,
+        # and the user modules by name.
+        self._scalar = cuda.mem_alloc(8)
+        self._scalar_host = cuda.pagelocked_empty(1, F64)
+        self._host_chunks = (_HostBuffer("transfer chunk", np.uint8),
+                             _HostBuffer("transfer chunk", np.uint8))
+        self._chunk_copied = (cuda.Event(), cuda.Event())
+        self._user: dict[str, _UserModule] = {}
 
     # -- Device API ------------------------------------------------------------------------
 
@@ -358,15 +454,18 @@ class CudaDevice(Device):
         self._closed = True
         for buffer in (self._dev_in, self._dev_out, self._dev_offsets):
             buffer.free()
-        for host in (self._host_in, self._host_out, self._host_offsets):
+        for host in (self._host_in, self._host_out, self._host_offsets, *self._host_chunks):
             host.free()
-        try:
-            self._partials.free()
-        except cuda.Error:
-            pass
+        for alloc in (self._partials, self._scalar, self._scalar_host.base):
+            try:
+                alloc.free()  # type: ignore[union-attr]
+            except cuda.Error:
+                pass
         # Dropped while the context is current so that their destructors run here.
+        self._user.clear()
         self._fn.clear()
         self._modules.clear()
+        del self._chunk_copied
         del self._stream
         self._release_context()
 
@@ -393,6 +492,238 @@ class CudaDevice(Device):
             fault.prepared_async_call((1, 1, 1), (1, 1, 1), self._stream, target)
             self._stream.synchronize()
         raise BackendError("unknown", "erlcuda_fault ran without faulting")
+
+    # -- the general path: device arrays -----------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendError("invalid_value", "device is closed")
+
+    def alloc(self, dtype: np.dtype[Any], count: int, *, zero: bool) -> CudaArray:
+        self._check_open()
+        dtype = np.dtype(dtype)
+        if dtype.kind not in "biuf":
+            raise BackendError("invalid_value", f"no device arrays of {dtype}")
+        if count < 0:
+            raise BackendError("invalid_value", f"cannot allocate {count} elements")
+        nbytes = count * dtype.itemsize
+        if nbytes == 0:
+            return CudaArray(None, dtype, count)
+        try:
+            if nbytes >= 1 << 63:  # beyond size_t's conversion: no card has that much
+                raise MemoryError("no device has that much memory")
+            alloc = cuda.mem_alloc(nbytes)
+        except (cuda.MemoryError, MemoryError) as exc:
+            raise BackendError(
+                "out_of_memory", f"cannot allocate {nbytes} bytes of device memory: {exc}"
+            ) from exc
+        except cuda.Error as exc:
+            raise to_backend_error(exc) from exc
+        array = CudaArray(alloc, dtype, count)
+        if zero:
+            try:
+                with _cuda_errors():
+                    cuda.memset_d8_async(alloc, 0, nbytes, self._stream)
+            except BackendError:
+                self.free(array)
+                raise
+        return array
+
+    def upload(self, host: np.ndarray) -> CudaArray:
+        self._check_open()
+        src = np.ascontiguousarray(host).reshape(-1)
+        array = self.alloc(src.dtype, src.size, zero=False)
+        if array.nbytes == 0:
+            return array
+        try:
+            with _cuda_errors():
+                self._to_device(array.ptr, src.view(np.uint8))
+        except BaseException:
+            self.free(array)
+            raise
+        return array
+
+    def download(self, array: Any) -> np.ndarray:
+        self._check_open()
+        array = _vector(array, "download")
+        out = np.empty(array.size, array.dtype)
+        if array.nbytes > 0:
+            with _cuda_errors():
+                self._from_device(out.view(np.uint8), array.ptr)
+        return out
+
+    def free(self, array: Any) -> None:
+        array = _vector(array, "free")
+        if array._freed:
+            return
+        array._freed = True
+        alloc, array._alloc = array._alloc, None
+        if alloc is None or self._closed:
+            return  # a closed device's context took its memory with it
+        try:
+            # Work queued on the stream may still use the memory.
+            self._stream.synchronize()
+        except cuda.Error:
+            pass  # a poisoned context: the call that poisoned it has reported it
+        try:
+            alloc.free()
+        except cuda.Error:
+            pass
+
+    def _chunks(self, nbytes: int) -> tuple[int, tuple[np.ndarray, np.ndarray]]:
+        """The chunk size of a transfer of ``nbytes`` and the two pinned buffers it uses in
+        turn (one and the same where a single chunk will do)."""
+        chunk = min(nbytes, TRANSFER_CHUNK)
+        first = self._host_chunks[0].ensure(chunk)
+        second = self._host_chunks[1].ensure(chunk) if nbytes > chunk else first
+        return chunk, (first, second)
+
+    def _to_device(self, ptr: int, data: np.ndarray) -> None:
+        """Copy the bytes ``data`` to device address ``ptr``; returns when they are there."""
+        nbytes = data.size
+        chunk, buffers = self._chunks(nbytes)
+        for index, start in enumerate(range(0, nbytes, chunk)):
+            slot = index % 2
+            if index >= 2:
+                self._chunk_copied[slot].synchronize()  # its buffer's last copy is done
+            size = min(chunk, nbytes - start)
+            staged = buffers[slot][:size]
+            _pack(staged, data[start : start + size])
+            cuda.memcpy_htod_async(ptr + start, staged, self._stream)
+            self._chunk_copied[slot].record(self._stream)
+        self._stream.synchronize()
+
+    def _from_device(self, data: np.ndarray, ptr: int) -> None:
+        """Copy ``data.size`` bytes from device address ``ptr`` into ``data`` (after the work
+        queued before on the stream)."""
+        nbytes = data.size
+        chunk, buffers = self._chunks(nbytes)
+        starts = range(0, nbytes, chunk)
+
+        def fetch(index: int) -> None:
+            slot = index % 2
+            size = min(chunk, nbytes - starts[index])
+            cuda.memcpy_dtoh_async(buffers[slot][:size], ptr + starts[index], self._stream)
+            self._chunk_copied[slot].record(self._stream)
+
+        fetch(0)
+        for index, start in enumerate(starts):
+            if index + 1 < len(starts):
+                fetch(index + 1)  # into the other buffer, emptied in the previous step
+            slot = index % 2
+            self._chunk_copied[slot].synchronize()
+            size = min(chunk, nbytes - start)
+            _pack(data[start : start + size], buffers[slot][:size])
+
+    def _read_scalar(self, dtype: np.dtype[Any]) -> float:
+        """The scalar result at ``self._scalar`` (one ``dtype`` element), after the stream."""
+        host = self._scalar_host.view(dtype)[:1]
+        cuda.memcpy_dtoh_async(host, int(self._scalar), self._stream)
+        self._stream.synchronize()
+        return float(host[0])
+
+    # -- the general path: catalogue kernels on device arrays --------------------------------
+
+    def builtin(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
+        self._check_open()
+        with _cuda_errors():
+            result = self._builtin(kernel, operands, out)
+            self._stream.synchronize()
+        return result
+
+    def _builtin(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
+        arity = {"copy": 1, "vector_add": 2, "reduce": 1, "dot_product": 2, "matmul": 5}
+        if kernel not in arity:
+            raise BackendError("not_supported", f"no built-in kernel {kernel!r:.40}")
+        if len(operands) != arity[kernel]:
+            raise BackendError("invalid_value", f"{kernel} takes {arity[kernel]} operands, "
+                               f"got {len(operands)}")
+        a = _vector(operands[0], kernel)
+        if kernel == "copy":
+            c = _vector(out, kernel)
+            _same(kernel, [a, c], [a.size, a.size])
+            if a.nbytes > 0:
+                cuda.memcpy_dtod_async(c.ptr, a.ptr, a.nbytes, self._stream)
+            return None
+        if a.dtype not in (F32, F64):
+            raise BackendError("invalid_value", f"{kernel} takes f32 or f64 vectors, not "
+                               f"{a.dtype.name}")
+        f64 = a.dtype == F64
+        if kernel == "vector_add":
+            b, c = _vector(operands[1], kernel), _vector(out, kernel)
+            _same(kernel, [a, b, c], [a.size] * 3)
+            self.launch_vector_add(a.ptr, b.ptr, c.ptr, a.size, f64=f64)
+            return None
+        if kernel == "matmul":
+            b = _vector(operands[1], kernel)
+            m, n, k = (_dim(d, kernel) for d in operands[2:])
+            c = _vector(out, kernel)
+            _same(kernel, [a, b, c], [m * k, k * n, m * n])
+            self.launch_matmul(a.ptr, b.ptr, c.ptr, m, n, k, f64=f64)
+            return None
+        dot = kernel == "dot_product"
+        y = _vector(operands[1], kernel) if dot else a
+        _same(kernel, [a, y], [a.size, a.size])
+        self.launch_reduce(a.ptr, y.ptr, a.size, int(self._scalar), dot=dot, f64=f64)
+        return self._read_scalar(a.dtype)
+
+    # -- the general path: user modules ------------------------------------------------------
+
+    def load_module(self, name: str, image: bytes, functions: Sequence[str]) -> None:
+        self._check_open()
+        try:
+            module = cuda.module_from_buffer(image)
+            found = {f: module.get_function(f) for f in functions}
+        except cuda.Error as exc:
+            error = to_backend_error(exc)
+            if error.fatal or error.code == "out_of_memory":
+                raise error from exc
+            raise BackendError("invalid_value",
+                               f"cannot load module {name}: {error.message}") from exc
+        # The old module (if any) is unloaded here, in this thread, as its last references go.
+        self._user[name] = _UserModule(module, found)
+
+    def unload_module(self, name: str) -> None:
+        self._user.pop(name, None)
+
+    def launch_user(self, module: str, function: str, args: Sequence[Any],
+                    grid: tuple[int, int, int], block: tuple[int, int, int],
+                    shared: int) -> None:
+        self._check_open()
+        loaded = self._user.get(module)
+        if loaded is None:
+            raise BackendError("invalid_value", f"module {module!r:.60} is not loaded")
+        fn = loaded.functions.get(function)
+        if fn is None:
+            raise BackendError("invalid_value", f"module {module!r:.60} has no function "
+                               f"{function!r:.60}")
+        codes: list[str] = []
+        values: list[int | float] = []
+        for arg in args:
+            if isinstance(arg, CudaArray):
+                codes.append("P")
+                values.append(arg.ptr)
+            elif isinstance(arg, np.generic) and arg.dtype.str[1:] in _SCALAR_FORMATS:
+                codes.append(_SCALAR_FORMATS[arg.dtype.str[1:]])
+                values.append(arg.item())
+            else:
+                raise BackendError("invalid_value", f"{function}: cannot pass "
+                                   f"{type(arg).__name__} to a kernel")
+        fmt = "".join(codes)
+        try:
+            with _cuda_errors():
+                if loaded.formats.get(function) != fmt:
+                    fn.prepare(fmt)
+                    loaded.formats[function] = fmt
+                if shared > 48 * 1024:  # more dynamic shared memory than a launch gets unasked
+                    fn.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                     shared)
+                fn.prepared_async_call(tuple(int(g) for g in grid),
+                                       tuple(int(b) for b in block), self._stream, *values,
+                                       shared_size=int(shared))
+                self._stream.synchronize()
+        except (OverflowError, TypeError, ValueError) as exc:  # a geometry out of C's range
+            raise BackendError("invalid_value", f"cannot launch {function}: {exc}") from exc
 
     # -- staging ---------------------------------------------------------------------------
 
@@ -427,30 +758,36 @@ class CudaDevice(Device):
     def sm_count(self) -> int:
         return self._sm_count
 
-    def launch_vector_add(self, a: int, b: int, c: int, n: int) -> None:
-        """Enqueue c[i] = a[i] + b[i] for i < n on the device's stream (device addresses)."""
+    def launch_vector_add(self, a: int, b: int, c: int, n: int, *, f64: bool = False) -> None:
+        """Enqueue c[i] = a[i] + b[i] for i < n on the device's stream (device addresses of
+        f32 elements, or f64 ones if ``f64``)."""
         if n <= 0:
             return
+        per_thread = 2 if f64 else 4  # a double2 or a float4 per loop step
         blocks = min(
-            _ceil_div(_ceil_div(n, 4), BLOCK_1D), self._sm_count * VECTOR_ADD_BLOCKS_PER_SM
+            _ceil_div(_ceil_div(n, per_thread), BLOCK_1D),
+            self._sm_count * VECTOR_ADD_BLOCKS_PER_SM,
         )
-        self._fn["vector_add"].prepared_async_call(
+        self._fn["vector_add_f64" if f64 else "vector_add"].prepared_async_call(
             (blocks, 1, 1), (BLOCK_1D, 1, 1), self._stream, a, b, c, n
         )
 
-    def launch_reduce(self, x: int, y: int, n: int, out: int, *, dot: bool) -> None:
+    def launch_reduce(self, x: int, y: int, n: int, out: int, *, dot: bool,
+                      f64: bool = False) -> None:
         """Enqueue the two-pass reduction: ``*out`` = sum of x[i] (dot: x[i] * y[i]) for
-        i < n, written as 0.0 when n == 0. ``y`` is ignored unless ``dot``."""
+        i < n, written as 0.0 when n == 0. ``y`` is ignored unless ``dot``. f32 elements
+        summed in f32, or (``f64``) f64 ones in f64."""
         blocks = min(
             _ceil_div(n, BLOCK_1D * REDUCE_ELEMENTS_PER_THREAD),
             self._sm_count * REDUCE_BLOCKS_PER_SM,
         )
         partials = int(self._partials)
+        suffix = "_f64" if f64 else ""
         if blocks > 0:
-            self._fn["dot_partial" if dot else "reduce_partial"].prepared_async_call(
+            self._fn[("dot_partial" if dot else "reduce_partial") + suffix].prepared_async_call(
                 (blocks, 1, 1), (BLOCK_1D, 1, 1), self._stream, x, y, n, partials
             )
-        self._fn["reduce_final"].prepared_async_call(
+        self._fn["reduce_final" + suffix].prepared_async_call(
             (1, 1, 1), (BLOCK_1D, 1, 1), self._stream, partials, blocks, out
         )
 
@@ -466,31 +803,39 @@ class CudaDevice(Device):
             (nseg, 1, 1), (BLOCK_1D, 1, 1), self._stream, x, y, offsets, nseg, out
         )
 
-    def launch_matmul(self, a: int, b: int, c: int, m: int, n: int, k: int, batch: int = 1) -> None:
+    def launch_matmul(self, a: int, b: int, c: int, m: int, n: int, k: int, batch: int = 1,
+                      *, f64: bool = False) -> None:
         """Enqueue C = A B for ``batch`` stacked jobs (A: m x k, B: k x n, C: m x n each,
-        contiguous). Nothing happens when m, n or batch is 0; k == 0 writes zeros."""
+        contiguous; f32, or f64 if ``f64``). Nothing happens when m, n or batch is 0; k == 0
+        writes zeros."""
         if m <= 0 or n <= 0 or batch <= 0:
             return
-        tiles = _ceil_div(m, MATMUL_TILE) * _ceil_div(n, MATMUL_TILE)
+        tile = MATMUL_F64_TILE if f64 else MATMUL_TILE
+        tiles = _ceil_div(m, tile) * _ceil_div(n, tile)
         if max(m, n, k) > MAX_GRID_X or tiles > MAX_GRID_X:
             raise BackendError("invalid_value", f"matmul {m}x{k} by {k}x{n} is too large")
         aligned = (
-            m % MATMUL_TILE == 0
+            not f64
+            and m % MATMUL_TILE == 0
             and n % MATMUL_TILE == 0
             and k % MATMUL_BK == 0
             and k > 0
             and (a | b | c) % 16 == 0
         )
-        fn = self._fn["matmul_aligned" if aligned else "matmul_checked"]
+        if f64:
+            fn = self._fn["matmul_f64"]
+        else:
+            fn = self._fn["matmul_aligned" if aligned else "matmul_checked"]
+        item = 8 if f64 else 4
         for start in range(0, batch, MAX_GRID_Z):
             jobs = min(MAX_GRID_Z, batch - start)
             fn.prepared_async_call(
                 (tiles, 1, jobs),
                 (MATMUL_THREADS, 1, 1),
                 self._stream,
-                a + 4 * start * m * k,
-                b + 4 * start * k * n,
-                c + 4 * start * m * n,
+                a + item * start * m * k,
+                b + item * start * k * n,
+                c + item * start * m * n,
                 m,
                 n,
                 k,

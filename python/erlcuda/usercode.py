@@ -1,0 +1,302 @@
+"""User CUDA code: nvcc turns a source into a cubin (cached on disk), and elementwise kernels
+are written from a one-statement operation.
+
+Needs nvcc, not PyCUDA or a GPU, so a source can be checked anywhere the toolkit is. Errors:
+``CompileError`` (nvcc refused the source; ``.log`` is its message), ``NoCompiler`` (no nvcc),
+``ValueError`` (a bad name, type, option or architecture, before nvcc runs).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = [
+    "C_TYPES",
+    "CompileError",
+    "NoCompiler",
+    "arch_of",
+    "compile_module",
+    "default_arch",
+    "elementwise_source",
+    "find_nvcc",
+]
+
+#: C type of each element type.
+C_TYPES = {
+    "f32": "float",
+    "f64": "double",
+    "i32": "int",
+    "u32": "unsigned int",
+    "i64": "long long",
+    "u8": "unsigned char",
+}
+
+#: Seconds nvcc may take on one source.
+NVCC_TIMEOUT = 300
+#: The name nvcc sees the source under: its messages say ``kernel.cu(LINE): error: ...``.
+SOURCE_NAME = "kernel.cu"
+#: The longest kernel name: the launch frame's name field is one length byte.
+MAX_NAME = 255
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?")
+#: Options that would change what nvcc makes or where it writes it: compile_module decides.
+_OUTPUT_OPTIONS = re.compile(
+    r"-(-?output-file|o|-?cubin|-?ptx|-?fatbin|-?gpu-architecture|arch|-?gpu-code|code"
+    r"|gencode|-?generate-code|-?lib|-?link|-?run|-?preprocess|E|-?compile|c|-?dryrun"
+    r"|-?dependency-output|M[DFT]?|-?output-directory|odir)(=.*)?"
+)
+#: nvcc's intermediate files (/tmp/tmpxft_00001a2b_00000000-6_kernel.ptx): the prefix goes.
+_TEMP_NAME = re.compile(r"\S*tmpxft_[0-9a-fA-F]+_[0-9a-fA-F]+-[0-9]+_")
+#: C++ and CUDA words no variable or kernel may be called.
+_RESERVED = frozenset(
+    """alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t
+    char16_t char32_t class compl concept const consteval constexpr constinit const_cast
+    continue co_await co_return co_yield decltype default delete do double dynamic_cast else
+    enum explicit export extern false float for friend goto if inline int long mutable
+    namespace new noexcept not not_eq nullptr operator or or_eq private protected public
+    register reinterpret_cast requires return short signed sizeof static static_assert
+    static_cast struct switch template this thread_local throw true try typedef typeid
+    typename union unsigned using virtual void volatile wchar_t while xor xor_eq
+    threadIdx blockIdx blockDim gridDim warpSize main""".split()
+)
+#: Names the generated elementwise code gives a meaning: the element index and count.
+_ELEMENTWISE_NAMES = frozenset({"i", "n"})
+#: Prefix of the generated code's own names (the pointer parameters).
+_PREFIX = "erlcuda_"
+
+
+class CompileError(Exception):
+    """nvcc did not compile a source; ``log`` is what it said."""
+
+    def __init__(self, log: str) -> None:
+        super().__init__(log)
+        self.log = log
+
+
+class NoCompiler(Exception):
+    """nvcc was not found (neither on PATH nor in ``$CUDA_HOME/bin``)."""
+
+
+# -- compiling ------------------------------------------------------------------------------
+
+
+def default_arch() -> str:
+    """The architecture to compile for without a GPU to ask: ``$ERLCUDA_ARCH``, else sm_90."""
+    return os.environ.get("ERLCUDA_ARCH") or "sm_90"
+
+
+def arch_of(capability: tuple[int, int]) -> str:
+    """The nvcc architecture of a compute capability: (9, 0) -> ``sm_90``."""
+    return f"sm_{capability[0]}{capability[1]}"
+
+
+def find_nvcc() -> str:
+    """nvcc's path: on PATH, else ``$CUDA_HOME/bin`` (or ``$CUDA_PATH/bin``)."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and os.access(Path(home) / "bin" / "nvcc", os.X_OK):
+            return str(Path(home) / "bin" / "nvcc")
+    raise NoCompiler("nvcc not found: put it on PATH or set CUDA_HOME")
+
+
+@functools.cache
+def _nvcc_version(nvcc: str) -> str:
+    try:
+        proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True,
+                              timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NoCompiler(f"cannot run {nvcc}: {exc}") from exc
+    if proc.returncode != 0:
+        raise NoCompiler(f"{nvcc} --version failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def cache_dir() -> Path:
+    """Where cubins are kept: ``$ERLCUDA_CACHE_DIR``, else ``~/.cache/erlcuda/kernels``."""
+    env = os.environ.get("ERLCUDA_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "erlcuda" / "kernels"
+
+
+def compile_module(source: str, options: Sequence[str], arch: str, *,
+                   cache: str | os.PathLike[str] | None = None) -> bytes:
+    """A cubin of ``source`` for ``arch`` (``sm_90``), compiled by ``nvcc --cubin`` with the
+    extra ``options``, or the one cached under ``cache`` (default ``cache_dir()``) for the same
+    source, options, architecture and nvcc version. A cache that cannot be written is skipped.
+    """
+    if not _ARCH.fullmatch(arch):
+        raise ValueError(f"bad architecture {arch!r:.40}: expected one like sm_90")
+    opts = list(options)
+    for opt in opts:
+        if not isinstance(opt, str) or "\0" in opt:
+            raise ValueError(f"bad nvcc option {opt!r:.60}")
+        if _OUTPUT_OPTIONS.fullmatch(opt):
+            raise ValueError(f"nvcc option {opt!r:.60} is not allowed: erlcuda chooses the "
+                             "output and the architecture")
+    if "\0" in source:
+        raise ValueError("the source holds a NUL byte")
+    nvcc = find_nvcc()
+    key = hashlib.sha256(
+        json.dumps([source, opts, arch, _nvcc_version(nvcc)]).encode()
+    ).hexdigest()
+    folder = Path(cache) if cache is not None else cache_dir()
+    cached = folder / f"{key}.cubin"
+    try:
+        return cached.read_bytes()
+    except OSError:
+        pass
+    cubin = _nvcc(nvcc, source, opts, arch)
+    _store(cached, cubin)
+    return cubin
+
+
+def _nvcc(nvcc: str, source: str, options: list[str], arch: str) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="erlcuda-nvcc-") as tmp:
+        src = Path(tmp) / SOURCE_NAME
+        out = Path(tmp) / "kernel.cubin"
+        src.write_text(source, encoding="utf-8")
+        cmd = [nvcc, "--cubin", f"-arch={arch}", *options, "-o", out.name, src.name]
+        try:
+            # Run inside the temporary folder, so that messages name the file alone.
+            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, encoding="utf-8",
+                                  errors="replace", timeout=NVCC_TIMEOUT, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise CompileError(f"nvcc took longer than {NVCC_TIMEOUT} s") from exc
+        except OSError as exc:
+            raise NoCompiler(f"cannot run {nvcc}: {exc}") from exc
+        log = _TEMP_NAME.sub("", (proc.stdout + proc.stderr).replace(tmp + os.sep, "")).strip()
+        if proc.returncode != 0:
+            raise CompileError(log or f"nvcc failed with status {proc.returncode}")
+        try:
+            return out.read_bytes()
+        except OSError as exc:
+            raise CompileError(f"nvcc wrote no cubin: {log}") from exc
+
+
+def _store(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a reader sees all of it or nothing)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+# -- elementwise kernels ----------------------------------------------------------------------
+
+
+def _check_name(what: str, name: object) -> str:
+    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
+        raise ValueError(f"{what} {name!r:.60} is not a C identifier")
+    if len(name) > MAX_NAME:
+        raise ValueError(f"{what} {name[:40]}... is longer than {MAX_NAME} characters")
+    if name in _RESERVED or name.startswith("__") or re.match("_[A-Z]", name):
+        raise ValueError(f"{what} {name!r} is a reserved word of C++ or CUDA")
+    if name.startswith(_PREFIX):
+        raise ValueError(f"{what} {name!r}: names starting with {_PREFIX} are erlcuda's")
+    return name
+
+
+def _c_type(var: str, elem: object) -> str:
+    c_type = C_TYPES.get(elem) if isinstance(elem, str) else None
+    if c_type is None:
+        raise ValueError(f"{var}: unknown element type {elem!r:.40} "
+                         f"(one of {', '.join(C_TYPES)})")
+    return c_type
+
+
+def elementwise_source(name: str, inputs: Sequence[tuple[str, str, str]],
+                       outputs: Sequence[tuple[str, str]], operation: str) -> str:
+    """CUDA C of the elementwise kernel ``name``:
+
+    ``extern "C" __global__ void name(<inputs in order>, <output pointers>, long long n)``,
+    an input ``(var, type, "vector")`` a ``const T*``, ``(var, type, "scalar")`` a ``T`` by
+    value, an output ``(var, type)`` a ``T*``. A grid-stride loop over ``i < n`` reads each
+    vector input into a local ``var``, zeroes a local per output, runs ``operation`` (a C
+    statement over those names, ``i`` and ``n``) and stores the outputs. nvcc reports lines
+    of the operation as ``operation(LINE)``.
+    """
+    _check_name("kernel name", name)
+    if not isinstance(operation, str) or not operation.strip():
+        raise ValueError("the operation is empty")
+    if "\0" in operation:
+        raise ValueError("the operation holds a NUL byte")
+    if not outputs:
+        raise ValueError("an elementwise kernel needs at least one output")
+    seen = {name}
+    params: list[str] = []
+    reads: list[str] = []
+    for item in inputs:
+        if len(item) != 3:
+            raise ValueError(f"input {item!r:.60}: expected (name, type, vector | scalar)")
+        var, elem, kind = item
+        _check_var(var, seen)
+        c_type = _c_type(var, elem)
+        if kind == "scalar":
+            params.append(f"const {c_type} {var}")
+        elif kind == "vector":
+            params.append(f"const {c_type}* __restrict__ {_PREFIX}{var}")
+            reads.append(f"        const {c_type} {var} = {_PREFIX}{var}[i];")
+        else:
+            raise ValueError(f"input {var}: kind {kind!r:.20} is neither vector nor scalar")
+    locals_: list[str] = []
+    writes: list[str] = []
+    for item in outputs:
+        if len(item) != 2:
+            raise ValueError(f"output {item!r:.60}: expected (name, type)")
+        var, elem = item
+        _check_var(var, seen)
+        c_type = _c_type(var, elem)
+        params.append(f"{c_type}* __restrict__ {_PREFIX}{var}")
+        locals_.append(f"        {c_type} {var} = 0;")
+        writes.append(f"        {_PREFIX}{var}[i] = {var};")
+    params.append("const long long n")
+    head = [
+        f"// erlcuda elementwise kernel {name} (generated)",
+        f'extern "C" __global__ void {name}(',
+        "    " + ",\n    ".join(params) + ") {",
+        "    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;",
+        "         i < n; i += static_cast<long long>(gridDim.x) * blockDim.x) {",
+        *reads,
+        *locals_,
+        "        {",
+        '#line 1 "operation"',
+        operation,
+        ";",
+    ]
+    text = "\n".join(head)
+    # Back to the file's own numbering after the operation: the directive is on line
+    # lines + 1 and names the line after it.
+    lines = text.count("\n") + 1
+    tail = [f'#line {lines + 2} "{SOURCE_NAME}"', "        }", *writes, "    }", "}", ""]
+    return "\n".join([text, *tail])
+
+
+def _check_var(var: object, seen: set[str]) -> None:
+    name = _check_name("variable", var)
+    if name in _ELEMENTWISE_NAMES:
+        raise ValueError(f"variable {name!r} is taken: i is the element index, n the count")
+    if name in seen:
+        raise ValueError(f"{name!r} is used twice (kernel name and variables must differ)")
+    seen.add(name)

@@ -1,0 +1,604 @@
+"""The CUDA backend's general path: device arrays of every element type, the catalogue
+kernels on them (f32 and f64), and user modules (needs a GPU, PyCUDA and nvcc).
+
+Tolerances: vector_add and copy are exact. Sums of n terms t_i: f32 within
+1e-5 * sum|t| + 1e-6 (as test_cuda_backend.py), f64 within 1e-12 * sum|t| + 1e-300 (the
+f64 kernels add along chains of at most a few thousand terms, then trees: their error is
+near 2^-53 * chain * sum|t|, far below the bound). matmul: the classical bound of a K-term
+dot product, K * 2u * (|A| @ |B|) with u = 2^-24 (f32) or 2^-53 (f64).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+
+from erlcuda import usercode
+from erlcuda.backends.base import BackendError
+
+if TYPE_CHECKING:
+    from erlcuda.backends.cuda import CudaArray, CudaDevice
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+DTYPES = {"f32": np.dtype("<f4"), "f64": np.dtype("<f8"), "i32": np.dtype("<i4"),
+          "u32": np.dtype("<u4"), "i64": np.dtype("<i8"), "u8": np.dtype("u1")}
+F32, F64 = DTYPES["f32"], DTYPES["f64"]
+#: Sizes of the round trips; the last ones span several transfer chunks (32 MiB each).
+SIZES = [0, 1, 3, 1000, 4097, (1 << 20) + 3]
+CHUNKED_BYTES = [(32 << 20) - 8, (32 << 20) + 8, 3 * (32 << 20) + 40]
+MATMUL_SHAPES = [(1, 1, 1), (3, 5, 7), (64, 64, 64), (65, 63, 17), (127, 129, 65),
+                 (256, 256, 256), (384, 128, 24), (130, 257, 1), (5, 3, 0), (0, 4, 3),
+                 (4, 0, 3), (1, 300, 1000)]
+
+
+@pytest.fixture(scope="module")
+def device() -> Iterator[CudaDevice]:
+    from erlcuda.backends.cuda import CudaBackend
+
+    backend = CudaBackend()
+    dev = backend.open(0)
+    yield dev
+    dev.close()
+    backend.close()
+
+
+class Arrays:
+    """Makes device arrays and frees every one of them at the end of the test."""
+
+    def __init__(self, device: CudaDevice) -> None:
+        self.device = device
+        self.made: list[CudaArray] = []
+
+    def up(self, host: np.ndarray) -> CudaArray:
+        array = self.device.upload(host)
+        self.made.append(array)
+        return array
+
+    def new(self, dtype: np.dtype[Any], count: int, *, zero: bool = False) -> CudaArray:
+        array = self.device.alloc(dtype, count, zero=zero)
+        self.made.append(array)
+        return array
+
+    def down(self, array: CudaArray) -> np.ndarray:
+        return self.device.download(array)
+
+
+@pytest.fixture
+def arrays(device: CudaDevice) -> Iterator[Arrays]:
+    made = Arrays(device)
+    yield made
+    for array in made.made:
+        device.free(array)
+
+
+@pytest.fixture(scope="module")
+def arch(device: CudaDevice) -> str:
+    return usercode.arch_of(device.info()["compute_capability"])
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cubins")
+
+
+def rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def random_of(dtype: np.dtype[Any], n: int, seed: int) -> np.ndarray:
+    gen = rng(seed)
+    if dtype.kind == "f":
+        values = gen.standard_normal(n).astype(dtype)
+        if n >= 8:  # the bytes travel as they are: specials too
+            values[:4] = [np.nan, np.inf, -np.inf, -0.0]
+        return values
+    info = np.iinfo(dtype)
+    return gen.integers(info.min, info.max, size=n, dtype=dtype, endpoint=True)
+
+
+def floats(dtype: np.dtype[Any], n: int, seed: int) -> np.ndarray:
+    return rng(seed).standard_normal(n).astype(dtype)
+
+
+def same_bytes(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.tobytes() == want.tobytes()
+
+
+def check_sum(got: object, terms: np.ndarray, dtype: np.dtype[Any]) -> None:
+    assert isinstance(got, float)
+    ref = math.fsum(terms.tolist())
+    scale = float(np.sum(np.abs(terms)))
+    tol = 1e-5 * scale + 1e-6 if dtype == F32 else 1e-12 * scale + 1e-300
+    assert abs(got - ref) <= tol, (got, ref, tol)
+
+
+def check_matmul(got: np.ndarray, a: np.ndarray, b: np.ndarray, m: int, n: int, k: int) -> None:
+    assert got.dtype == a.dtype and got.shape == (m * n,)
+    a64 = a.astype(np.float64).reshape(m, k)
+    b64 = b.astype(np.float64).reshape(k, n)
+    ref = a64 @ b64
+    u = 2.0**-24 if a.dtype == F32 else 2.0**-53
+    bound = k * 2 * u * (np.abs(a64) @ np.abs(b64))
+    err = np.abs(got.astype(np.float64).reshape(m, n) - ref)
+    assert np.all(err <= bound), float(np.max(err - bound))
+
+
+# -- device arrays ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("type_", list(DTYPES))
+def test_round_trip(arrays: Arrays, type_: str, n: int) -> None:
+    host = random_of(DTYPES[type_], n, n)
+    array = arrays.up(host)
+    assert array.dtype == DTYPES[type_] and array.size == n and array.nbytes == host.nbytes
+    host_copy = host.copy()
+    got = arrays.down(array)
+    same_bytes(got, host)
+    same_bytes(host, host_copy)  # the source is untouched
+    if n:
+        got[:] = 0  # the download is the caller's own copy
+        same_bytes(arrays.down(array), host)
+
+
+@pytest.mark.parametrize("nbytes", CHUNKED_BYTES)
+@pytest.mark.parametrize("type_", ["u8", "f64"])
+def test_round_trip_over_several_chunks(arrays: Arrays, type_: str, nbytes: int) -> None:
+    dtype = DTYPES[type_]
+    n = nbytes // dtype.itemsize
+    host = rng(nbytes).integers(0, 256, size=n * dtype.itemsize, dtype=np.uint8).view(dtype)
+    array = arrays.up(host)
+    same_bytes(arrays.down(array), host)
+
+
+def test_upload_takes_any_contiguity(arrays: Arrays) -> None:
+    host = np.arange(20, dtype=np.int64)[::2]  # strided
+    same_bytes(arrays.down(arrays.up(host)), np.ascontiguousarray(host))
+
+
+@pytest.mark.parametrize("type_", list(DTYPES))
+def test_zeroed_alloc(arrays: Arrays, device: CudaDevice, type_: str) -> None:
+    dtype = DTYPES[type_]
+    n = 100_003
+    # Fill memory with ones and give it back, so that the next allocation likely reuses it.
+    device.free(device.upload(np.full(n, 0xFF, np.uint8)))
+    for count in (0, 1, n // dtype.itemsize):
+        array = arrays.new(dtype, count, zero=True)
+        assert array.size == count and array.dtype == dtype
+        same_bytes(arrays.down(array), np.zeros(count, dtype))
+
+
+def test_empty_alloc(arrays: Arrays) -> None:
+    for count in (0, 5, 12345):
+        array = arrays.new(F64, count)
+        assert array.size == count and array.nbytes == 8 * count
+        assert arrays.down(array).shape == (count,)
+
+
+def test_alloc_refuses_negative_counts_and_odd_types(device: CudaDevice) -> None:
+    for dtype, count in ((F32, -1), (np.dtype(object), 4), (np.dtype("U4"), 4)):
+        with pytest.raises(BackendError) as info:
+            device.alloc(dtype, count, zero=False)
+        assert info.value.code == "invalid_value" and not info.value.fatal
+
+
+@pytest.mark.parametrize("count", [1 << 40, 1 << 61])
+def test_out_of_memory_is_reported_and_survived(arrays: Arrays, device: CudaDevice,
+                                                count: int) -> None:
+    free_before = device.info()["free_memory"]
+    with pytest.raises(BackendError) as info:
+        device.alloc(F64, count, zero=True)
+    assert info.value.code == "out_of_memory" and not info.value.fatal
+    with pytest.raises(BackendError) as info:
+        device.alloc(np.dtype(np.uint8), count * 8, zero=False)
+    assert info.value.code == "out_of_memory" and not info.value.fatal
+    # Still usable, and nothing leaked.
+    a = floats(F32, 1000, 1)
+    b = floats(F32, 1000, 2)
+    da, db, dc = arrays.up(a), arrays.up(b), arrays.new(F32, 1000)
+    assert device.builtin("vector_add", [da, db], dc) is None
+    same_bytes(arrays.down(dc), a + b)
+    assert device.info()["free_memory"] >= free_before - (64 << 20)
+
+
+def test_free_gives_memory_back(device: CudaDevice) -> None:
+    size = 1 << 30
+    before = device.info()["free_memory"]
+    array = device.alloc(np.dtype(np.uint8), size, zero=False)
+    assert device.info()["free_memory"] <= before - size
+    device.free(array)
+    device.free(array)  # twice: nothing happens
+    assert device.info()["free_memory"] >= before - (16 << 20)
+    with pytest.raises(BackendError) as info:
+        device.download(array)  # used after free
+    assert info.value.code == "invalid_value"
+
+
+def test_info_is_unchanged(device: CudaDevice) -> None:
+    assert set(device.info()) == {"name", "total_memory", "free_memory", "compute_capability"}
+
+
+# -- catalogue kernels on device arrays ------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 1000, 4097, (1 << 20) + 3])
+@pytest.mark.parametrize("type_", ["f32", "f64"])
+def test_vector_add(arrays: Arrays, device: CudaDevice, type_: str, n: int) -> None:
+    dtype = DTYPES[type_]
+    a, b = floats(dtype, n, n), floats(dtype, n, n + 1)
+    out = arrays.new(dtype, n)
+    assert device.builtin("vector_add", [arrays.up(a), arrays.up(b)], out) is None
+    same_bytes(arrays.down(out), a + b)
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 1000, 4097, (1 << 20) + 3, (1 << 22) + 1])
+@pytest.mark.parametrize("type_", ["f32", "f64"])
+def test_reduce_and_dot(arrays: Arrays, device: CudaDevice, type_: str, n: int) -> None:
+    dtype = DTYPES[type_]
+    x, y = floats(dtype, n, 2 * n), floats(dtype, n, 2 * n + 1)
+    dx, dy = arrays.up(x), arrays.up(y)
+    got = device.builtin("reduce", [dx], None)
+    check_sum(got, x.astype(np.float64), dtype)
+    got = device.builtin("dot_product", [dx, dy], None)
+    check_sum(got, x.astype(np.float64) * y.astype(np.float64), dtype)
+    if n == 0:
+        assert device.builtin("reduce", [dx], None) == 0.0
+
+
+def test_f64_sums_keep_f64_precision(arrays: Arrays, device: CudaDevice) -> None:
+    # 1 + 2^-40 repeated: f32 accumulation would lose the 2^-40s entirely; f64 keeps them
+    # up to rounding errors of a few 2^-32 (the ulp of the final sums, near 2^20).
+    n = (1 << 20) + 7
+    x = np.full(n, 1.0 + 2.0**-40)
+    got = device.builtin("reduce", [arrays.up(x)], None)
+    assert isinstance(got, float)
+    assert abs((got - n) - n * 2.0**-40) <= 0.01 * n * 2.0**-40
+    ones = np.ones((1 << 24) + 3)  # every partial sum is an exact integer
+    assert device.builtin("reduce", [arrays.up(ones)], None) == float(ones.size)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), MATMUL_SHAPES)
+@pytest.mark.parametrize("type_", ["f32", "f64"])
+def test_matmul(arrays: Arrays, device: CudaDevice, type_: str, m: int, n: int, k: int) -> None:
+    dtype = DTYPES[type_]
+    a, b = floats(dtype, m * k, m + n), floats(dtype, k * n, k + 1)
+    out = arrays.new(dtype, m * n)
+    if k == 0 and m * n:
+        device.builtin("copy", [arrays.up(np.ones(m * n, dtype))], out)  # must be overwritten
+    assert device.builtin("matmul", [arrays.up(a), arrays.up(b), m, n, k], out) is None
+    got = arrays.down(out)
+    check_matmul(got, a, b, m, n, k)
+    if k == 0:
+        assert not np.any(got)
+
+
+def test_f64_matmul_is_f64(arrays: Arrays, device: CudaDevice) -> None:
+    # Entries that f32 cannot hold: an f32 kernel would lose the 2^-40.
+    a = np.array([1.0 + 2.0**-40, 1.0, 3.0, 2.0**-30])
+    b = np.array([1.0, 1e-20, 1.0, 1.0])
+    out = arrays.new(F64, 4)
+    device.builtin("matmul", [arrays.up(a), arrays.up(b), 2, 2, 2], out)
+    got = arrays.down(out)
+    check_matmul(got, a, b, 2, 2, 2)
+    assert got[0] == 2.0 + 2.0**-40  # exact: (1 + 2^-40) * 1 + 1 * 1
+
+
+@pytest.mark.parametrize("type_", list(DTYPES))
+@pytest.mark.parametrize("n", [0, 1, 4097])
+def test_copy(arrays: Arrays, device: CudaDevice, type_: str, n: int) -> None:
+    host = random_of(DTYPES[type_], n, n + 7)
+    src = arrays.up(host)
+    out = arrays.new(DTYPES[type_], n)
+    assert device.builtin("copy", [src], out) is None
+    same_bytes(arrays.down(out), host)
+    same_bytes(arrays.down(src), host)
+
+
+def test_builtin_refusals(arrays: Arrays, device: CudaDevice) -> None:
+    f32 = arrays.up(np.ones(4, F32))
+    f64 = arrays.up(np.ones(4, F64))
+    i32 = arrays.up(np.ones(4, np.int32))
+    short = arrays.up(np.ones(3, F32))
+    out32 = arrays.new(F32, 4)
+    cases: list[tuple[str, list[Any], Any, str]] = [
+        ("vector_add", [f32, f64], out32, "invalid_value"),  # mixed types
+        ("vector_add", [f32, short], out32, "invalid_value"),  # lengths differ
+        ("vector_add", [f32, f32], short, "invalid_value"),  # result of the wrong length
+        ("vector_add", [i32, i32], arrays.new(np.dtype(np.int32), 4), "invalid_value"),
+        ("vector_add", [f32, f32], None, "invalid_value"),
+        ("vector_add", [f32], out32, "invalid_value"),
+        ("reduce", [i32], None, "invalid_value"),
+        ("dot_product", [f32, short], None, "invalid_value"),
+        ("matmul", [f32, f32, 2, 2, 3], out32, "invalid_value"),  # A is not 2 x 3
+        ("matmul", [f32, f32, 2, 2, -2], out32, "invalid_value"),
+        ("matmul", [f32, f32, 2, 2, 2], f64, "invalid_value"),
+        ("copy", [f32], f64, "invalid_value"),
+        ("copy", [f32], short, "invalid_value"),
+        ("copy", [np.ones(4, F32)], out32, "invalid_value"),  # a host array
+        ("no_such_kernel", [f32], out32, "not_supported"),
+    ]
+    for kernel, operands, out, code in cases:
+        with pytest.raises(BackendError) as info:
+            device.builtin(kernel, operands, out)
+        assert (info.value.code, info.value.fatal) == (code, False), (kernel, info.value)
+
+
+def test_fast_path_still_works_after_general_work(arrays: Arrays, device: CudaDevice) -> None:
+    from erlcuda.kernels import parse
+
+    big = floats(F64, (1 << 22) + 1, 3)
+    arrays.up(big)
+    a = floats(F32, 5000, 4)
+    [out] = device.run("vector_add", [parse("vector_add", [a, a])])
+    np.testing.assert_array_equal(out, a + a)
+    [total] = device.run("reduce", [parse("reduce", [np.ones(1000, F32)])])
+    assert total == 1000.0
+
+
+# -- user modules ----------------------------------------------------------------------------
+
+SAXPY = """
+extern "C" __global__ void saxpy(float a, const float* x, float* y, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+"""
+
+# Every scalar type between pointers, in an order that needs padding: checks the argument
+# layout (each value at its own alignment, as the CUDA ABI lays parameters out).
+SCALARS = """
+extern "C" __global__ void scalars(unsigned char u8, double f64, int i32, const int* ptr,
+                                   unsigned int u32, float f32, long long i64,
+                                   unsigned char u8b, double* out, long long* ints) {
+    out[0] = u8; out[1] = f64; out[2] = i32; out[3] = u32; out[4] = f32; out[5] = i64;
+    out[6] = u8b; out[7] = ptr[0];
+    ints[0] = i64; ints[1] = (long long)ptr;
+}
+"""
+
+GEOMETRY = """
+extern "C" __global__ void where(int* out) {
+    int bx = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    int tx = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    int threads = blockDim.x * blockDim.y * blockDim.z;
+    out[bx * threads + tx] = bx * 1000 + tx;
+}
+"""
+
+SHARED = """
+extern "C" __global__ void shared_sum(const float* x, float* out, int n) {
+    extern __shared__ float buf[];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = x[i];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (int i = 0; i < n; ++i) s += buf[i];
+        out[0] = s;
+    }
+}
+"""
+
+BOUNDED = """
+extern "C" __global__ void __launch_bounds__(64) bounded(int* out) { out[threadIdx.x] = 1; }
+"""
+
+
+def load(device: CudaDevice, arch: str, cache: Path, module: str, source: str,
+         functions: list[str]) -> None:
+    device.load_module(module, usercode.compile_module(source, [], arch, cache=cache),
+                       functions)
+
+
+def blocks(n: int) -> tuple[int, int, int]:
+    return (max(1, -(-n // 256)), 1, 1)
+
+
+@pytest.mark.parametrize("n", [0, 1, 1000, (1 << 20) + 3])
+def test_saxpy_raw_kernel(arrays: Arrays, device: CudaDevice, arch: str, cache: Path,
+                          n: int) -> None:
+    load(device, arch, cache, "saxpy_mod", SAXPY, ["saxpy"])
+    gen = rng(n)
+    # Small integers: a * x + y is exact, fused or not.
+    x = gen.integers(-1000, 1000, n).astype(F32)
+    y = gen.integers(-1000, 1000, n).astype(F32)
+    dx, dy = arrays.up(x), arrays.up(y)
+    device.launch_user("saxpy_mod", "saxpy", [np.float32(2.5), dx, dy, np.int64(n)],
+                       blocks(n), (256, 1, 1), 0)
+    np.testing.assert_array_equal(arrays.down(dy), np.float32(2.5) * x + y)
+    same_bytes(arrays.down(dx), x)
+    device.unload_module("saxpy_mod")
+
+
+def test_scalar_arguments_of_every_type(arrays: Arrays, device: CudaDevice, arch: str,
+                                        cache: Path) -> None:
+    load(device, arch, cache, "scalars_mod", SCALARS, ["scalars"])
+    ptr = arrays.up(np.array([-77], np.int32))
+    out = arrays.new(F64, 8, zero=True)
+    ints = arrays.new(np.dtype(np.int64), 2, zero=True)
+    args = [np.uint8(250), np.float64(1.0 + 2.0**-40), np.int32(-123456), ptr,
+            np.uint32(4_000_000_000), np.float32(0.1), np.int64(-(1 << 50) - 3), np.uint8(7),
+            out, ints]
+    device.launch_user("scalars_mod", "scalars", args, (1, 1, 1), (1, 1, 1), 0)
+    want = [250.0, 1.0 + 2.0**-40, -123456.0, 4e9, float(np.float32(0.1)),
+            float(-(1 << 50) - 3), 7.0, -77.0]
+    np.testing.assert_array_equal(arrays.down(out), np.array(want))
+    np.testing.assert_array_equal(arrays.down(ints), [-(1 << 50) - 3, ptr.ptr])
+    device.unload_module("scalars_mod")
+
+
+def test_geometry_in_three_dimensions(arrays: Arrays, device: CudaDevice, arch: str,
+                                      cache: Path) -> None:
+    load(device, arch, cache, "where_mod", GEOMETRY, ["where"])
+    grid, block = (3, 2, 2), (4, 2, 3)
+    nblocks, threads = math.prod(grid), math.prod(block)
+    out = arrays.new(np.dtype(np.int32), nblocks * threads, zero=True)
+    device.launch_user("where_mod", "where", [out], grid, block, 0)
+    want = [b * 1000 + t for b in range(nblocks) for t in range(threads)]
+    np.testing.assert_array_equal(arrays.down(out), want)
+    device.unload_module("where_mod")
+
+
+@pytest.mark.parametrize("count", [1000, 30_000])  # 4 KB, and 120 KB (over the 48 KB default)
+def test_dynamic_shared_memory(arrays: Arrays, device: CudaDevice, arch: str, cache: Path,
+                               count: int) -> None:
+    load(device, arch, cache, "shared_mod", SHARED, ["shared_sum"])
+    x = np.ones(count, F32)
+    out = arrays.new(F32, 1)
+    device.launch_user("shared_mod", "shared_sum", [arrays.up(x), out, np.int32(count)],
+                       (1, 1, 1), (256, 1, 1), 4 * count)
+    assert arrays.down(out)[0] == float(count)
+    device.unload_module("shared_mod")
+
+
+@pytest.mark.parametrize("n", [0, 1, 5000])
+def test_elementwise_kernel(arrays: Arrays, device: CudaDevice, arch: str, cache: Path,
+                            n: int) -> None:
+    source = usercode.elementwise_source(
+        "ew_mix",
+        [("a", "f64", "scalar"), ("x", "f64", "vector"), ("k", "i32", "vector"),
+         ("b", "u8", "vector")],
+        [("z", "f64"), ("w", "i64"), ("c", "u8")],
+        "z = a * x + k; w = (long long)k * 3 - i; c = (unsigned char)(b + 1)")
+    load(device, arch, cache, "ew_mix", source, ["ew_mix"])
+    gen = rng(n)
+    x = gen.integers(-100, 100, n).astype(F64)
+    k = gen.integers(-(1 << 30), 1 << 30, n, dtype=np.int32)
+    b = gen.integers(0, 256, n, dtype=np.uint8)
+    z = arrays.new(F64, n)
+    w = arrays.new(DTYPES["i64"], n)
+    c = arrays.new(DTYPES["u8"], n)
+    args = [np.float64(0.5), arrays.up(x), arrays.up(k), arrays.up(b), z, w, c, np.int64(n)]
+    device.launch_user("ew_mix", "ew_mix", args, blocks(n), (256, 1, 1), 0)
+    np.testing.assert_array_equal(arrays.down(z), 0.5 * x + k)
+    np.testing.assert_array_equal(arrays.down(w), k.astype(np.int64) * 3 - np.arange(n))
+    np.testing.assert_array_equal(arrays.down(c), (b + 1).astype(np.uint8))
+    # A grid smaller than n: the grid-stride loop covers the rest.
+    if n:
+        z2 = arrays.new(F64, n)
+        args[4] = z2
+        device.launch_user("ew_mix", "ew_mix", args, (1, 1, 1), (32, 1, 1), 0)
+        np.testing.assert_array_equal(arrays.down(z2), 0.5 * x + k)
+    device.unload_module("ew_mix")
+
+
+def test_reload_replaces_and_unload_forgets(arrays: Arrays, device: CudaDevice, arch: str,
+                                            cache: Path) -> None:
+    def source(value: int) -> str:
+        return f'extern "C" __global__ void put(int* out) {{ out[0] = {value}; }}\n'
+
+    out = arrays.new(np.dtype(np.int32), 1, zero=True)
+    for value in (1, 2):
+        load(device, arch, cache, "put_mod", source(value), ["put"])
+        device.launch_user("put_mod", "put", [out], (1, 1, 1), (1, 1, 1), 0)
+        assert arrays.down(out)[0] == value
+    device.unload_module("put_mod")
+    device.unload_module("put_mod")  # twice: nothing happens
+    with pytest.raises(BackendError) as info:
+        device.launch_user("put_mod", "put", [out], (1, 1, 1), (1, 1, 1), 0)
+    assert info.value.code == "invalid_value" and not info.value.fatal
+
+
+def test_load_and_launch_refusals(arrays: Arrays, device: CudaDevice, arch: str,
+                                  cache: Path) -> None:
+    image = usercode.compile_module(BOUNDED, [], arch, cache=cache)
+    for image_, functions in ((image, ["no_such_function"]), (b"not a cubin", ["bounded"])):
+        with pytest.raises(BackendError) as info:
+            device.load_module("refused", image_, functions)
+        assert info.value.code == "invalid_value" and not info.value.fatal, info.value
+    device.load_module("bounded_mod", image, ["bounded"])
+    out = arrays.new(np.dtype(np.int32), 1024, zero=True)
+    bad: list[tuple[str, list[Any], tuple[int, int, int], tuple[int, int, int], int]] = [
+        ("bounded", [out], (1, 1, 1), (1024, 1, 1), 0),  # over its launch bounds
+        ("bounded", [out], (1, 1, 1), (2048, 1, 1), 0),  # over any block
+        ("bounded", [out], (0, 1, 1), (32, 1, 1), 0),  # an empty grid
+        ("bounded", [out], (1, 1, 1), (32, 1, 1), 1 << 30),  # far too much shared memory
+        ("bounded", [out], (1 << 40, 1, 1), (32, 1, 1), 0),  # beyond C's unsigned int
+        ("bounded", [1.5], (1, 1, 1), (32, 1, 1), 0),  # a Python float: not typed
+        ("bounded", [np.ones(3, F32)], (1, 1, 1), (32, 1, 1), 0),  # a host array
+        ("nope", [out], (1, 1, 1), (32, 1, 1), 0),
+    ]
+    for function, args, grid, block, shared in bad:
+        with pytest.raises(BackendError) as info:
+            device.launch_user("bounded_mod", function, args, grid, block, shared)
+        assert not info.value.fatal, (function, grid, block, shared, info.value)
+        assert info.value.code in ("invalid_value", "launch_failed"), info.value
+    # None of that hurt the device.
+    device.launch_user("bounded_mod", "bounded", [out], (1, 1, 1), (64, 1, 1), 0)
+    got = arrays.down(out)
+    assert got[:64].tolist() == [1] * 64 and not got[64:].any()
+    device.unload_module("bounded_mod")
+
+
+def test_zero_size_arrays_pass_as_null(arrays: Arrays, device: CudaDevice, arch: str,
+                                       cache: Path) -> None:
+    load(device, arch, cache, "saxpy_mod", SAXPY, ["saxpy"])
+    empty = arrays.new(F32, 0)
+    assert empty.ptr == 0
+    device.launch_user("saxpy_mod", "saxpy", [np.float32(1), empty, empty, np.int64(0)],
+                       (1, 1, 1), (256, 1, 1), 0)
+    device.unload_module("saxpy_mod")
+
+
+# -- a faulting user kernel, in a process of its own (the fault poisons the context) ----------
+
+FAULT_SCRIPT = """
+import sys
+from pathlib import Path
+
+import numpy as np
+from erlcuda import usercode
+from erlcuda.backends.base import BackendError
+from erlcuda.backends.cuda import CudaBackend
+
+source = '''
+extern "C" __global__ void far_write(float* p, long long n) {
+    p[n + (1LL << 40)] = 1.0f;  // 4 TiB past the end: no memory is mapped there
+}
+'''
+backend = CudaBackend()
+dev = backend.open(0)
+arch = usercode.arch_of(dev.info()["compute_capability"])
+dev.load_module("fault", usercode.compile_module(source, [], arch, cache=Path(sys.argv[1])),
+                ["far_write"])
+array = dev.upload(np.ones(16, np.float32))
+try:
+    dev.launch_user("fault", "far_write", [array, np.int64(16)], (1, 1, 1), (1, 1, 1), 0)
+except BackendError as exc:
+    print("CODE", exc.code, exc.fatal, flush=True)
+dev.free(array)
+dev.close()
+backend.close()
+print("CLOSED", flush=True)
+"""
+
+
+def test_faulting_user_kernel_is_a_fatal_backend_error(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FAULT_SCRIPT), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(ROOT / "python"), os.environ.get("PYTHONPATH")])
+            ),
+        },
+        check=False,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    assert "CODE illegal_address True" in proc.stdout, log
+    assert "CLOSED" in proc.stdout, log

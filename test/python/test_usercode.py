@@ -1,0 +1,263 @@
+"""User code: elementwise sources, nvcc compiles and the on-disk cubin cache (no GPU needed).
+
+Tests that run nvcc skip where it is not installed; the rest (names, types, options, the
+cache's behaviour with nvcc stubbed out) run everywhere.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from erlcuda import usercode
+from erlcuda.usercode import CompileError, NoCompiler, compile_module, elementwise_source
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+ARCH = "sm_90"
+TYPES = list(usercode.C_TYPES)
+
+SAXPY = elementwise_source(
+    "saxpy", [("a", "f32", "scalar"), ("x", "f32", "vector"), ("y", "f32", "vector")],
+    [("z", "f32")], "z = a * x + y")
+
+RAW = """
+extern "C" __global__ void scale(float* x, float a, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= a;
+}
+"""
+
+
+def is_cubin(image: bytes, *names: str) -> bool:
+    return image[:4] == b"\x7fELF" and all(name.encode() in image for name in names)
+
+
+# -- the generated source --------------------------------------------------------------------
+
+
+def test_elementwise_signature_and_body() -> None:
+    head = SAXPY.split("void saxpy(", 1)[1].split(") {")[0]
+    # Inputs in order (scalars by value, vectors as const pointers), outputs, then n.
+    assert [p.strip() for p in head.split(",")] == [
+        "const float a",
+        "const float* __restrict__ erlcuda_x",
+        "const float* __restrict__ erlcuda_y",
+        "float* __restrict__ erlcuda_z",
+        "const long long n",
+    ]
+    assert 'extern "C" __global__ void saxpy(' in SAXPY
+    assert "const float x = erlcuda_x[i];" in SAXPY
+    assert "erlcuda_z[i] = z;" in SAXPY
+    assert "z = a * x + y" in SAXPY
+
+
+@needs_nvcc
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "operation"),
+    [
+        ([("a", "f32", "scalar"), ("x", "f32", "vector"), ("y", "f32", "vector")],
+         [("z", "f32")], "z = a * x + y"),
+        ([("x", "f64", "vector"), ("k", "i32", "vector")], [("z", "f64"), ("w", "i64")],
+         "z = x * k; w = (long long)k * i - n"),
+        ([("b", "u8", "vector"), ("s", "u32", "scalar")], [("c", "u8")], "c = b ^ (s & 0xff)"),
+        ([("x", "i64", "vector"), ("d", "f64", "scalar")], [("q", "u32"), ("r", "f32")],
+         "q = (unsigned int)(x % 7); r = sqrtf((float)d) + expf(-1.0f)"),
+        ([], [("z", "i32")], "z = (int)i"),
+        ([(f"v{t}", t, "vector") for t in TYPES] + [(f"s{t}", t, "scalar") for t in TYPES],
+         [(f"o{t}", t) for t in TYPES],
+         "; ".join(f"o{t} = v{t} + s{t}" for t in TYPES)),
+    ],
+    ids=["saxpy", "f64-i32-to-f64-i64", "u8-u32", "i64-f64-math", "no-inputs", "all-types"],
+)
+def test_elementwise_compiles(inputs: list[tuple[str, str, str]],
+                              outputs: list[tuple[str, str]], operation: str,
+                              tmp_path: Path) -> None:
+    image = compile_module(elementwise_source("ew", inputs, outputs, operation), [], ARCH,
+                           cache=tmp_path)
+    assert is_cubin(image, "ew")
+
+
+@needs_nvcc
+def test_bad_operation_is_a_compile_error_naming_it(tmp_path: Path) -> None:
+    source = elementwise_source("bad", [("x", "f32", "vector")], [("z", "f32")],
+                                "z = x +\n  undeclared_thing")
+    with pytest.raises(CompileError) as info:
+        compile_module(source, [], ARCH, cache=tmp_path)
+    log = info.value.log
+    assert "undeclared_thing" in log and "error" in log, log
+    assert "operation(2)" in log, log  # the line of the operation, not of the generated file
+    assert "/tmp" not in log and "erlcuda-nvcc-" not in log, log  # no temporary paths
+    assert str(info.value) == log
+    assert not list(tmp_path.iterdir())  # nothing cached
+
+
+@needs_nvcc
+def test_raw_source_error_names_the_line(tmp_path: Path) -> None:
+    with pytest.raises(CompileError) as info:
+        compile_module(RAW + "\nint broken = ;\n", [], ARCH, cache=tmp_path)
+    assert f"{usercode.SOURCE_NAME}(7): error" in info.value.log, info.value.log
+
+
+@needs_nvcc
+def test_raw_source_with_options(tmp_path: Path) -> None:
+    image = compile_module(RAW, ["-O3", "--use_fast_math", "-DUNUSED=1", "-lineinfo"], ARCH,
+                           cache=tmp_path)
+    assert is_cubin(image, "scale")
+
+
+@needs_nvcc
+def test_bad_option_reaches_nvcc_as_a_compile_error(tmp_path: Path) -> None:
+    with pytest.raises(CompileError) as info:
+        compile_module(RAW, ["--no-such-option"], ARCH, cache=tmp_path)
+    assert "no-such-option" in info.value.log
+
+
+@needs_nvcc
+def test_unknown_architecture_is_a_compile_error(tmp_path: Path) -> None:
+    with pytest.raises(CompileError):
+        compile_module(RAW, [], "sm_19", cache=tmp_path)
+
+
+# -- the cache -------------------------------------------------------------------------------
+
+
+@needs_nvcc
+def test_cache_hit_does_not_run_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = compile_module(SAXPY, ["-O3"], ARCH, cache=tmp_path)
+    [cached] = list(tmp_path.iterdir())  # one file, no temporaries left behind
+    assert cached.suffix == ".cubin" and cached.read_bytes() == first
+
+    def no_nvcc(*_args: object) -> bytes:
+        raise AssertionError("nvcc ran on a cache hit")
+
+    monkeypatch.setattr(usercode, "_nvcc", no_nvcc)
+    assert compile_module(SAXPY, ["-O3"], ARCH, cache=tmp_path) == first
+    # Another source, option list or architecture is another key: nvcc would run.
+    for source, options, arch in [(SAXPY + " ", ["-O3"], ARCH), (SAXPY, [], ARCH),
+                                  (SAXPY, ["-O3"], "sm_80")]:
+        with pytest.raises(AssertionError, match="nvcc ran"):
+            compile_module(source, options, arch, cache=tmp_path)
+
+
+def test_cache_key_and_atomic_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nvcc stubbed: one compile per key, written whole, read back on a hit."""
+    calls: list[tuple[str, list[str], str]] = []
+
+    def fake_nvcc(_nvcc: str, source: str, options: list[str], arch: str) -> bytes:
+        calls.append((source, options, arch))
+        return f"cubin of {source} {options} {arch}".encode()
+
+    monkeypatch.setattr(usercode, "find_nvcc", lambda: "/fake/nvcc")
+    monkeypatch.setattr(usercode, "_nvcc_version", lambda _path: "Cuda compilation tools 99.9")
+    monkeypatch.setattr(usercode, "_nvcc", fake_nvcc)
+    one = compile_module("a", ["-O3"], "sm_90", cache=tmp_path / "c")
+    assert compile_module("a", ["-O3"], "sm_90", cache=tmp_path / "c") == one
+    assert len(calls) == 1
+    compile_module("a", ["-O", "3"], "sm_90", cache=tmp_path / "c")  # not "-O3"
+    compile_module("a", ["-O3"], "sm_90a", cache=tmp_path / "c")
+    assert len(calls) == 3
+    assert len(list((tmp_path / "c").iterdir())) == 3
+    assert not [p for p in (tmp_path / "c").iterdir() if p.name.startswith(".tmp")]
+    # Another nvcc version is another key.
+    monkeypatch.setattr(usercode, "_nvcc_version", lambda _path: "Cuda compilation tools 100")
+    compile_module("a", ["-O3"], "sm_90", cache=tmp_path / "c")
+    assert len(calls) == 4
+
+
+def test_unwritable_cache_still_compiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(usercode, "find_nvcc", lambda: "/fake/nvcc")
+    monkeypatch.setattr(usercode, "_nvcc_version", lambda _path: "v")
+    monkeypatch.setattr(usercode, "_nvcc", lambda *_args: b"image")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert compile_module("a", [], "sm_90", cache=blocker / "kernels") == b"image"
+
+
+def test_cache_dir_default_and_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("ERLCUDA_CACHE_DIR", raising=False)
+    assert usercode.cache_dir() == Path.home() / ".cache" / "erlcuda" / "kernels"
+    monkeypatch.setenv("ERLCUDA_CACHE_DIR", str(tmp_path))
+    assert usercode.cache_dir() == tmp_path
+
+
+# -- refusals --------------------------------------------------------------------------------
+
+
+def test_no_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    with pytest.raises(NoCompiler):
+        compile_module(RAW, [], ARCH, cache=tmp_path)
+
+
+def test_cuda_home_is_searched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text("#!/bin/sh\nexit 1\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert usercode.find_nvcc() == str(nvcc)
+
+
+@pytest.mark.parametrize("option", ["-o", "-o=x.cubin", "--output-file=x", "-arch=sm_80",
+                                    "--gpu-architecture=sm_80", "-gencode", "--ptx", "-ptx",
+                                    "-E", "-c", "--fatbin", "-code=sm_90", "-M", "-odir"])
+def test_output_options_are_refused(option: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not allowed"):
+        compile_module(RAW, [option], ARCH, cache=tmp_path)
+
+
+@pytest.mark.parametrize("arch", ["", "90", "sm90", "compute_90", "sm_90 -o x", "SM_90"])
+def test_bad_architectures_are_refused(arch: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="architecture"):
+        compile_module(RAW, [], arch, cache=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "inputs", "outputs", "operation", "match"),
+    [
+        ("1bad", [("x", "f32", "vector")], [("z", "f32")], "z = x", "identifier"),
+        ("k-1", [("x", "f32", "vector")], [("z", "f32")], "z = x", "identifier"),
+        ("", [("x", "f32", "vector")], [("z", "f32")], "z = x", "identifier"),
+        ("float", [("x", "f32", "vector")], [("z", "f32")], "z = x", "reserved"),
+        ("__k", [("x", "f32", "vector")], [("z", "f32")], "z = x", "reserved"),
+        ("_K", [("x", "f32", "vector")], [("z", "f32")], "z = x", "reserved"),
+        ("k" * 256, [("x", "f32", "vector")], [("z", "f32")], "z = x", "longer"),
+        ("k", [("i", "f32", "vector")], [("z", "f32")], "z = i", "taken"),
+        ("k", [("x", "f32", "vector")], [("n", "f32")], "n = x", "taken"),
+        ("k", [("erlcuda_x", "f32", "vector")], [("z", "f32")], "z = 1", "erlcuda_"),
+        ("k", [("x", "f32", "vector"), ("x", "f64", "scalar")], [("z", "f32")], "z = x",
+         "twice"),
+        ("k", [("x", "f32", "vector")], [("x", "f32")], "x = 1", "twice"),
+        ("k", [("k", "f32", "vector")], [("z", "f32")], "z = k", "twice"),
+        ("k", [("threadIdx", "f32", "vector")], [("z", "f32")], "z = 1", "reserved"),
+        ("k", [("x y", "f32", "vector")], [("z", "f32")], "z = 1", "identifier"),
+        ("k", [("x", "f16", "vector")], [("z", "f32")], "z = x", "element type"),
+        ("k", [("x", "float", "vector")], [("z", "f32")], "z = x", "element type"),
+        ("k", [("x", "f32", "vector")], [("z", "bf16")], "z = x", "element type"),
+        ("k", [("x", "f32", "matrix")], [("z", "f32")], "z = x", "neither"),
+        ("k", [("x", "f32")], [("z", "f32")], "z = x", "expected"),
+        ("k", [("x", "f32", "vector")], [("z", "f32", "vector")], "z = x", "expected"),
+        ("k", [("x", "f32", "vector")], [], "x", "output"),
+        ("k", [("x", "f32", "vector")], [("z", "f32")], "  ", "empty"),
+        ("k", [("x", "f32", "vector")], [("z", "f32")], "z = x\0", "NUL"),
+    ],
+)
+def test_bad_elementwise_specs_are_refused(name: str, inputs: list[tuple[str, ...]],
+                                           outputs: list[tuple[str, ...]], operation: str,
+                                           match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        elementwise_source(name, inputs, outputs, operation)  # type: ignore[arg-type]
+
+
+def test_architecture_helpers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ERLCUDA_ARCH", raising=False)
+    assert usercode.default_arch() == "sm_90"
+    monkeypatch.setenv("ERLCUDA_ARCH", "sm_80")
+    assert usercode.default_arch() == "sm_80"
+    assert usercode.arch_of((9, 0)) == "sm_90"
+    assert usercode.arch_of((12, 1)) == "sm_121"
