@@ -6,34 +6,77 @@
 %% so a crash there never takes the node down.
 %%
 %% Kernels (see `kernels/0'): `vector_add([A, B])', `reduce([A])', `dot_product([A, B])',
-%% `matmul([A, B, M, N, K])'. A vector is a list of numbers or a little-endian f32 binary.
+%% `matmul([A, B, M, N, K])' in f32 or f64; `copy([A])', `zeros([N])', `empty([N])' in any
+%% element type; and the kernels loaded with `load/4' and `elementwise/5'. A vector is a
+%% list of numbers, a little-endian binary of its element type, or a buffer.
 %%
-%% Options, as a list of pairs or a map: `{device, N | any}' (default 0), `{format, list |
-%% binary}' (a vector result as a list of floats or an f32 binary; default list),
-%% `{timeout, Ms}' (`launch_sync' only, default 5000, at most 4294967295 or `infinity'),
-%% `{trace, true}' (for benchmarks: the reply carries the worker's time stamps).
+%% Element types: `f32', `f64', `i32', `u32', `i64', `u8'. Lists are converted with a range
+%% check for the type (floats or integers for f32 and f64, integers for the others);
+%% vector results of integer types come back as lists of integers.
+%%
+%% Buffers are vectors that stay on a device: `upload/2', `zeros/3', `empty/3', or any
+%% launch with `{keep, true}', make them; any kernel takes one wherever it takes a vector;
+%% `download/1,2' reads one back. A buffer belongs to the process that made it and is freed
+%% when that process exits, or by `free/1'; `give/2' hands it to another process. A buffer
+%% of a worker that has since restarted is lost: `{error, {buffer_lost, Buffer}}'.
+%%
+%% Options, as a list of pairs or a map: `{device, N | any}' (default 0, or the device of
+%% the launch's buffers), `{format, list | binary}' (a vector result as a list of numbers
+%% or a binary; default list), `{timeout, Ms}' (`launch_sync' only, default 5000, at most
+%% 4294967295 or `infinity'), `{trace, true}' (for benchmarks: the reply carries the
+%% worker's time stamps), `{type, T}' (the element type of the vectors given as data;
+%% default the type of the first buffer, else the kernel's first type, f32), `{keep, true}'
+%% (vector results stay on the device: the reply carries buffers). For user kernels:
+%% `{grid, G}', `{block, B}' (a positive integer or a tuple of one to three), `{shared,
+%% Bytes}' (dynamic shared memory), `{elements, N}' (blocks of 256 covering N; by default
+%% N is the longest vector argument).
 -module(erlcuda).
 
 -export([launch/2, launch/3, launch_sync/2, launch_sync/3, info/0, error_codes/0,
          kernels/0]).
+-export([upload/1, upload/2, download/1, download/2, zeros/3, empty/3, free/1, give/2,
+         buffer_info/1]).
+-export([load/3, load/4, elementwise/4, elementwise/5, unload/1]).
 
 -export_type([kernel/0, vector/0, device/0, format/0, option/0, options/0, job_id/0,
-              result/0, reason/0, cuda_code/0, stamps/0]).
+              result/0, reason/0, cuda_code/0, stamps/0, buffer/0, element_type/0,
+              param/0, load_option/0, buffer_info/0]).
 
--type kernel() :: erlcuda_contract:builtin_kernel().
-%% A vector: a list of numbers, or a little-endian f32 binary.
--type vector() :: [number()] | binary().
+%% A built-in kernel, or the name of a loaded one.
+-type kernel() :: erlcuda_contract:builtin_kernel() | atom().
+-type element_type() :: erlcuda_contract:element_type().
+%% A vector on a device: `{erlcuda_buffer, Node, Epoch, Device, Id, Type, Elements}' (print
+%% it, send it; build none by hand).
+-opaque buffer() :: {erlcuda_buffer, node(), non_neg_integer(), non_neg_integer(),
+                     pos_integer(), element_type(), non_neg_integer()}.
+%% A vector: a list of numbers, a little-endian binary of its element type, or a buffer.
+-type vector() :: [number()] | binary() | buffer().
 -type device() :: non_neg_integer() | any.
 -type format() :: list | binary.
+-type dims() :: pos_integer() | {pos_integer()} | {pos_integer(), pos_integer()}
+              | {pos_integer(), pos_integer(), pos_integer()}.
 -type option() :: {device, device()} | {format, format()} | {timeout, timeout()}
-                | {trace, boolean()}.
+                | {trace, boolean()} | {type, element_type()} | {keep, boolean()}
+                | {grid, dims()} | {block, dims()} | {shared, non_neg_integer()}
+                | {elements, non_neg_integer()}.
 -type options() :: [option()] | #{device => device(), format => format(),
-                                  timeout => timeout(), trace => boolean()}.
+                                  timeout => timeout(), trace => boolean(),
+                                  type => element_type(), keep => boolean(),
+                                  grid => dims(), block => dims(),
+                                  shared => non_neg_integer(),
+                                  elements => non_neg_integer()}.
 -type job_id() :: pos_integer().
--type result() :: [float()] | binary() | float().
+-type result() :: [number()] | binary() | float() | buffer() | [result()].
 -type cuda_code() :: erlcuda_contract:cuda_code().
 %% The worker's time stamps of a traced job (nanoseconds of its own clock), by stage.
 -type stamps() :: #{binary() => integer()}.
+%% A user kernel's parameter: a pointer it reads, writes or both, or a scalar.
+-type param() :: {in | out | inout, element_type()} | {scalar, element_type()}.
+-type load_option() :: {options, [binary()]} | {timeout, timeout()}.
+-type buffer_info() :: #{node := node(), epoch := non_neg_integer(),
+                         device := non_neg_integer(), id := pos_integer(),
+                         type := element_type(), elements := non_neg_integer(),
+                         bytes := non_neg_integer(), owner := pid() | undefined}.
 -type reason() :: {unknown_kernel, term()}
                 | {bad_device, term()}
                 | {bad_args, binary()}
@@ -45,10 +88,16 @@
                 | {backend_unavailable, binary()}
                 | {cuda, cuda_code(), binary()}
                 | {non_finite, binary()}
+                | {buffer_lost, buffer() | non_neg_integer()}
+                | {wrong_device, buffer()}
+                | {remote_buffer, buffer()}
+                | not_owner
+                | {compile, binary()}
+                | {already_loaded, atom()}
                 | {internal, binary()}.
 
 %% @equiv launch(Kernel, Args, [])
--spec launch(Kernel :: kernel(), Args :: [vector() | non_neg_integer()]) ->
+-spec launch(Kernel :: kernel(), Args :: [vector() | number()]) ->
     {ok, job_id()} | {error, reason()}.
 launch(Kernel, Args) ->
     launch(Kernel, Args, []).
@@ -58,7 +107,7 @@ launch(Kernel, Args) ->
 %%
 %% What Erlang can check is answered at once (`{error, Reason}'); the rest arrives as the
 %% reply. Every reason is listed in `reason()'.
--spec launch(Kernel :: kernel(), Args :: [vector() | non_neg_integer()], Opts :: options()) ->
+-spec launch(Kernel :: kernel(), Args :: [vector() | number()], Opts :: options()) ->
     {ok, job_id()} | {error, reason()}.
 launch(Kernel, Args, Opts) ->
     case erlcuda_job:validate(Kernel, Args, Opts) of
@@ -67,7 +116,7 @@ launch(Kernel, Args, Opts) ->
     end.
 
 %% @equiv launch_sync(Kernel, Args, [])
--spec launch_sync(Kernel :: kernel(), Args :: [vector() | non_neg_integer()]) ->
+-spec launch_sync(Kernel :: kernel(), Args :: [vector() | number()]) ->
     {ok, result()} | {error, reason()}.
 launch_sync(Kernel, Args) ->
     launch_sync(Kernel, Args, []).
@@ -77,7 +126,7 @@ launch_sync(Kernel, Args) ->
 %% The reply goes to a process alias that is dropped on timeout, so a late result never
 %% reaches the caller's mailbox. With `{trace, true}' the answer carries the worker's time
 %% stamps as a third element: `{ok, Result, Stamps}' or `{error, Reason, Stamps}'.
--spec launch_sync(Kernel :: kernel(), Args :: [vector() | non_neg_integer()],
+-spec launch_sync(Kernel :: kernel(), Args :: [vector() | number()],
                   Opts :: options()) ->
     {ok, result()} | {error, reason()} | {ok, result(), stamps()}
     | {error, reason(), stamps()}.
@@ -89,8 +138,12 @@ launch_sync(Kernel, Args, Opts) ->
                            infinity -> infinity;
                            _ -> erlang:monotonic_time(millisecond) + Timeout
                        end,
+            Keeps = case Job of
+                        #{general := #{keep := N}} -> N > 0;
+                        #{} -> false
+                    end,
             case erlcuda_submit:submit(Job#{deadline => Deadline}, Alias) of
-                {ok, JobId} -> await(JobId, Alias, remaining(Deadline));
+                {ok, JobId} -> await(JobId, Alias, remaining(Deadline), Keeps);
                 {error, _} = Error -> unalias(Alias), Error
             end;
         {error, _} = Error ->
@@ -100,12 +153,25 @@ launch_sync(Kernel, Args, Opts) ->
 remaining(infinity) -> infinity;
 remaining(Deadline) -> max(Deadline - erlang:monotonic_time(millisecond), 0).
 
-await(JobId, Alias, Timeout) ->
+await(JobId, Alias, Timeout, Keeps) ->
     receive
         {erlcuda, JobId, {f32, Bin}} -> unalias(Alias), erlcuda_protocol:f32_list(Bin);
+        {erlcuda, JobId, {deferred, Raw}} -> unalias(Alias), erlcuda_protocol:finish(Raw, list);
         {erlcuda, JobId, Result} -> unalias(Alias), Result;
         {erlcuda, JobId, {Tag, Value}, Stamps} -> unalias(Alias), {Tag, Value, Stamps}
     after Timeout ->
+        %% Buffers the job was to keep must not outlive the wait: a job still registered
+        %% is taken back (its buffers freed after it); one already answered has its reply
+        %% on the way or here, and the buffers in it are freed.
+        Late = case Keeps andalso erlcuda_jobs:cancel(JobId) of
+                   false when Keeps -> 5000;
+                   _ -> 0
+               end,
+        receive
+            {erlcuda, JobId, R} -> _ = erlcuda_buffers:free_all(R);
+            {erlcuda, JobId, R, _} -> _ = erlcuda_buffers:free_all(R)
+        after Late -> ok
+        end,
         unalias(Alias),
         %% A reply that came in just before the alias was dropped.
         receive
@@ -134,3 +200,140 @@ error_codes() ->
 -spec kernels() -> [erlcuda_contract:spec()].
 kernels() ->
     erlcuda_catalogue:kernels().
+
+%% Buffers.
+
+%% @equiv upload(Vector, [])
+-spec upload(Vector :: [number()] | binary()) -> {ok, buffer()} | {error, reason()}.
+upload(Vector) ->
+    upload(Vector, []).
+
+%% @doc Copy a vector to a device (`{device, N}', default 0) as a buffer of `{type, T}'
+%% (default f32) owned by the caller: `launch_sync(copy, [Vector], Opts)' with `{keep, true}'.
+-spec upload(Vector :: [number()] | binary(), Opts :: options()) ->
+    {ok, buffer()} | {error, reason()}.
+upload(Vector, Opts) ->
+    with_options(Opts, fun(O) -> launch_sync(copy, [Vector], O ++ [{keep, true}]) end).
+
+%% @equiv download(Buffer, [])
+-spec download(Buffer :: buffer()) -> {ok, [number()] | binary()} | {error, reason()}.
+download(Buffer) ->
+    download(Buffer, []).
+
+%% @doc A buffer's elements, as a list of numbers or, with `{format, binary}', a binary:
+%% `launch_sync(copy, [Buffer], Opts)'. The buffer stays as it is.
+-spec download(Buffer :: buffer(), Opts :: options()) ->
+    {ok, [number()] | binary()} | {error, reason()}.
+download(Buffer, Opts) ->
+    case erlcuda_job:is_buffer(Buffer) of
+        true -> with_options(Opts, fun(O) -> launch_sync(copy, [Buffer], O ++ [{keep, false}])
+                                   end);
+        false -> not_a_buffer(Buffer)
+    end.
+
+%% @doc A buffer of `N' zeros of `Type' on a device (`{device, N}', default 0).
+-spec zeros(Type :: element_type(), N :: non_neg_integer(), Opts :: options()) ->
+    {ok, buffer()} | {error, reason()}.
+zeros(Type, N, Opts) ->
+    allocate(zeros, Type, N, Opts).
+
+%% @doc A buffer of `N' elements of `Type', their values undefined (an allocation alone).
+-spec empty(Type :: element_type(), N :: non_neg_integer(), Opts :: options()) ->
+    {ok, buffer()} | {error, reason()}.
+empty(Type, N, Opts) ->
+    allocate(empty, Type, N, Opts).
+
+allocate(Kernel, Type, N, Opts) ->
+    case erlcuda_vector:is_type(Type) of
+        true -> with_options(Opts, fun(O) -> launch_sync(Kernel, [N], O ++ [{type, Type},
+                                                                             {keep, true}])
+                                   end);
+        false -> {error, {bad_args, iolist_to_binary(
+                                      io_lib:format("~0P is not an element type (~w)",
+                                                    [Type, 8, erlcuda_vector:types()]))}}
+    end.
+
+with_options(Opts, Fun) when is_map(Opts) -> Fun(maps:to_list(Opts));
+with_options(Opts, Fun) when is_list(Opts) -> Fun(Opts);
+with_options(Opts, _) -> {error, {bad_option, Opts}}.
+
+not_a_buffer(Term) ->
+    {error, {bad_args, iolist_to_binary(io_lib:format("not a buffer: ~0P", [Term, 8]))}}.
+
+%% @doc Free a buffer now (only its owner may: `{error, not_owner}' for others). A buffer
+%% already freed, or lost with its worker, is `ok'.
+-spec free(Buffer :: buffer()) -> ok | {error, reason()}.
+free(Buffer) ->
+    erlcuda_buffers:free(Buffer).
+
+%% @doc Hand a buffer to another process of this node, which owns it from now on: the
+%% buffer is freed when that process exits, not when the caller does. Only the owner may.
+-spec give(Buffer :: buffer(), Pid :: pid()) -> ok | {error, reason()}.
+give(Buffer, Pid) ->
+    erlcuda_buffers:give(Buffer, Pid).
+
+%% @doc What a buffer is: its node, device, id, element type, elements and bytes, and its
+%% owner (`undefined' once it is freed or lost, and for a buffer of another node).
+-spec buffer_info(Buffer :: buffer()) -> buffer_info() | {error, reason()}.
+buffer_info(Buffer) ->
+    erlcuda_buffers:info(Buffer).
+
+%% User kernels.
+
+%% @equiv load(Module, Source, Kernels, [])
+-spec load(Module :: atom(), Source :: iodata(), Kernels :: [{atom(), [param()]}]) ->
+    ok | {error, reason()}.
+load(Module, Source, Kernels) ->
+    load(Module, Source, Kernels, []).
+
+%% @doc Compile CUDA C `Source' (with nvcc, cached by source, options and the GPU's compute
+%% capability) and load it as `Module', declaring its kernels: `[{Name, Params}]', `Name'
+%% an `extern "C"' function of the source and the name launches use, each param a pointer
+%% `{in | out | inout, Type}' or a `{scalar, Type}'. A launch passes, in param order, a
+%% vector, a buffer (used in place) or, for `out' and `inout', a count N (N zeroed
+%% elements) for each pointer, and a number for each scalar; its reply is `{ok, [Value]}',
+%% one value per written pointer passed as data or a count (a buffer with `{keep, true}').
+%%
+%% Options: `{options, [NvccFlag]}', `{timeout, Ms}' (default 120000). Loading a module of
+%% the same name replaces it; a new worker (after a crash) loads every module again before
+%% it takes jobs. Errors: `{compile, Log}' (nvcc's message), `{backend_unavailable, Text}'
+%% (no GPU: the source is still compiled where nvcc is installed), `{already_loaded,
+%% Name}' (a kernel name of another module or a built-in one), `{bad_args, Text}'.
+-spec load(Module :: atom(), Source :: iodata(), Kernels :: [{atom(), [param()]}],
+           Opts :: [load_option()]) -> ok | {error, reason()}.
+load(Module, Source, Kernels, Opts) ->
+    case erlcuda_catalogue:declare(Module, Source, Kernels, Opts) of
+        {ok, Declaration, Timeout} -> erlcuda_catalogue:load(Declaration, Timeout);
+        {error, _} = Error -> Error
+    end.
+
+%% @equiv elementwise(Name, Inputs, Outputs, Operation, [])
+-spec elementwise(Name :: atom(),
+                  Inputs :: [{atom(), element_type() | {scalar, element_type()}}],
+                  Outputs :: [{atom(), element_type()}], Operation :: iodata()) ->
+    ok | {error, reason()}.
+elementwise(Name, Inputs, Outputs, Operation) ->
+    elementwise(Name, Inputs, Outputs, Operation, []).
+
+%% @doc Write, compile and load a kernel `Name' that runs the C statement `Operation' for
+%% every element: `Inputs' are vectors `{Var, Type}' (all of one length) and scalars
+%% `{Var, {scalar, Type}}', `Outputs' vectors `{Var, Type}' of that length, each read or
+%% written as the plain name `Var' (e.g. `<<"z = a * x + y">>'). A launch passes the inputs
+%% in order (vectors, buffers, numbers); the reply is the output (`{ok, Value}'), or with
+%% several outputs `{ok, [Value]}' (buffers with `{keep, true}'). Options and errors as
+%% for `load/4'; the kernel is a module named `Name'.
+-spec elementwise(Name :: atom(),
+                  Inputs :: [{atom(), element_type() | {scalar, element_type()}}],
+                  Outputs :: [{atom(), element_type()}], Operation :: iodata(),
+                  Opts :: [load_option()]) -> ok | {error, reason()}.
+elementwise(Name, Inputs, Outputs, Operation, Opts) ->
+    case erlcuda_catalogue:declare_elementwise(Name, Inputs, Outputs, Operation, Opts) of
+        {ok, Declaration, Timeout} -> erlcuda_catalogue:load(Declaration, Timeout);
+        {error, _} = Error -> Error
+    end.
+
+%% @doc Drop a loaded module: its kernels leave the catalogue and the worker forgets it.
+%% A module that is not loaded is `ok'.
+-spec unload(Module :: atom()) -> ok | {error, reason()}.
+unload(Module) ->
+    erlcuda_catalogue:unload(Module).

@@ -15,6 +15,9 @@ start(_Type, _Args) ->
             %% any restart of the port owner.
             ok = erlcuda_jobs:create(),
             ok = erlcuda_status:create(),
+            ok = erlcuda_buffers:create(),
+            %% Loaded modules belong to one start of the application.
+            ok = erlcuda_catalogue:reset(),
             ok = erlcuda_telemetry:init(),
             case erlcuda_sup:start_link() of
                 {ok, Sup} ->

@@ -23,14 +23,16 @@
                     shm_dir := auto | none | string(),
                     shm_threshold := pos_integer(),
                     test_hooks := boolean(),
-                    bench_hooks := boolean()}.
+                    bench_hooks := boolean(),
+                    buffer_limit := pos_integer() | infinity}.
 
 %% @doc Every key with its default; the `.app.src' documents the same ones.
 -spec keys() -> [{atom(), term()}].
 keys() ->
     [{backend, auto}, {cpu_devices, 1}, {python, default}, {batching, true},
      {max_batch, 256}, {max_queue, 10000}, {start_timeout, 120000}, {watchdog_ms, 30000},
-     {spin_us, auto}, {worker_args, []}, {shm_dir, auto}, {shm_threshold, 1048576}, {test_hooks, false}, {bench_hooks, false}].
+     {spin_us, auto}, {worker_args, []}, {shm_dir, auto}, {shm_threshold, 1048576}, {test_hooks, false}, {bench_hooks, false},
+     {buffer_limit, infinity}].
 
 %% @doc The checked configuration, or the first key whose value is wrong.
 -spec load() -> {ok, config()} | {error, {bad_config, atom(), term()}}.
@@ -48,6 +50,7 @@ valid(backend, V) -> lists:member(V, [auto, cpu, cuda]);
 valid(python, default) -> true;
 valid(python, V) -> is_text(V) andalso V =/= [] andalso V =/= <<>>;
 valid(watchdog_ms, infinity) -> true;
+valid(buffer_limit, infinity) -> true;
 valid(spin_us, auto) -> true;
 valid(spin_us, V) -> is_integer(V) andalso V >= 0;
 valid(shm_dir, V) when V =:= auto; V =:= none -> true;

@@ -1,105 +1,238 @@
 %% @private
 %% Checking a launch (kernel, arguments, options) against the kernel's spec in the
 %% catalogue and packing its vectors. Runs in the caller's process.
+%%
+%% A plain launch (a built-in kernel, f32 data, none of the options added for buffers and
+%% user kernels) comes out as it always did: f32 vectors as binaries, dims as integers, and
+%% no `general' key. Anything else carries `general': what the submit path and the reply
+%% need besides the arguments (how many results stay on the device, the buffers it uses,
+%% a user kernel's launch shape and the shape of its reply).
 -module(erlcuda_job).
 
--export([validate/3]).
+-export([validate/3, is_buffer/1]).
 
--export_type([job/0]).
+-export_type([job/0, general/0, arg/0, geometry/0]).
 
 -type job() :: #{kernel := atom(),
-                 args := [binary() | non_neg_integer()],
+                 args := [arg()],
                  device := erlcuda:device(),
                  format := erlcuda:format(),
                  timeout := timeout(),
                  trace := boolean(),
                  result_bytes := non_neg_integer(),
+                 general => general(),
                  %% launch_sync's: when a caller waiting on a busy writer gives up
                  deadline => integer() | infinity}.
+%% A launch's argument as the wire takes it: an f32 vector (a binary), a dim, or one of
+%% the general path's kinds.
+-type arg() :: binary() | non_neg_integer()
+             | {vector, erlcuda_vector:type(), binary()}
+             | {handle, erlcuda_buffers:id()}
+             | {scalar, erlcuda_vector:type(), <<_:64>>}
+             | {empty, erlcuda_vector:type(), non_neg_integer()}.
+-type geometry() :: {{pos_integer(), pos_integer(), pos_integer()},
+                     {pos_integer(), pos_integer(), pos_integer()}, non_neg_integer()}.
+-type general() :: #{keep := non_neg_integer(),
+                     buffers := [erlcuda:buffer()],
+                     shape := erlcuda_protocol:shape(),
+                     geometry => geometry()}.
 
-%% Larger numbers would silently become infinities.
--define(F32_MAX, 3.4028234663852886e38).
 %% What `receive ... after' accepts.
 -define(MAX_TIMEOUT, 4294967295).
+-define(U32, 16#FFFFFFFF).
+-define(DEFAULT_BLOCK, 256).
+-define(GEOMETRY_OPTIONS, [grid, block, shared, elements]).
 
 %% @doc Check a launch and pack its vectors as little-endian binaries of their element type.
 -spec validate(Kernel :: term(), Args :: term(), Opts :: term()) ->
     {ok, job()} | {error, erlcuda:reason()}.
 validate(Kernel, Args, Opts) ->
     case options(Opts) of
-        {ok, Job} ->
+        %% The options added for buffers and user kernels come apart (X): a plain launch
+        %% has none.
+        {ok, {Job, X}} ->
             case erlcuda_catalogue:lookup(Kernel) of
-                {ok, Spec} -> args(Spec, Args, Job#{kernel => Kernel});
+                {ok, #{user := _} = Spec} -> user(Spec, Args, Job#{kernel => Kernel}, X);
+                {ok, Spec} -> builtin(Spec, Args, Job#{kernel => Kernel}, X);
                 error -> {error, {unknown_kernel, Kernel}}
             end;
         {error, _} = Error ->
             Error
     end.
 
-%% Options: a proper list of pairs, or a map.
+%% @doc Whether a term is a buffer handle (of any node or epoch).
+-spec is_buffer(term()) -> boolean().
+is_buffer({erlcuda_buffer, Node, Epoch, Device, Id, Type, Elements})
+  when is_atom(Node), is_integer(Epoch), is_integer(Device), Device >= 0, is_integer(Id),
+       is_atom(Type), is_integer(Elements), Elements >= 0 ->
+    erlcuda_vector:is_type(Type);
+is_buffer(_) ->
+    false.
+
+%% Options: a proper list of pairs, or a map. The seed's four have defaults and go into
+%% the job; the others into a map of their own, only where given.
 options(Opts) when is_map(Opts) ->
     options(maps:to_list(Opts));
+options([]) ->
+    {ok, {#{device => 0, format => list, timeout => 5000, trace => false}, #{}}};
 options(Opts) ->
-    Default = #{device => 0, format => list, timeout => 5000, trace => false},
+    Default = {#{device => 0, format => list, timeout => 5000, trace => false}, #{}},
     case proper_list(Opts) of
         true -> lists:foldl(fun(_, {error, _} = E) -> E;
-                               (Opt, {ok, Acc}) -> option(Opt, Acc)
+                               (Opt, {ok, {Job, X}}) -> option(Opt, Job, X)
                             end, {ok, Default}, Opts);
         false -> {error, {bad_option, Opts}}
     end.
 
-option({device, N}, Acc) when is_integer(N), N >= 0; N =:= any -> {ok, Acc#{device := N}};
-option({format, F}, Acc) when F =:= list; F =:= binary -> {ok, Acc#{format := F}};
-option({timeout, T}, Acc) when is_integer(T), T >= 0, T =< ?MAX_TIMEOUT; T =:= infinity ->
-    {ok, Acc#{timeout := T}};
-option({trace, B}, Acc) when is_boolean(B) -> {ok, Acc#{trace := B}};
-option({device, N}, _) -> {error, {bad_device, N}};
-option(Opt, _) -> {error, {bad_option, Opt}}.
-
-args(#{name := Kernel, params := Params, result := Result}, Args, Job) ->
-    Arity = length(Params),
-    case proper_list(Args) andalso length(Args) of
-        false ->
-            bad("~p expects a list of arguments", [Kernel]);
-        Arity ->
-            case values(Params, Args, #{}) of
-                {ok, Values} -> check(Params, Result, Values, Job);
-                {error, _} = Error -> Error
-            end;
-        N ->
-            bad("~p takes ~b arguments, got ~b", [Kernel, Arity, N])
-    end.
-
-%% Each argument checked against its param, by name: `{vector, Elements, Binary}' or
-%% `{dim, N}'.
-values([], [], Acc) ->
-    {ok, Acc};
-values([#{name := Name} = P | Ps], [A | As], Acc) ->
-    case value(P, A) of
-        {ok, V} -> values(Ps, As, Acc#{Name => V});
-        {error, _} = Error -> Error
-    end.
-
-value(#{kind := vector, name := Name, type := Type}, A) ->
-    case vector(A, Name, Type) of
-        {ok, Bin} -> {ok, {vector, byte_size(Bin) div elem_size(Type), Bin}};
-        {error, _} = Error -> Error
+option({device, N}, Job, X) when is_integer(N), N >= 0; N =:= any ->
+    {ok, {Job#{device := N}, X#{device_given => true}}};
+option({format, F}, Job, X) when F =:= list; F =:= binary -> {ok, {Job#{format := F}, X}};
+option({timeout, T}, Job, X) when is_integer(T), T >= 0, T =< ?MAX_TIMEOUT; T =:= infinity ->
+    {ok, {Job#{timeout := T}, X}};
+option({trace, B}, Job, X) when is_boolean(B) -> {ok, {Job#{trace := B}, X}};
+option({device, N}, _, _) -> {error, {bad_device, N}};
+option({type, T} = Opt, Job, X) ->
+    case erlcuda_vector:is_type(T) of
+        true -> {ok, {Job, X#{type => T}}};
+        false -> {error, {bad_option, Opt}}
     end;
-value(#{kind := dim, name := Name}, A) ->
+option({keep, B}, Job, X) when is_boolean(B) -> {ok, {Job, X#{keep => B}}};
+option({grid, G} = Opt, Job, X) -> dims_option(grid, G, Opt, Job, X);
+option({block, B} = Opt, Job, X) -> dims_option(block, B, Opt, Job, X);
+option({shared, S} = Opt, Job, X) when is_integer(S), S >= 0, S =< ?U32 ->
+    {ok, {Job, X#{shared => {S, Opt}}}};
+option({elements, N} = Opt, Job, X) when is_integer(N), N >= 0 ->
+    {ok, {Job, X#{elements => {N, Opt}}}};
+option(Opt, _, _) -> {error, {bad_option, Opt}}.
+
+dims_option(Key, Value, Opt, Job, X) ->
+    case dims(Value) of
+        {ok, Dims} -> {ok, {Job, X#{Key => {Dims, Opt}}}};
+        error -> {error, {bad_option, Opt}}
+    end.
+
+%% A pos integer or a tuple of 1 to 3 of them, each within 32 bits, as {X, Y, Z}.
+dims(X) when is_integer(X) -> dims({X});
+dims({X}) -> dims({X, 1, 1});
+dims({X, Y}) -> dims({X, Y, 1});
+dims({X, Y, Z} = D) when is_integer(X), X > 0, X =< ?U32, is_integer(Y), Y > 0, Y =< ?U32,
+                         is_integer(Z), Z > 0, Z =< ?U32 ->
+    {ok, D};
+dims(_) -> error.
+
+%% Built-in kernels.
+
+builtin(#{name := Kernel} = Spec, Args, Job, X) ->
+    case geometry_options(X) of
+        [Opt | _] -> {error, {bad_option, Opt}};
+        [] ->
+            case arity(Kernel, length(maps:get(params, Spec)), Args) of
+                ok -> builtin_args(Spec, Args, Job, X);
+                {error, _} = Error -> Error
+            end
+    end.
+
+%% A launch shape is for user kernels.
+geometry_options(X) when map_size(X) =:= 0 -> [];
+geometry_options(X) -> [Opt || K <- ?GEOMETRY_OPTIONS, {_, Opt} <- [maps:get(K, X, none)]].
+
+arity(Kernel, Arity, Args) ->
+    case proper_list(Args) andalso length(Args) of
+        false -> bad("~p expects a list of arguments", [Kernel]);
+        Arity -> ok;
+        N -> bad("~p takes ~b arguments, got ~b", [Kernel, Arity, N])
+    end.
+
+%% The launch's element type: {type, T}, else its first buffer's, else the kernel's first.
+builtin_args(#{name := Kernel, params := Params, result := Result} = Spec, Args, Job, X) ->
+    #{types := Types, general := General} = Spec,
+    Type = case X of
+               #{type := T} -> T;
+               #{} -> buffer_type(Args, Types)
+           end,
+    case lists:member(Type, Types) of
+        false ->
+            bad("~p runs in ~ts, not ~p", [Kernel, type_names(Types), Type]);
+        true ->
+            case values(Params, Args, Type, General, #{}, []) of
+                {ok, Values, Buffers} ->
+                    check(Params, Result, Values, Buffers, Type, Job, X);
+                {error, _} = Error ->
+                    Error
+            end
+    end.
+
+buffer_type([{erlcuda_buffer, _, _, _, _, T, _} = B | Rest], Types) ->
+    case is_buffer(B) of
+        true -> T;
+        false -> buffer_type(Rest, Types)
+    end;
+buffer_type([_ | Rest], Types) -> buffer_type(Rest, Types);
+buffer_type([], [T | _]) -> T.
+
+type_names([T]) -> atom_to_list(T);
+type_names(Types) -> lists:join(" or ", [atom_to_list(T) || T <- Types]).
+
+%% Each argument checked against its param, by name: `{vector, Elements, Arg}' or
+%% `{dim, N, Arg}', Arg as the wire takes it; with the buffers met, in order.
+values([], [], _, _, Acc, Buffers) ->
+    {ok, Acc, lists:reverse(Buffers)};
+values([#{name := Name} = P | Ps], [A | As], Type, General, Acc, Buffers) ->
+    case value(P, A, Type, General) of
+        {ok, {buffer, B, V}} -> values(Ps, As, Type, General, Acc#{Name => V}, [B | Buffers]);
+        {ok, V} -> values(Ps, As, Type, General, Acc#{Name => V}, Buffers);
+        {error, _} = Error -> Error
+    end.
+
+value(#{kind := vector, name := Name}, {erlcuda_buffer, _, _, _, _, _, _} = A, Type, _) ->
+    case is_buffer(A) of
+        true -> buffer_value(A, Name, Type);
+        false -> data_value(A, Name, Type)
+    end;
+value(#{kind := vector, name := Name}, A, Type, _) ->
+    data_value(A, Name, Type);
+value(#{kind := dim, name := Name}, A, Type, General) ->
     Max = erlcuda_contract:max_elements(),
     case is_integer(A) andalso A >= 0 andalso A =< Max of
-        true -> {ok, {dim, A}};
+        %% A general kernel's count (zeros, empty) travels with the launch's type.
+        true when General -> {ok, {dim, A, {empty, Type, A}}};
+        true -> {ok, {dim, A, A}};
         false -> bad("~s must be an integer from 0 to ~b", [Name, Max])
     end.
 
-%% The length rules, then the arguments in order.
-check(Params, Result, Values, Job) ->
+buffer_value({erlcuda_buffer, Node, _, _, Id, T, N} = B, Name, Type) ->
+    if
+        Node =/= node() -> {error, {remote_buffer, B}};
+        T =/= Type -> bad("~s is a buffer of ~p; this launch runs in ~p", [Name, T, Type]);
+        true -> {ok, {buffer, B, {vector, N, {handle, Id}}}}
+    end.
+
+data_value(A, Name, Type) ->
+    case vector(A, Name, Type) of
+        {ok, Bin} ->
+            N = byte_size(Bin) div erlcuda_vector:size(Type),
+            {ok, {vector, N, wire_vector(Type, Bin)}};
+        {error, _} = Error ->
+            Error
+    end.
+
+%% f32 vectors stay plain binaries: the frame of a plain launch is the seed's, byte for byte.
+wire_vector(f32, Bin) -> Bin;
+wire_vector(Type, Bin) -> {vector, Type, Bin}.
+
+%% The length rules, the device, then the arguments in order.
+check(Params, Result, Values, Buffers, Type, Job, X) ->
     Bad = [E || #{kind := vector, name := Name, length := [_ | _] = Length} <- Params,
                 {error, _} = E <- [length_rule(Name, Length, Values)]],
     case Bad of
-        [E | _] -> E;
-        [] -> result(Result, Values, Job#{args => [arg(maps:get(Name, Values))
-                                                   || #{name := Name} <- Params]})
+        [E | _] ->
+            E;
+        [] ->
+            Args = [arg(maps:get(Name, Values)) || #{name := Name} <- Params],
+            case device(Buffers, Job, X) of
+                {ok, Job1} -> result(Result, Values, Buffers, Type, Job1#{args => Args}, X);
+                {error, _} = Error -> Error
+            end
     end.
 
 length_rule(Name, Length, Values) ->
@@ -110,7 +243,7 @@ length_rule(Name, Length, Values) ->
             case maps:get(Other, Values) of
                 {vector, N, _} ->
                     bad("length mismatch: ~s has ~b elements, ~s has ~b", [Other, N, Name, Have]);
-                {dim, N} ->
+                {dim, N, _} ->
                     bad("~s has ~b elements, ~s = ~b", [Name, Have, Other, N])
             end;
         {false, _} ->
@@ -118,52 +251,206 @@ length_rule(Name, Length, Values) ->
                 [Name, Have, lists:join("*", Length), product(Length, Values)])
     end.
 
-%% A result that no reply frame could carry is refused before any work is done.
-result(#{kind := vector, type := Type, length := [_ | _] = Length}, Values, Job) ->
-    Max = min(erlcuda_contract:max_elements(),
-              erlcuda_protocol:max_result_bytes() div elem_size(Type)),
+%% A result that no reply frame could carry is refused before any work is done. Only an f32
+%% vector result coming back as data may travel through shared memory (result_bytes).
+result(#{kind := vector, length := [_ | _] = Length}, Values, Buffers, Type, Job, X) ->
+    Size = erlcuda_vector:size(Type),
+    Keep = maps:get(keep, X, false),
+    Max = min(erlcuda_contract:max_elements(), erlcuda_protocol:max_result_bytes() div Size),
     case product(Length, Values) of
-        N when N > Max -> {error, too_large};
-        N -> {ok, Job#{result_bytes => N * elem_size(Type)}}
+        N when N > Max, not Keep -> {error, too_large};
+        N ->
+            Bytes = case Type =:= f32 andalso not Keep of
+                        true -> N * Size;
+                        false -> 0
+                    end,
+            general(Job#{result_bytes => Bytes}, Buffers,
+                    case Keep of true -> 1; false -> 0 end)
     end;
-result(_, _, Job) ->
-    {ok, Job#{result_bytes => 0}}.
+result(_, _, Buffers, _, Job, _) ->
+    general(Job#{result_bytes => 0}, Buffers, 0).
+
+%% A launch with results kept or buffers used carries what its submit and reply need.
+general(Job, [], 0) ->
+    {ok, Job};
+general(Job, Buffers, Keep) ->
+    {ok, Job#{general => #{keep => Keep, buffers => Buffers, shape => value}}}.
 
 product(Names, Values) ->
     lists:foldl(fun(Name, Acc) ->
                         case maps:get(Name, Values) of
                             {vector, N, _} -> Acc * N;
-                            {dim, N} -> Acc * N
+                            {dim, N, _} -> Acc * N
                         end
                 end, 1, Names).
 
-arg({vector, _, Bin}) -> Bin;
-arg({dim, N}) -> N.
+arg({_, _, Arg}) -> Arg.
 
-elem_size(f32) -> 4.
+%% The launch runs on its buffers' device: all of them on one, the one {device, N} names
+%% if given.
+device([], Job, _) ->
+    {ok, Job};
+device([{erlcuda_buffer, _, _, Dev, _, _, _} | _] = Buffers, #{device := Want} = Job, X) ->
+    case [B || {erlcuda_buffer, _, _, D, _, _, _} = B <- Buffers, D =/= Dev] of
+        [Other | _] ->
+            {error, {wrong_device, Other}};
+        [] when Want =:= any; not is_map_key(device_given, X) ->
+            {ok, Job#{device := Dev}};
+        [] when Want =:= Dev ->
+            {ok, Job};
+        [] ->
+            {error, {wrong_device, hd(Buffers)}}
+    end.
 
 vector(Bin, Name, Type) when is_binary(Bin) ->
-    Size = elem_size(Type),
+    Size = erlcuda_vector:size(Type),
     Max = erlcuda_contract:max_elements(),
     case byte_size(Bin) rem Size of
         0 when byte_size(Bin) div Size > Max -> {error, too_large};
         0 -> {ok, Bin};
         _ -> bad("~s: binary of ~b bytes is not a multiple of ~b", [Name, byte_size(Bin), Size])
     end;
-vector(List, Name, f32) when is_list(List) ->
-    try << <<(f32(X)):32/float-little>> || X <- List >> of
-        Bin -> vector(Bin, Name, f32)
-    catch
-        throw:{not_a_number, X} -> bad("~s: not a number: ~0P", [Name, X, 8]);
-        error:badarg -> bad("~s: a number outside the f32 range", [Name]);
-        error:_ -> bad("~s: not a proper list", [Name])
+vector(List, Name, Type) when is_list(List) ->
+    case erlcuda_vector:pack(Type, List) of
+        {ok, Bin} -> vector(Bin, Name, Type);
+        {error, Why} -> bad("~s: ~ts", [Name, Why])
     end;
 vector(Other, Name, Type) ->
-    bad("~s: expected a list of numbers or a ~p binary, got ~0P", [Name, Type, Other, 8]).
+    bad("~s: expected a list of numbers, a ~p binary or a buffer, got ~0P",
+        [Name, Type, Other, 8]).
 
-f32(X) when is_number(X), X =< ?F32_MAX, X >= -?F32_MAX -> X;
-f32(X) when is_number(X) -> error(badarg);
-f32(X) -> throw({not_a_number, X}).
+%% User kernels: a raw one (`load/4') or an elementwise one (`elementwise/5').
+
+user(#{name := Kernel, params := Params, user := Kind} = Spec, Args, Job, X) ->
+    case arity(Kernel, length(Params), Args) of
+        ok ->
+            case user_values(Params, Args, 1, [], []) of
+                {ok, Values, Buffers} -> user_check(Kind, Spec, Values, Buffers, Job, X);
+                {error, _} = Error -> Error
+            end;
+        {error, _} = Error ->
+            Error
+    end.
+
+%% Each argument against its param: `{Arg, Elements | scalar, Returned}', Returned whether
+%% the reply carries it (a written pointer passed as data or as a count).
+user_values([], [], _, Acc, Buffers) ->
+    {ok, lists:reverse(Acc), lists:reverse(Buffers)};
+user_values([P | Ps], [A | As], I, Acc, Buffers) ->
+    Name = param_name(P, I),
+    case user_value(P, A, Name) of
+        {ok, {buffer, B, V}} -> user_values(Ps, As, I + 1, [V | Acc], [B | Buffers]);
+        {ok, V} -> user_values(Ps, As, I + 1, [V | Acc], Buffers);
+        {error, _} = Error -> Error
+    end.
+
+param_name(#{name := Name}, _) -> Name;
+param_name(_, I) -> io_lib:format("argument ~b", [I]).
+
+user_value(#{kind := scalar, type := Type}, A, Name) ->
+    case erlcuda_vector:scalar(Type, A) of
+        {ok, Bytes} -> {ok, {{scalar, Type, Bytes}, scalar, false}};
+        {error, Why} -> bad("~ts (a ~p scalar): ~ts", [Name, Type, Why])
+    end;
+user_value(#{kind := vector, type := Type, access := Access}, A, Name) ->
+    Written = Access =/= in,
+    Max = erlcuda_contract:max_elements(),
+    case is_buffer(A) of
+        true ->
+            case buffer_value(A, Name, Type) of
+                {ok, {buffer, B, {vector, N, Arg}}} -> {ok, {buffer, B, {Arg, N, false}}};
+                {error, _} = Error -> Error
+            end;
+        false when is_integer(A), Written, A >= 0, A =< Max ->
+            {ok, {{empty, Type, A}, A, true}};
+        false when is_integer(A), Written ->
+            bad("~ts: a count must be an integer from 0 to ~b", [Name, Max]);
+        false when is_integer(A) ->
+            bad("~ts is read by the kernel: a vector or a buffer, not a count", [Name]);
+        false ->
+            case data_value(A, Name, Type) of
+                {ok, {vector, N, Arg}} -> {ok, {Arg, N, Written}};
+                {error, _} = Error -> Error
+            end
+    end.
+
+user_check(Kind, #{name := Kernel} = Spec, Values, Buffers, Job, X) ->
+    Lengths = [N || {_, N, _} <- Values, is_integer(N)],
+    case lengths(Kind, Lengths) of
+        {error, _} = Error ->
+            Error;
+        {ok, Elements} ->
+            {Results, Shape} = case Kind of
+                                   raw -> {[{T, N} || {{_, T, _}, N, true} <- Values], list};
+                                   elementwise -> outputs(Spec, Elements)
+                               end,
+            Keep = maps:get(keep, X, false),
+            Bytes = lists:sum([N * erlcuda_vector:size(T) || {T, N} <- Results]),
+            case geometry(X, Elements) of
+                {error, _} = Error ->
+                    Error;
+                _ when not Keep, Bytes > ?U32 - 64 - 16 * length(Results) ->
+                    {error, too_large};
+                {ok, Geometry} ->
+                    case device(Buffers, Job, X) of
+                        {ok, Job1} ->
+                            NKeep = case Keep of true -> length(Results); false -> 0 end,
+                            G = #{keep => NKeep, buffers => Buffers, shape => Shape},
+                            {ok, Job1#{kernel := Kernel,
+                                                args => [Arg || {Arg, _, _} <- Values],
+                                                result_bytes => 0,
+                                                general => case Geometry of
+                                                               none -> G;
+                                                               _ -> G#{geometry => Geometry}
+                                                           end}};
+                        {error, _} = Error ->
+                            Error
+                    end
+            end
+    end.
+
+%% An elementwise kernel's vectors all have one length, n; a raw kernel's default launch
+%% covers its longest vector.
+lengths(raw, Lengths) ->
+    {ok, lists:max([0 | Lengths])};
+lengths(elementwise, []) ->
+    {ok, 0};
+lengths(elementwise, [N | Rest]) ->
+    case [M || M <- Rest, M =/= N] of
+        [] -> {ok, N};
+        [M | _] -> bad("length mismatch: the vector inputs have ~b and ~b elements", [N, M])
+    end.
+
+outputs(#{outputs := Outputs}, N) ->
+    Shape = case Outputs of [_] -> single; _ -> list end,
+    {[{T, N} || #{type := T} <- Outputs], Shape}.
+
+%% {grid, G} and {block, B} as given; else blocks of B (256) covering {elements, N}, by
+%% default the kernel's vectors. Without any of these options, `none': the worker covers
+%% the vectors the same way, and runs nothing where they are empty.
+geometry(X, Default) ->
+    case geometry_options(X) of
+        [_ | _] -> geometry1(X, Default);
+        [] -> {ok, none}
+    end.
+
+geometry1(Job, Default) ->
+    {Block, _} = maps:get(block, Job, {{?DEFAULT_BLOCK, 1, 1}, none}),
+    {Shared, _} = maps:get(shared, Job, {0, none}),
+    case maps:find(grid, Job) of
+        {ok, {Grid, _}} ->
+            {ok, {Grid, Block, Shared}};
+        error ->
+            {Elements, Opt} = maps:get(elements, Job, {Default, {elements, Default}}),
+            {BX, BY, BZ} = Block,
+            case max(1, ceil_div(Elements, BX * BY * BZ)) of
+                GX when GX =< ?U32 -> {ok, {{GX, 1, 1}, Block, Shared}};
+                _ -> {error, {bad_option, Opt}}
+            end
+    end.
+
+ceil_div(A, B) ->
+    (A + B - 1) div B.
 
 proper_list(L) when is_list(L) ->
     try length(L) of _ -> true catch error:badarg -> false end;

@@ -5,7 +5,7 @@
 %% and `ets:take/2' makes sure only one of them gets it.
 -module(erlcuda_jobs).
 
--export([create/0, next_id/0, register/1, complete/2, withdraw/1, fail_all/1,
+-export([create/0, next_id/0, register/1, complete/2, withdraw/1, cancel/1, fail_all/1,
          sweep_dead_callers/0, size/0, counters/0]).
 
 -export_type([entry/0]).
@@ -29,12 +29,14 @@
               trace :: boolean(),
               started :: integer(),
               files = [] :: [file:filename()],
-              shm :: file:filename() | undefined}).
+              shm :: file:filename() | undefined,
+              ctx = none :: erlcuda_protocol:ctx()}).
 
 -type entry() :: #{id := erlcuda:job_id(), reply_to := pid() | reference(), caller := pid(),
                    device := non_neg_integer(), queues := erlcuda_status:queues(),
                    kernel := atom(), format := erlcuda:format(), trace := boolean(),
-                   files => [file:filename()], shm => file:filename() | undefined}.
+                   files => [file:filename()], shm => file:filename() | undefined,
+                   ctx => erlcuda_protocol:ctx()}.
 
 %% @doc The table, created by the application's process so that it outlives the port owner.
 -spec create() -> ok.
@@ -58,7 +60,8 @@ register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
                                  device = Device, queues = Queues, kernel = Kernel,
                                  format = Format, trace = Trace, started = Started,
                                  files = maps:get(files, Entry, []),
-                                 shm = maps:get(shm, Entry, undefined)}),
+                                 shm = maps:get(shm, Entry, undefined),
+                                 ctx = maps:get(ctx, Entry, none)}),
     counters:add(counters_ref(), ?SUBMITTED, 1).
 
 %% @doc Deliver the job's reply (its record from the worker, or an error decided here) to
@@ -87,8 +90,8 @@ complete(Id, Reply) ->
             none
     end.
 
-reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace} = Job, Reply,
-      Dequeue, Send) ->
+reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace, ctx = Ctx} = Job,
+      Reply, Dequeue, Send) ->
     Message = case Reply of
                   %% a traced job keeps its shape: no worker stamps, this side's
                   {error, _} when Trace ->
@@ -97,9 +100,10 @@ reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace} = Job, R
                   {error, _} -> {erlcuda, Id, Reply};
                   %% launch_sync replies to an alias: its caller makes its own floats
                   _ -> erlcuda_protocol:message(Id, Reply, Format,
-                                                is_reference(ReplyTo))
+                                                is_reference(ReplyTo), Ctx)
               end,
     Result = element(3, Message),
+    kept(Ctx, Result),
     count(Job, Result, Dequeue),
     ok = Send(ReplyTo, Message),
     #job{kernel = Kernel, device = Device, started = Started} = Job,
@@ -110,6 +114,13 @@ reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace} = Job, R
 -spec withdraw(erlcuda:job_id()) -> boolean().
 withdraw(Id) ->
     discard(Id, ?SUBMITTED, -1, {worker_down, port_closed}).
+
+%% @doc Drop a job whose caller stopped waiting (launch_sync's timeout), if it is still
+%% registered: it is never answered, and what it was to keep is freed after it. `false'
+%% when it was already answered.
+-spec cancel(erlcuda:job_id()) -> boolean().
+cancel(Id) ->
+    discard(Id, ?DROPPED, 1, timeout).
 
 %% @doc Answer every registered job with `{error, {worker_down, Why}}'.
 -spec fail_all(term()) -> ok.
@@ -146,8 +157,9 @@ drop(Id) ->
 discard(Id, Counter, Delta, Why) ->
     case ets:take(?TAB, Id) of
         [#job{queues = Queues, device = Device, kernel = Kernel, started = Started,
-              files = Files}] ->
+              files = Files, ctx = Ctx}] ->
             erlcuda_shm:delete(Files),
+            kept(Ctx, {error, Why}),
             erlcuda_status:dequeue(Queues, Device),
             counters:add(counters_ref(), Counter, Delta),
             erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, {error, Why}),
@@ -155,6 +167,17 @@ discard(Id, Counter, Delta, Why) ->
         [] ->
             false
     end.
+
+%% The buffers a job was to keep: noted once made, dropped (and freed, in case the worker
+%% made some) when the job failed or was never written.
+kept(#{keep := [_ | _] = Ids, epoch := Epoch, device := Device}, {error, _}) ->
+    erlcuda_buffers:abandon(Epoch, Device, Ids);
+kept(#{keep := [_ | _]}, {ok, Value}) ->
+    erlcuda_buffers:settle(Value);
+kept(#{keep := [_ | _]}, {deferred, Raw}) ->
+    erlcuda_buffers:settle(Raw);
+kept(_, _) ->
+    ok.
 
 count(#job{queues = Queues, device = Device}, Result, Dequeue) ->
     _ = [erlcuda_status:dequeue(Queues, Device) || Dequeue],

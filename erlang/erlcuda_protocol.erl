@@ -7,20 +7,28 @@
 %% (contract.json's `wire' section, the macros of erlcuda_contract.hrl):
 %%   to the worker:   a launch, `<<J, JobId:64, Device:16, Flags:8, KernelLen:8, Kernel,
 %%                    NArgs:8, Args>>', each argument a vector (`<<V, Type:8, Bytes:64,
-%%                    Data>>') or a dim (`<<D, N:64>>'); or a batch of launches,
+%%                    Data>>'), a dim (`<<D, N:64>>'), a vector in shared memory, a buffer
+%%                    (`<<H, BufferId:64>>'), a scalar (`<<S, Type:8, Value:8/binary>>') or
+%%                    a zeroed vector the worker makes (`<<E, Type:8, Elements:64>>'); then,
+%%                    with flags.keep, `<<NKeep:8, BufferId:64 ...>>', and with
+%%                    flags.geometry `<<GX:32, GY:32, GZ:32, BX:32, BY:32, BZ:32,
+%%                    Shared:32>>'; or a batch of launches,
 %%                    `<<B, Count:32, [<<Size:32, Launch:Size>>]>>';
 %%   from the worker: results, `<<R, Count:32, Records>>', one frame per batch, each record
-%%                    `<<JobId:64, Tag:8, Len:32, Payload:Len>>'.
+%%                    `<<JobId:64, Tag:8, Len:32, Payload:Len>>': a vector (f32, or typed),
+%%                    a scalar, an error, a result file, a buffer, or a list of those.
 %% Control calls and logs are one term each, in erlport's shapes:
 %%   to the worker:   `{'C', Id, erlcuda, Function, Args}'
 %%   from the worker: `{'r', Id, Reply}', `{'e', Id, Error}', `{'L', Level, Text}'.
 -module(erlcuda_protocol).
 
--export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, decode/1, each_result/2, message/4, f32_list/1,
+-export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, decode/1,
+         each_result/2, message/4, message/5, f32_list/1, finish/2,
          max_result_bytes/0, file_result/1, vector_reply/1,
          worker_command/2, hello_args/0, check_hello/1, load_atoms/0]).
 
--export_type([event/0, command/0, reply/0, launch_arg/0, flags/0, file_arg/0, file_result/0]).
+-export_type([event/0, command/0, reply/0, launch_arg/0, flags/0, file_arg/0, file_result/0,
+              ctx/0, shape/0, raw/0]).
 
 -include("erlcuda_contract.hrl").
 
@@ -35,12 +43,28 @@
 -type reply() :: {wire, byte(), binary()}.
 %% A launch's argument: a vector's bytes, a dim, or a vector in the worker's shared-memory
 %% folder (its files' name, its size and the bytes per part file).
--type launch_arg() :: binary() | non_neg_integer() | file_arg().
+-type launch_arg() :: erlcuda_job:arg() | file_arg().
 -type file_arg() :: {file, Name :: binary(), Bytes :: non_neg_integer(),
-                     PartBytes :: pos_integer()}.
+                     PartBytes :: pos_integer()}
+                  | {file, erlcuda_vector:type(), Name :: binary(),
+                     Bytes :: non_neg_integer(), PartBytes :: pos_integer()}.
 %% A result the worker left in shared memory: its size and the bytes per part file.
 -type file_result() :: {file, Bytes :: non_neg_integer(), PartBytes :: pos_integer()}.
--type flags() :: #{trace := boolean(), result_file := boolean()}.
+%% keep: the ids the job's vector results are kept under; geometry: a user kernel's shape.
+-type flags() :: #{trace := boolean(), result_file := boolean(),
+                   keep => [erlcuda_buffers:id()], geometry => erlcuda_job:geometry()}.
+%% How a reply of the general path is shaped: as its one record (`value'), always a list
+%% (a raw user kernel's written vectors), or the one item of a list (an elementwise kernel
+%% with one output).
+-type shape() :: value | list | single.
+%% What a job of the general path needs to make its reply: the epoch and device its
+%% buffers are made in, the buffers it used (to name one the worker lost) and its shape.
+-type ctx() :: none | #{epoch := non_neg_integer(), device := non_neg_integer(),
+                        buffers := [erlcuda:buffer()], shape := shape(),
+                        keep := [erlcuda_buffers:id()]}.
+%% A result decoded but not yet made into Erlang terms: vectors still binaries.
+-type raw() :: {vec, erlcuda_vector:type(), binary()} | {scalar, float()}
+             | {buffer, erlcuda:buffer()} | [raw()].
 
 %% The launch frame's bytes besides its arguments' data, at most.
 -define(LAUNCH_OVERHEAD, 512).
@@ -53,19 +77,34 @@
 -spec encode_launch(JobId :: erlcuda:job_id(), Device :: non_neg_integer(), Kernel :: atom(),
                     Args :: [launch_arg()], flags()) ->
     {ok, iolist()} | {error, too_large}.
-encode_launch(JobId, Device, Kernel, Args, #{trace := Trace, result_file := ResultFile}) ->
-    Payload = lists:sum([byte_size(A) || A <- Args, is_binary(A)]),
+encode_launch(JobId, Device, Kernel, Args, #{trace := Trace, result_file := ResultFile} = F) ->
+    Payload = lists:sum([payload(A) || A <- Args]),
+    Keep = maps:get(keep, F, none),
+    Geometry = maps:get(geometry, F, none),
     case Payload + ?LAUNCH_OVERHEAD + 16 * length(Args) > erlcuda_contract:max_frame() of
         true ->
             {error, too_large};
         false ->
             Name = atom_to_binary(Kernel, utf8),
             Flags = case Trace of true -> ?WIRE_FLAG_TRACE; false -> 0 end
-                bor case ResultFile of true -> ?WIRE_FLAG_RESULT_FILE; false -> 0 end,
+                bor case ResultFile of true -> ?WIRE_FLAG_RESULT_FILE; false -> 0 end
+                bor case Keep of none -> 0; _ -> ?WIRE_FLAG_KEEP end
+                bor case Geometry of none -> 0; _ -> ?WIRE_FLAG_GEOMETRY end,
             {ok, [<<?WIRE_LAUNCH, JobId:64, Device:16, Flags:8, (byte_size(Name)):8,
                     Name/binary, (length(Args)):8>>
-                  | [arg(A) || A <- Args]]}
+                  | [arg(A) || A <- Args]] ++ keep(Keep) ++ geometry(Geometry)}
     end.
+
+payload(Bin) when is_binary(Bin) -> byte_size(Bin);
+payload({vector, _, Bin}) -> byte_size(Bin);
+payload(_) -> 0.
+
+keep(none) -> [];
+keep(Ids) -> [<<(length(Ids)):8, << <<Id:64>> || Id <- Ids >>/binary>>].
+
+geometry(none) -> [];
+geometry({{GX, GY, GZ}, {BX, BY, BZ}, Shared}) ->
+    [<<GX:32, GY:32, GZ:32, BX:32, BY:32, BZ:32, Shared:32>>].
 
 %% @doc Several launch frames as one batch frame, in order.
 -spec encode_batch([iodata()]) -> iolist().
@@ -77,11 +116,20 @@ encode_batch(Frames) ->
 batch_overhead(Count) ->
     5 + 4 * Count.
 
-%% Vectors are f32 (element type 0) until the catalogue has other types.
+%% A plain binary is an f32 vector (element type 0), as in the seed's frames.
 arg(Bin) when is_binary(Bin) -> [<<?WIRE_ARG_VECTOR, 0:8, (byte_size(Bin)):64>>, Bin];
 arg(N) when is_integer(N) -> <<?WIRE_ARG_DIM, N:64>>;
 arg({file, Name, Bytes, PartBytes}) ->
-    <<?WIRE_ARG_FILE, 0:8, Bytes:64, PartBytes:64, (byte_size(Name)):8, Name/binary>>.
+    <<?WIRE_ARG_FILE, 0:8, Bytes:64, PartBytes:64, (byte_size(Name)):8, Name/binary>>;
+arg({vector, Type, Bin}) ->
+    [<<?WIRE_ARG_VECTOR, (erlcuda_vector:index(Type)):8, (byte_size(Bin)):64>>, Bin];
+arg({file, Type, Name, Bytes, PartBytes}) ->
+    <<?WIRE_ARG_FILE, (erlcuda_vector:index(Type)):8, Bytes:64, PartBytes:64,
+      (byte_size(Name)):8, Name/binary>>;
+arg({handle, Id}) -> <<?WIRE_ARG_HANDLE, Id:64>>;
+arg({scalar, Type, <<_:64>> = Value}) ->
+    <<?WIRE_ARG_SCALAR, (erlcuda_vector:index(Type)):8, Value/binary>>;
+arg({empty, Type, N}) -> <<?WIRE_ARG_EMPTY, (erlcuda_vector:index(Type)):8, N:64>>.
 
 %% @doc Where a result the worker left in shared memory is, if `Reply' is one. A record
 %% naming parts smaller than a page, or more than 65536 of them, is no such result (and
@@ -104,8 +152,9 @@ max_result_bytes() ->
     %% the frame's tag and count, and the record's job id, tag and length
     erlcuda_contract:max_frame() - (1 + 4) - (8 + 1 + 4).
 
-%% @doc A control call: the worker answers `{'r', Id, Reply}' or `{'e', Id, Error}'.
--spec encode_call(pos_integer(), atom(), list()) -> binary().
+%% @doc A control call: the worker answers `{'r', Id, Reply}' or `{'e', Id, Error}'. Id 0
+%% is no call the port owner made: its answer is dropped (a `free' wants none).
+-spec encode_call(non_neg_integer(), atom(), list()) -> binary().
 encode_call(Id, Function, Args) ->
     term_to_binary({'C', Id, erlcuda, Function, Args}).
 
@@ -141,39 +190,133 @@ each_result(_, _) ->
     malformed.
 
 %% @doc The message a job's caller receives for its record. A vector for a `list' format
-%% caller that waits in `launch_sync' travels as `{f32, Binary}': the caller turns it into
-%% floats itself (`f32_list/1'), not this shared process.
+%% caller that waits in `launch_sync' travels as `{f32, Binary}' (or, from the general
+%% path, `{deferred, Raw}'): the caller turns it into numbers itself (`f32_list/1',
+%% `finish/2'), not this shared process.
 -spec message(erlcuda:job_id(), reply(), erlcuda:format(), boolean()) -> tuple().
+message(JobId, Reply, Format, Sync) ->
+    message(JobId, Reply, Format, Sync, none).
+
+%% @doc `message/4' for a job of the general path, given what its reply needs (`ctx()').
+-spec message(erlcuda:job_id(), reply(), erlcuda:format(), boolean(), ctx()) -> tuple().
 message(JobId, {wire, ?WIRE_TAG_TRACED, <<Tag:8, Len:32, Inner:Len/binary, Stamps/binary>>},
-        Format, _Sync) ->
+        Format, _Sync, Ctx) ->
     Forward = erlang:monotonic_time(nanosecond),
     case term(Stamps) of
         {ok, Map} when is_map(Map) ->
-            {erlcuda, JobId, result({wire, Tag, Inner}, Format, false),
+            {erlcuda, JobId, result({wire, Tag, Inner}, Format, false, Ctx),
              Map#{<<"forward">> => Forward}};
         _ ->
             {erlcuda, JobId, malformed()}
     end;
-message(JobId, Reply, Format, Sync) ->
-    {erlcuda, JobId, result(Reply, Format, Sync)}.
+message(JobId, Reply, Format, Sync, Ctx) ->
+    {erlcuda, JobId, result(Reply, Format, Sync, Ctx)}.
 
-result({wire, ?WIRE_TAG_VECTOR, Bin}, binary, _) when byte_size(Bin) rem 4 =:= 0 ->
+result({wire, ?WIRE_TAG_VECTOR, Bin}, binary, _, none) when byte_size(Bin) rem 4 =:= 0 ->
     {ok, own(Bin)};
-result({wire, ?WIRE_TAG_VECTOR, Bin}, list, true) when byte_size(Bin) rem 4 =:= 0 ->
+result({wire, ?WIRE_TAG_VECTOR, Bin}, list, true, none) when byte_size(Bin) rem 4 =:= 0 ->
     {f32, own(Bin)};
-result({wire, ?WIRE_TAG_VECTOR, Bin}, list, false) when byte_size(Bin) rem 4 =:= 0 ->
+result({wire, ?WIRE_TAG_VECTOR, Bin}, list, false, none) when byte_size(Bin) rem 4 =:= 0 ->
     f32_list(Bin);
-result({wire, ?WIRE_TAG_SCALAR, <<F:64/float-little>>}, _, _) ->
+result({wire, ?WIRE_TAG_SCALAR, <<F:64/float-little>>}, _, _, none) ->
     {ok, F};
-result({wire, ?WIRE_TAG_SCALAR, <<_:64>>}, _, _) ->
-    {error, {non_finite, <<"the result is an infinity or NaN; Erlang floats cannot hold it">>}};
-result({wire, ?WIRE_TAG_ERROR, Etf}, _, _) ->
+result({wire, ?WIRE_TAG_ERROR, Etf}, _, _, Ctx) ->
     case term(Etf) of
-        {ok, Reason} -> {error, Reason};
+        {ok, Reason} -> {error, lost(Reason, Ctx)};
         error -> malformed()
     end;
-result(_, _, _) ->
+result(Reply, Format, Sync, Ctx) ->
+    case raw(Reply, Ctx) of
+        {ok, Raw} ->
+            Shaped = shape(Raw, Ctx),
+            case Format =:= list andalso Sync andalso has_vector(Shaped) of
+                true -> {deferred, Shaped};
+                false -> finish(Shaped, Format)
+            end;
+        {error, _} = Error ->
+            Error
+    end.
+
+%% One record (or a list's item) decoded; vectors stay binaries.
+raw({wire, ?WIRE_TAG_VECTOR, Bin}, _) when byte_size(Bin) rem 4 =:= 0 ->
+    {ok, {vec, f32, own(Bin)}};
+raw({wire, ?WIRE_TAG_TYPED, <<Index:8, Bin/binary>>}, _) ->
+    case erlcuda_vector:type(Index) of
+        error -> malformed();
+        Type ->
+            case byte_size(Bin) rem erlcuda_vector:size(Type) of
+                0 -> {ok, {vec, Type, own(Bin)}};
+                _ -> malformed()
+            end
+    end;
+raw({wire, ?WIRE_TAG_SCALAR, <<F:64/float-little>>}, _) ->
+    {ok, {scalar, F}};
+raw({wire, ?WIRE_TAG_SCALAR, <<_:64>>}, _) ->
+    {error, {non_finite, <<"the result is an infinity or NaN; Erlang floats cannot hold it">>}};
+raw({wire, ?WIRE_TAG_HANDLE, <<Id:64, Index:8, Elements:64>>},
+    #{epoch := Epoch, device := Device}) ->
+    case erlcuda_vector:type(Index) of
+        error -> malformed();
+        Type -> {ok, {buffer, {erlcuda_buffer, node(), Epoch, Device, Id, Type, Elements}}}
+    end;
+raw({wire, ?WIRE_TAG_LIST, <<Count:32, Items/binary>>}, Ctx) ->
+    items(Count, Items, Ctx, []);
+raw({wire, ?WIRE_TAG_ERROR, Etf}, Ctx) ->
+    case term(Etf) of
+        {ok, Reason} -> {error, lost(Reason, Ctx)};
+        error -> malformed()
+    end;
+raw(_, _) ->
     malformed().
+
+items(0, <<>>, _, Acc) ->
+    {ok, lists:reverse(Acc)};
+items(N, <<Tag:8, Len:32, Payload:Len/binary, Rest/binary>>, Ctx, Acc)
+  when N > 0, Tag =/= ?WIRE_TAG_LIST ->
+    case raw({wire, Tag, Payload}, Ctx) of
+        {ok, Item} -> items(N - 1, Rest, Ctx, [Item | Acc]);
+        {error, _} = Error -> Error
+    end;
+items(_, _, _, _) ->
+    malformed().
+
+shape(Raw, none) -> Raw;
+shape(Raw, #{shape := value}) -> Raw;
+shape(Raw, #{shape := list}) when is_list(Raw) -> Raw;
+shape(Raw, #{shape := list}) -> [Raw];
+shape([Raw], #{shape := single}) -> Raw;
+shape(Raw, #{shape := single}) -> Raw.
+
+has_vector({vec, _, _}) -> true;
+has_vector(L) when is_list(L) -> lists:any(fun has_vector/1, L);
+has_vector(_) -> false.
+
+%% The worker names a buffer it does not hold by its id: the caller gets its handle.
+lost({buffer_lost, Id}, #{buffers := Buffers}) when is_integer(Id) ->
+    case [B || {erlcuda_buffer, _, _, _, I, _, _} = B <- Buffers, I =:= Id] of
+        [B | _] -> {buffer_lost, B};
+        [] -> {buffer_lost, Id}
+    end;
+lost(Reason, _) ->
+    Reason.
+
+%% @doc A decoded result made into Erlang terms: vectors as lists of numbers, or as
+%% binaries with `binary'.
+-spec finish(raw(), erlcuda:format()) -> {ok, term()} | {error, erlcuda:reason()}.
+finish(Raw, Format) ->
+    try {ok, finish1(Raw, Format)}
+    catch throw:{error, _} = Error -> Error
+    end.
+
+finish1({vec, _, Bin}, binary) -> Bin;
+finish1({vec, Type, Bin}, list) ->
+    case erlcuda_vector:unpack(Type, Bin) of
+        {ok, List} -> List;
+        {error, _} = Error -> throw(Error)
+    end;
+finish1({scalar, F}, _) -> F;
+finish1({buffer, B}, _) -> B;
+finish1(List, Format) when is_list(List) -> [finish1(R, Format) || R <- List].
 
 %% @doc A vector result as floats; `non_finite' where it holds an infinity or NaN.
 -spec f32_list(binary()) -> {ok, [float()]} | {error, {non_finite, binary()}}.
@@ -217,11 +360,13 @@ worker_command(Config, Shm) ->
     #{backend := Backend, cpu_devices := CpuDevices, batching := Batching,
       max_batch := MaxBatch, spin_us := SpinUs, worker_args := Extra,
       test_hooks := TestHooks, bench_hooks := BenchHooks, python := Python} = Config,
+    BufferLimit = maps:get(buffer_limit, Config, infinity),
     Args = ["-m", "erlcuda", "serve", "--backend", atom_to_list(Backend),
             "--cpu-devices", integer_to_list(CpuDevices),
             "--max-batch", integer_to_list(case Batching of true -> MaxBatch; false -> 1 end),
             "--spin-us", case SpinUs of auto -> "-1"; Us -> integer_to_list(Us) end]
         ++ ["--test-hooks" || TestHooks] ++ ["--bench-hooks" || BenchHooks]
+        ++ case BufferLimit of infinity -> []; _ -> ["--buffer-limit", integer_to_list(BufferLimit)] end
         ++ case Shm of #{dir := Dir} -> ["--shm-dir", Dir]; none -> [] end ++ Extra,
     #{python => erlcuda_paths:python(Python),
       args => Args,

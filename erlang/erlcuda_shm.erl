@@ -68,8 +68,8 @@ remove(Dir) ->
 
 %% @doc Which of a job's arguments go through the folder: the arguments as the launch
 %% names them (`{file, Name, Bytes, PartBytes}' for those) and the parts to write, in order.
--spec plan(folder() | none, erlcuda:job_id(), [binary() | non_neg_integer()]) ->
-    {[binary() | non_neg_integer() | erlcuda_protocol:file_arg()], plan()}.
+-spec plan(folder() | none, erlcuda:job_id(), [erlcuda_job:arg()]) ->
+    {[erlcuda_protocol:launch_arg()], plan()}.
 plan(none, _, Args) ->
     {Args, []};
 plan(#{dir := Dir, threshold := Threshold}, JobId, Args) ->
@@ -79,15 +79,24 @@ plan([], _, _, _, _, Acc, Files) ->
     {lists:reverse(Acc), lists:append(lists:reverse(Files))};
 plan([Bin | Rest], I, Dir, Threshold, JobId, Acc, Files)
   when is_binary(Bin), byte_size(Bin) >= Threshold ->
+    {Name, Size, PartBytes, Parts} = parts_of(Bin, I, Dir, JobId),
+    plan(Rest, I + 1, Dir, Threshold, JobId, [{file, Name, Size, PartBytes} | Acc],
+         [Parts | Files]);
+plan([{vector, Type, Bin} | Rest], I, Dir, Threshold, JobId, Acc, Files)
+  when byte_size(Bin) >= Threshold ->
+    {Name, Size, PartBytes, Parts} = parts_of(Bin, I, Dir, JobId),
+    plan(Rest, I + 1, Dir, Threshold, JobId, [{file, Type, Name, Size, PartBytes} | Acc],
+         [Parts | Files]);
+plan([A | Rest], I, Dir, Threshold, JobId, Acc, Files) ->
+    plan(Rest, I + 1, Dir, Threshold, JobId, [A | Acc], Files).
+
+parts_of(Bin, I, Dir, JobId) ->
     Name = iolist_to_binary(["i", integer_to_list(JobId), "-", integer_to_list(I)]),
     Size = byte_size(Bin),
     PartBytes = part_bytes(Size),
     Parts = [{Path, binary_part(Bin, At, Len)}
              || {Path, At, Len} <- parts(filename:join(Dir, Name), Size, PartBytes)],
-    plan(Rest, I + 1, Dir, Threshold, JobId, [{file, Name, Size, PartBytes} | Acc],
-         [Parts | Files]);
-plan([A | Rest], I, Dir, Threshold, JobId, Acc, Files) ->
-    plan(Rest, I + 1, Dir, Threshold, JobId, [A | Acc], Files).
+    {Name, Size, PartBytes, Parts}.
 
 %% @doc The bytes per part file of an operand of `Size' bytes.
 -spec part_bytes(non_neg_integer()) -> pos_integer().

@@ -3,20 +3,23 @@
 %% row read by every launch, written only by the port owner (`erlcuda_worker').
 -module(erlcuda_status).
 
--export([create/0, set_up/5, set_down/1, set_unavailable/1, status/0, enqueue/2, dequeue/2,
-         in_flight/2, pick/2, set_worker_os_pid/1, worker_os_pid/0, max_devices/0]).
+-export([create/0, set_up/6, set_down/1, set_unavailable/1, status/0, enqueue/2, dequeue/2,
+         in_flight/2, pick/2, set_worker_os_pid/1, worker_os_pid/0, max_devices/0,
+         next_epoch/0, epoch/0]).
 
 -export_type([status/0, queues/0]).
 
 -define(TAB, erlcuda_status).
 %% More devices than any host has: a bound on what a worker or the config may claim.
 -define(MAX_DEVICES, 1024).
+-define(EPOCHS, {?MODULE, epochs}).
 
 -type queues() :: atomics:atomics_ref().
+%% epoch: the worker's generation, which its buffers carry (`next_epoch/0').
 -type status() :: #{status := up, port := port(), devices := non_neg_integer(),
                     queues := queues(), max_queue := pos_integer(), writer := pid(),
                     writer_counters := erlcuda_writer:counters(),
-                    shm := erlcuda_shm:folder() | none}
+                    shm := erlcuda_shm:folder() | none, epoch := non_neg_integer()}
                 | #{status := {down, term()} | {unavailable, binary()},
                     queues := queues() | undefined}.
 
@@ -24,22 +27,41 @@
 -spec create() -> ok.
 create() ->
     ?TAB = ets:new(?TAB, [set, public, named_table, {read_concurrency, true}]),
+    %% The counter lives as long as the node: a handle of an earlier start of the
+    %% application never names a worker of this one.
+    case persistent_term:get(?EPOCHS, undefined) of
+        undefined -> persistent_term:put(?EPOCHS, atomics:new(1, [{signed, false}]));
+        _ -> ok
+    end,
     set_down(starting).
+
+%% @doc A new worker generation: each start of a worker takes one.
+-spec next_epoch() -> pos_integer().
+next_epoch() ->
+    atomics:add_get(persistent_term:get(?EPOCHS), 1, 1).
+
+%% @doc The latest worker generation (0 before the first worker).
+-spec epoch() -> non_neg_integer().
+epoch() ->
+    case persistent_term:get(?EPOCHS, undefined) of
+        undefined -> 0;
+        Ref -> atomics:get(Ref, 1)
+    end.
 
 %% @doc Launches go to `Port' (or, while it is busy, to its `Writer'), spread over `Devices'.
 %% The counters of jobs already in flight are kept when the device count is unchanged (a
 %% hello confirming a restart).
 -spec set_up(port(), {pid(), erlcuda_writer:counters()}, non_neg_integer(), pos_integer(),
-             erlcuda_shm:folder() | none) ->
+             erlcuda_shm:folder() | none, non_neg_integer()) ->
     ok.
-set_up(Port, {Writer, WriterCounters}, Devices, MaxQueue, Shm) ->
+set_up(Port, {Writer, WriterCounters}, Devices, MaxQueue, Shm, Epoch) ->
     Queues = case status() of
                  #{devices := Devices, queues := Q} -> Q;
                  _ -> atomics:new(max(Devices, 1), [{signed, true}])
              end,
     store(#{status => up, port => Port, devices => Devices, queues => Queues,
           max_queue => MaxQueue, writer => Writer, writer_counters => WriterCounters,
-          shm => Shm}).
+          shm => Shm, epoch => Epoch}).
 
 -spec set_down(term()) -> ok.
 set_down(Why) ->

@@ -3,7 +3,7 @@
 %% queue, register it, and write its frame to the port. No shared server is on this path.
 -module(erlcuda_submit).
 
--export([submit/2]).
+-export([submit/2, control/2]).
 
 %% @doc Write a checked job to the worker; the reply goes to `ReplyTo'.
 -spec submit(erlcuda_job:job(), pid() | reference()) ->
@@ -15,8 +15,17 @@ submit(Job, ReplyTo) ->
         #{status := {down, Why}} -> {error, {worker_down, Why}}
     end.
 
-route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace := Trace,
-        result_bytes := ResultBytes} = Job, ReplyTo, #{queues := Queues} = Status) ->
+%% A launch of the general path first checks its buffers against the worker now running.
+route(#{general := #{buffers := Buffers}} = Job, ReplyTo, #{epoch := Epoch} = Status) ->
+    case erlcuda_buffers:check(Buffers, Epoch) of
+        ok -> route1(Job, ReplyTo, Status);
+        {error, _} = Error -> Error
+    end;
+route(Job, ReplyTo, Status) ->
+    route1(Job, ReplyTo, Status).
+
+route1(#{device := Want, kernel := Kernel, args := Args, format := Format, trace := Trace,
+         result_bytes := ResultBytes} = Job, ReplyTo, #{queues := Queues} = Status) ->
     JobId = erlcuda_jobs:next_id(),
     Shm = maps:get(shm, Status, none),
     %% Operands and results over the threshold go through shared memory (traced jobs'
@@ -28,19 +37,22 @@ route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace 
                  end,
     case erlcuda_status:pick(Want, Status) of
         {ok, Device} ->
-            Flags = #{trace => Trace, result_file => ResultFile},
-            case erlcuda_protocol:encode_launch(JobId, Device, Kernel, LaunchArgs, Flags) of
+            {Flags, Ctx} = general(Job, Device, Status),
+            case erlcuda_protocol:encode_launch(JobId, Device, Kernel, LaunchArgs,
+                                                Flags#{result_file => ResultFile}) of
                 {ok, Frame} ->
                     case erlcuda_status:enqueue(Status, Device) of
                         ok ->
                             %% Registered before the files are written: every way the job
                             %% ends deletes them, even this caller's death while it writes.
+                            %% Buffers it keeps belong to this caller from now on.
+                            ok = keep(Ctx, Device),
                             ok = erlcuda_jobs:register(#{id => JobId, reply_to => ReplyTo,
                                                          caller => self(), device => Device,
                                                          queues => Queues, kernel => Kernel,
                                                          format => Format, trace => Trace,
                                                          files => [F || {F, _} <- Plan],
-                                                         shm => folder(Shm)}),
+                                                         shm => folder(Shm), ctx => Ctx}),
                             Deadline = maps:get(deadline, Job, infinity),
                             case erlcuda_shm:stage(Plan) of
                                 ok ->
@@ -49,7 +61,7 @@ route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace 
                                     %% No room in shared memory: the pipe carries it all.
                                     case erlcuda_protocol:encode_launch(
                                            JobId, Device, Kernel, Args,
-                                           Flags#{result_file := false}) of
+                                           Flags#{result_file => false}) of
                                         {ok, Piped} -> write(Status, Piped, JobId, Deadline);
                                         {error, _} = E -> take_back(JobId, E)
                                     end
@@ -62,6 +74,43 @@ route(#{device := Want, kernel := Kernel, args := Args, format := Format, trace 
             end;
         {error, _} = Error ->
             Error
+    end.
+
+%% The flags and reply context of a launch: a plain one's are the seed's.
+general(#{trace := Trace, general := G}, Device, #{epoch := Epoch}) ->
+    #{keep := NKeep, buffers := Buffers, shape := Shape} = G,
+    Ids = erlcuda_buffers:next_ids(NKeep),
+    Flags = #{trace => Trace},
+    Flags1 = case NKeep of 0 -> Flags; _ -> Flags#{keep => Ids} end,
+    Flags2 = case G of #{geometry := Geometry} -> Flags1#{geometry => Geometry};
+                 #{} -> Flags1
+             end,
+    {Flags2, #{epoch => Epoch, device => Device, buffers => Buffers, shape => Shape,
+               keep => Ids}};
+general(#{trace := Trace}, _, _) ->
+    {#{trace => Trace}, none}.
+
+keep(none, _) -> ok;
+keep(#{keep := Ids, epoch := Epoch}, Device) -> erlcuda_buffers:register(self(), Device, Epoch, Ids).
+
+%% @doc Write a control frame that must not overtake the launches written before it (a
+%% `free'): to the port at once while the port's writer holds nothing, else through the
+%% writer, after what it holds. Only to the worker of `Epoch'; never waits.
+-spec control(non_neg_integer(), iodata()) -> ok.
+control(Epoch, Frame) ->
+    case erlcuda_status:status() of
+        #{status := up, epoch := Epoch, port := Port, writer := Writer,
+          writer_counters := Counters} ->
+            Direct = case erlcuda_writer:pending(Counters) of
+                         P when P =< 0 -> port_write(Port, Frame);
+                         _ -> busy
+                     end,
+            case Direct of
+                busy -> erlcuda_writer:hand_over_control(Writer, Counters, Frame);
+                _ -> ok
+            end;
+        _ ->
+            ok
     end.
 
 folder(#{dir := Dir}) -> Dir;

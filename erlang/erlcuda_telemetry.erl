@@ -48,6 +48,8 @@ job_stop(Started, Id, Kernel, Device, Result) ->
                     emit(Module, [erlcuda, job, stop], Measurements, Meta);
                 {f32, _} ->  % a vector the launch_sync caller makes into floats itself
                     emit(Module, [erlcuda, job, stop], Measurements, Meta);
+                {deferred, _} ->  % the same, from the general path
+                    emit(Module, [erlcuda, job, stop], Measurements, Meta);
                 {error, Reason} ->
                     emit(Module, [erlcuda, job, exception], Measurements,
                          Meta#{kind => error, reason => Reason});

@@ -1,9 +1,14 @@
 %% @private
 %% The port owner: the life cycle of the Python worker process as a state machine.
 %%
-%%   backing_off --(timer)--> starting --(hello answered)--> ready
-%%        ^                      |                             |
-%%        +------ worker exits, hello times out, stuck --------+
+%%   backing_off --(timer)--> starting --(hello answered)--> [replaying] --> ready
+%%        ^                      |                                 |           |
+%%        +------ worker exits, hello or replay times out, stuck --+-----------+
+%%
+%% Each start takes a new epoch (erlcuda_status:next_epoch/0): buffers of earlier workers
+%% are gone. When user modules were loaded (erlcuda_catalogue), the new worker loads them
+%% again before it takes jobs: the port is published only once every replayed load has
+%% answered (`replaying'); with none, it is published as soon as it exists.
 %%
 %% Launches never pass through this process (see `erlcuda_submit'). It forwards each
 %% result to its caller (a port's output goes to its owner), answers control calls, and when
@@ -32,8 +37,9 @@
 %% How long a worker may take to exit once its input is closed, before it is killed.
 -define(REAP_MS, 2000).
 
--type state() :: starting | ready | backing_off.
--type caller() :: {info, gen_statem:from()} | {plain, gen_statem:from()} | hello.
+-type state() :: starting | replaying | ready | backing_off.
+-type caller() :: {info, gen_statem:from()} | {plain, gen_statem:from()} | hello
+                | {replay, atom()}.
 
 -record(data, {config :: erlcuda_config:config(),
                port :: port() | undefined,
@@ -49,6 +55,7 @@
                busy_since :: integer() | undefined,
                writer :: {pid(), erlcuda_writer:counters()} | undefined,
                shm = none :: erlcuda_shm:folder() | none,
+               epoch = 0 :: non_neg_integer(),
                waiting = [] :: [gen_statem:from()]}).
 
 %% API.
@@ -102,6 +109,10 @@ handle_event(state_timeout, hello_timeout, starting, #data{os_pid = OsPid} = D) 
     ?LOG_ERROR("erlcuda: the worker ~p did not answer its hello in time; killing it",
                [OsPid]),
     kill_worker(start_timeout, D);
+handle_event(state_timeout, replay_timeout, replaying, #data{os_pid = OsPid} = D) ->
+    ?LOG_ERROR("erlcuda: the worker ~p did not load the user modules again in time; "
+               "killing it", [OsPid]),
+    kill_worker(replay_timeout, D);
 handle_event(info, {Port, {data, Frame}}, State, #data{port = Port} = D) ->
     frame(erlcuda_protocol:decode(Frame), State, D#data{last_frame = now_ms()});
 handle_event(info, {Port, {exit_status, Status}}, _, #data{port = Port} = D) ->
@@ -121,7 +132,8 @@ handle_event(info, tick, State, D) ->
     _ = erlang:send_after(tick_ms(D), self(), tick),
     watchdog(State, D);
 %% Callers.
-handle_event({call, From}, await_ready, starting, D) ->
+handle_event({call, From}, await_ready, State, D) when State =:= starting;
+                                                       State =:= replaying ->
     {keep_state, D#data{waiting = [From | D#data.waiting]}};
 handle_event({call, From}, await_ready, _, _) ->
     {keep_state_and_data, [{reply, From, ok}]};
@@ -196,6 +208,8 @@ frame({answer, Id, Reply}, State, #data{calls = Calls} = D) ->
             {keep_state, D#data{calls = Rest}, [{reply, From, Reply}]};
         {hello, Rest} ->
             hello(Reply, D#data{calls = Rest});
+        {{replay, Module}, Rest} ->
+            replayed(Module, Reply, D#data{calls = Rest});
         error ->
             keep_state_and_data
     end;
@@ -222,13 +236,11 @@ complete(Id, Reply, Shm) ->
             ok
     end.
 
-hello({ok, Info}, #data{port = Port, os_pid = OsPid, config = Config} = D) ->
+hello({ok, Info}, #data{os_pid = OsPid} = D) ->
     case erlcuda_protocol:check_hello(Info) of
         ok ->
             ?LOG_NOTICE("erlcuda: worker ~p started: ~ts", [OsPid, maps:get(reason, Info, "")]),
-            ok = erlcuda_status:set_up(Port, D#data.writer, maps:get(devices, Info),
-                                       maps:get(max_queue, Config), D#data.shm),
-            ready(D#data{hello = Info});
+            replay(erlcuda_catalogue:replay(), D#data{hello = Info});
         {unavailable, Why} ->
             ?LOG_ERROR("erlcuda: worker ~p cannot run jobs: ~ts", [OsPid, Why]),
             ok = erlcuda_status:set_unavailable(Why),
@@ -243,6 +255,49 @@ hello_failed(Other, D) ->
     ?LOG_ERROR("erlcuda: the worker's hello failed: ~0P", [Other, 20]),
     kill_worker({hello_failed, Other}, D).
 
+%% The user modules loaded into earlier workers, loaded into this one (all the calls at
+%% once: the worker answers them in order) before it is published.
+replay([], D) ->
+    up(D);
+replay(Calls, D) ->
+    D1 = lists:foldl(fun({Module, Fun, Args}, Acc) ->
+                             case send_call(Fun, Args, {replay, Module}, Acc) of
+                                 {ok, Acc1} ->
+                                     Acc1;
+                                 {error, Why} ->
+                                     ?LOG_ERROR("erlcuda: cannot load ~p into the new worker: "
+                                                "~0p", [Module, Why]),
+                                     Acc
+                             end
+                     end, D, Calls),
+    case replaying(D1) of
+        true ->
+            {next_state, replaying, D1,
+             [{state_timeout, maps:get(start_timeout, D1#data.config), replay_timeout}]};
+        false ->
+            up(D1)
+    end.
+
+replayed(Module, Reply, D) ->
+    case Reply of
+        {ok, ok} -> ok;
+        Other -> ?LOG_ERROR("erlcuda: loading ~p into the new worker failed: ~0P",
+                            [Module, Other, 20])
+    end,
+    case replaying(D) of
+        true -> {keep_state, D};
+        false -> up(D)
+    end.
+
+replaying(#data{calls = Calls}) ->
+    lists:any(fun({replay, _}) -> true; (_) -> false end, maps:values(Calls)).
+
+%% The worker takes jobs from now on.
+up(#data{port = Port, config = Config, hello = Info} = D) ->
+    ok = erlcuda_status:set_up(Port, D#data.writer, maps:get(devices, Info),
+                               maps:get(max_queue, Config), D#data.shm, D#data.epoch),
+    ready(D).
+
 ready(#data{waiting = Waiting} = D) ->
     {next_state, ready, D#data{waiting = []}, [{reply, From, ok} || From <- Waiting]}.
 
@@ -256,7 +311,9 @@ start_worker(#data{config = Previous} = D0) ->
                                 "previous configuration", [Bad]),
                      Previous
              end,
-    D = D0#data{started = now_ms(), config = Config, shm = shm_folder(Config)},
+    Epoch = erlcuda_status:next_epoch(),
+    ok = erlcuda_buffers:new_epoch(Epoch),
+    D = D0#data{started = now_ms(), config = Config, shm = shm_folder(Config), epoch = Epoch},
     #{python := Python, args := Args, env := Env} =
         erlcuda_protocol:worker_command(Config, D#data.shm),
     try open_port({spawn_executable, Python},
@@ -276,8 +333,13 @@ start_worker(#data{config = Previous} = D0) ->
             {_, D1} = send_call(hello, erlcuda_protocol:hello_args(), hello,
                                 D#data{port = Port, os_pid = OsPid, last_frame = now_ms(),
                                        writer = Writer}),
-            ok = erlcuda_status:set_up(Port, Writer, Devices, maps:get(max_queue, Config),
-                                       D#data.shm),
+            %% With modules to load again, the port is published once they are loaded.
+            ok = case erlcuda_catalogue:replay() of
+                     [] -> erlcuda_status:set_up(Port, Writer, Devices,
+                                                 maps:get(max_queue, Config), D#data.shm,
+                                                 Epoch);
+                     _ -> ok
+                 end,
             {next_state, starting, D1,
              [{state_timeout, maps:get(start_timeout, Config), hello_timeout}]}
     catch
@@ -400,14 +462,14 @@ fail_calls(Why, State, #data{calls = Calls} = D) ->
                                     {info, _} -> unanswered_info(State, D);
                                     _ -> {error, Why}
                                 end)
-         || {_, From} = Caller <- maps:values(Calls)],
+         || {Kind, From} = Caller <- maps:values(Calls), Kind =/= replay],
     ok.
 
 unanswered_info(State, D) ->
     (merge_info(D#data.hello, State, D))#{worker_answered => false}.
 
 merge_info(Worker, State, #data{os_pid = OsPid, restarts = Restarts, down_reason = Down,
-                                hello = Hello, writer = Writer}) ->
+                                hello = Hello, writer = Writer} = D) ->
     Status = erlcuda_status:status(),
     Queues = maps:get(queues, Status),
     Devices = device_info(Worker, device_info(Hello, [])),
@@ -415,6 +477,7 @@ merge_info(Worker, State, #data{os_pid = OsPid, restarts = Restarts, down_reason
                  || {I, Dev} <- lists:zip(lists:seq(0, length(Devices) - 1), Devices)],
     WorkerStatus = case {State, maps:get(status, Status)} of
                        {starting, _} -> starting;
+                       {replaying, _} -> starting;
                        {_, S} -> S
                    end,
     (maps:merge(maps:without([device_info, os_pid], Hello),
@@ -427,6 +490,8 @@ merge_info(Worker, State, #data{os_pid = OsPid, restarts = Restarts, down_reason
         restarts => Restarts,
         last_down_reason => Down,
         jobs => erlcuda_jobs:counters(),
+        epoch => D#data.epoch,
+        owned_buffers => erlcuda_buffers:count(),
         writer => erlcuda_writer:stats(writer_counters(Writer))}.
 
 writer_counters({_, Counters}) -> Counters;

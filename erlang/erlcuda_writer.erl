@@ -11,7 +11,8 @@
 %% port, so many callers of large jobs cannot pile up gigabytes here.
 -module(erlcuda_writer).
 
--export([start_link/1, init/1, new_counters/0, pending/1, hand_over/5, stats/1]).
+-export([start_link/1, init/1, new_counters/0, pending/1, hand_over/5, hand_over_control/3,
+         stats/1]).
 
 %% counters: frames handed over and not yet written; jobs written here; batch frames written;
 %% bytes handed over and not yet written
@@ -71,6 +72,14 @@ hand_over(Writer, Counters, Frame, Size, Deadline) ->
             end
     end.
 
+%% @doc Hand a control frame (a `free') to the writer, to be written alone after the
+%% launches it holds. Never waits: the frame is small, and the port owner sends some.
+-spec hand_over_control(pid(), counters(), iodata()) -> ok.
+hand_over_control(Writer, Counters, Frame) ->
+    atomics:add(Counters, ?PENDING, 1),
+    Writer ! {control, Frame},
+    ok.
+
 wait_ms(infinity) -> infinity;
 wait_ms(Deadline) -> max(Deadline - erlang:monotonic_time(millisecond), 0).
 
@@ -88,7 +97,10 @@ init({Port, Counters}) ->
 loop(Port, Counters) ->
     receive
         {launch, Frame, Size, Waiter} ->
-            gather(Port, Counters, [Frame], Size, 1, [Waiter || Waiter =/= none])
+            gather(Port, Counters, [Frame], Size, 1, [Waiter || Waiter =/= none]);
+        {control, Frame} ->
+            write_control(Port, Counters, Frame),
+            loop(Port, Counters)
     after ?IDLE_MS ->
         %% Idle with nothing in the mailbox: a count still up belongs to a caller killed
         %% between counting its frame and sending it. Left, it would send every later
@@ -110,7 +122,12 @@ gather(Port, Counters, Frames, Bytes, N, Waiters) when N < ?MAX_JOBS, Bytes < ?M
                 false ->
                     write(Port, Counters, Frames, Bytes, N, Waiters),
                     gather(Port, Counters, [Frame], Size, 1, [Waiter || Waiter =/= none])
-            end
+            end;
+        {control, Frame} ->
+            %% In order: the launches gathered so far, then the control frame.
+            write(Port, Counters, Frames, Bytes, N, Waiters),
+            write_control(Port, Counters, Frame),
+            loop(Port, Counters)
     after 0 ->
         write(Port, Counters, Frames, Bytes, N, Waiters),
         loop(Port, Counters)
@@ -134,4 +151,13 @@ write(Port, Counters, Frames, Bytes, N, Waiters) ->
     atomics:add(Counters, ?JOBS, N),
     atomics:add(Counters, ?FRAMES, 1),
     _ = [Pid ! {Ref, written} || {Pid, Ref} <- Waiters],
+    ok.
+
+write_control(Port, Counters, Frame) ->
+    try port_command(Port, Frame) of
+        true -> ok
+    catch
+        error:badarg -> ok
+    end,
+    atomics:sub(Counters, ?PENDING, 1),
     ok.

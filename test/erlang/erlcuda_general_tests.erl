@@ -1,0 +1,366 @@
+%% The Erlang side of element types, buffers and user kernels without a worker: list
+%% conversion per type, launch validation, the launch frame's bytes, the decoding of the
+%% general path's result records, and the checks of user kernels' declarations.
+-module(erlcuda_general_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+-include("erlcuda_contract.hrl").
+
+-define(B(Node, Epoch, Device, Id, Type, N), {erlcuda_buffer, Node, Epoch, Device, Id, Type, N}).
+
+%% Element types.
+
+types_match_the_contract_test() ->
+    Types = erlcuda_contract:element_types(),
+    ?assertEqual([f32, f64, i32, u32, i64, u8], Types),
+    ?assertEqual(Types, [erlcuda_vector:type(I) || I <- lists:seq(0, 5)]),
+    ?assertEqual(lists:seq(0, 5), [erlcuda_vector:index(T) || T <- Types]),
+    ?assertEqual(error, erlcuda_vector:type(6)),
+    ?assertEqual([4, 8, 4, 4, 8, 1], [erlcuda_vector:size(T) || T <- Types]).
+
+pack_round_trips_test() ->
+    Cases = [{f32, [1.5, -2.0, 0.0, 3]}, {f64, [1.0e300, -1.0e-300, 2, 0.1]},
+             {i32, [-2147483648, 0, 2147483647]}, {u32, [0, 4294967295]},
+             {i64, [-9223372036854775808, 9223372036854775807]}, {u8, [0, 7, 255]}],
+    lists:foreach(
+      fun({T, L}) ->
+              {ok, Bin} = erlcuda_vector:pack(T, L),
+              ?assertEqual(length(L) * erlcuda_vector:size(T), byte_size(Bin)),
+              {ok, Back} = erlcuda_vector:unpack(T, Bin),
+              Want = case T of
+                         f32 -> [float(X) || X <- L];
+                         f64 -> [float(X) || X <- L];
+                         _ -> L
+                     end,
+              ?assertEqual(Want, Back)
+      end, Cases),
+    %% little-endian, as the worker reads it
+    ?assertEqual({ok, <<1, 0, 0, 0, 255, 255, 255, 255>>}, erlcuda_vector:pack(i32, [1, -1])),
+    ?assertEqual({ok, <<0, 0, 0, 0, 0, 0, 240, 63>>}, erlcuda_vector:pack(f64, [1.0])).
+
+pack_range_errors_test() ->
+    Bad = [{i32, [2147483648]}, {i32, [-2147483649]}, {u32, [-1]}, {u32, [4294967296]},
+           {i64, [1 bsl 63]}, {u8, [256]}, {u8, [-1]}, {u8, [1.0]}, {i32, [2.5]},
+           {f32, [1.0e39]}, {f32, [foo]}, {f64, [foo]}, {f64, [1 bsl 1100]},
+           {i32, [1 | 2]}],
+    [?assertMatch({error, _}, erlcuda_vector:pack(T, L)) || {T, L} <- Bad],
+    {error, Why} = erlcuda_vector:pack(u8, [1, 2, 300]),
+    ?assertEqual(<<"300 is outside the u8 range">>, iolist_to_binary(Why)).
+
+unpack_non_finite_test() ->
+    Inf32 = <<0, 0, 128, 127>>,
+    Inf64 = <<0, 0, 0, 0, 0, 0, 240, 127>>,
+    ?assertMatch({error, {non_finite, _}}, erlcuda_vector:unpack(f32, Inf32)),
+    ?assertMatch({error, {non_finite, _}}, erlcuda_vector:unpack(f64, Inf64)),
+    %% the same bits are ordinary integers
+    ?assertEqual({ok, [2139095040]}, erlcuda_vector:unpack(u32, Inf32)),
+    ?assertEqual({ok, [0, 0, 128, 127]}, erlcuda_vector:unpack(u8, Inf32)).
+
+scalar_test() ->
+    ?assertEqual({ok, <<1.5:32/float-little, 0:32>>}, erlcuda_vector:scalar(f32, 1.5)),
+    ?assertEqual({ok, <<-3:64/signed-little>>}, erlcuda_vector:scalar(i64, -3)),
+    ?assertEqual({ok, <<200, 0:56>>}, erlcuda_vector:scalar(u8, 200)),
+    ?assertEqual({ok, <<2.0:64/float-little>>}, erlcuda_vector:scalar(f64, 2)),
+    ?assertMatch({error, _}, erlcuda_vector:scalar(u8, 256)),
+    ?assertMatch({error, _}, erlcuda_vector:scalar(i32, 1.0)).
+
+%% Validation.
+
+plain_launch_is_the_seeds_test() ->
+    {ok, Job} = erlcuda_job:validate(vector_add, [[1.0, 2.0], <<3.0:32/float-little,
+                                                                4.0:32/float-little>>], []),
+    ?assertEqual(#{kernel => vector_add, device => 0, format => list, timeout => 5000,
+                   trace => false, result_bytes => 8,
+                   args => [<<1.0:32/float-little, 2.0:32/float-little>>,
+                            <<3.0:32/float-little, 4.0:32/float-little>>]}, Job),
+    {ok, M} = erlcuda_job:validate(matmul, [[1, 2], [3, 4], 1, 1, 2], #{device => any}),
+    ?assertEqual([<<1.0:32/float-little, 2.0:32/float-little>>,
+                  <<3.0:32/float-little, 4.0:32/float-little>>, 1, 1, 2], maps:get(args, M)),
+    ?assertNot(maps:is_key(general, M)).
+
+f64_launch_test() ->
+    {ok, Job} = erlcuda_job:validate(vector_add, [[1, 2], [3.5, 4]], [{type, f64}]),
+    ?assertEqual([{vector, f64, <<1.0:64/float-little, 2.0:64/float-little>>},
+                  {vector, f64, <<3.5:64/float-little, 4.0:64/float-little>>}],
+                 maps:get(args, Job)),
+    %% no shared-memory result file for a type other than f32
+    ?assertEqual(0, maps:get(result_bytes, Job)),
+    ?assertNot(maps:is_key(general, Job)),
+    ?assertMatch({error, {bad_args, _}},
+                 erlcuda_job:validate(vector_add, [[1], [2]], [{type, i32}])),
+    ?assertMatch({error, {bad_args, _}},
+                 erlcuda_job:validate(reduce, [<<1, 2, 3, 4>>], [{type, f64}])),
+    ?assertEqual({error, {bad_option, {type, f16}}},
+                 erlcuda_job:validate(reduce, [[1]], [{type, f16}])).
+
+options_test() ->
+    Bad = [{keep, yes}, {grid, 0}, {grid, {1, 2, 3, 4}}, {block, -1}, {shared, -1},
+           {elements, -1}, {type, "f32"}],
+    [?assertEqual({error, {bad_option, O}}, erlcuda_job:validate(reduce, [[1.0]], [O]))
+     || O <- Bad],
+    %% a launch shape is for user kernels
+    [?assertEqual({error, {bad_option, O}}, erlcuda_job:validate(reduce, [[1.0]], [O]))
+     || O <- [{grid, 2}, {block, {32, 2}}, {shared, 0}, {elements, 10}]],
+    {ok, K} = erlcuda_job:validate(vector_add, [[1.0], [2.0]], [{keep, true}]),
+    ?assertEqual(#{keep => 1, buffers => [], shape => value}, maps:get(general, K)),
+    ?assertEqual(0, maps:get(result_bytes, K)),
+    %% a scalar result keeps nothing
+    {ok, R} = erlcuda_job:validate(reduce, [[1.0]], [{keep, true}]),
+    ?assertNot(maps:is_key(general, R)).
+
+buffers_test() ->
+    A = ?B(node(), 3, 1, 10, f64, 2),
+    B = ?B(node(), 3, 1, 11, f64, 2),
+    {ok, Job} = erlcuda_job:validate(vector_add, [A, [1, 2]], []),
+    %% the launch runs in its buffers' type, on their device
+    ?assertEqual([{handle, 10}, {vector, f64, <<1.0:64/float-little, 2.0:64/float-little>>}],
+                 maps:get(args, Job)),
+    ?assertEqual(1, maps:get(device, Job)),
+    ?assertEqual(#{keep => 0, buffers => [A], shape => value}, maps:get(general, Job)),
+    {ok, J2} = erlcuda_job:validate(vector_add, [A, B], [{device, any}]),
+    ?assertEqual(1, maps:get(device, J2)),
+    ?assertEqual({error, {wrong_device, A}},
+                 erlcuda_job:validate(vector_add, [A, B], [{device, 0}])),
+    C = ?B(node(), 3, 0, 12, f64, 2),
+    ?assertEqual({error, {wrong_device, C}}, erlcuda_job:validate(vector_add, [A, C], [])),
+    Remote = ?B('other@nowhere', 3, 1, 10, f64, 2),
+    ?assertEqual({error, {remote_buffer, Remote}},
+                 erlcuda_job:validate(reduce, [Remote], [])),
+    %% the first buffer sets the type; another type is refused
+    F = ?B(node(), 3, 1, 13, f32, 2),
+    ?assertMatch({error, {bad_args, _}}, erlcuda_job:validate(vector_add, [A, F], [])),
+    ?assertMatch({error, {bad_args, _}},
+                 erlcuda_job:validate(vector_add, [A, [1.0]], [])),
+    %% lengths come from the handle
+    ?assertMatch({error, {bad_args, _}},
+                 erlcuda_job:validate(matmul, [A, B, 1, 1, 1], [])),
+    {ok, _} = erlcuda_job:validate(matmul, [A, B, 1, 1, 2], []),
+    %% a tuple that is no buffer is bad data
+    ?assertMatch({error, {bad_args, _}},
+                 erlcuda_job:validate(reduce, [{erlcuda_buffer, x}], [])).
+
+general_kernels_test() ->
+    {ok, Z} = erlcuda_job:validate(zeros, [4], [{type, i32}, {keep, true}]),
+    ?assertEqual([{empty, i32, 4}], maps:get(args, Z)),
+    ?assertEqual(1, maps:get(keep, maps:get(general, Z))),
+    {ok, C} = erlcuda_job:validate(copy, [[1, 2, 3]], [{type, u8}]),
+    ?assertEqual([{vector, u8, <<1, 2, 3>>}], maps:get(args, C)),
+    {ok, D} = erlcuda_job:validate(copy, [[1.0]], []),
+    ?assertEqual([<<1.0:32/float-little>>], maps:get(args, D)),
+    ?assertMatch({error, {bad_args, _}}, erlcuda_job:validate(zeros, [-1], [])).
+
+%% The launch frame.
+
+plain_frame_is_byte_identical_test() ->
+    Data = <<1.0:32/float-little, 2.0:32/float-little>>,
+    {ok, Frame} = erlcuda_protocol:encode_launch(7, 1, matmul, [Data, Data, 1, 1, 2],
+                                                 #{trace => false, result_file => true}),
+    Head = <<?WIRE_LAUNCH, 7:64, 1:16, ?WIRE_FLAG_RESULT_FILE, 6, "matmul", 5>>,
+    Vec = <<?WIRE_ARG_VECTOR, 0, 8:64, Data/binary>>,
+    ?assertEqual(<<Head/binary, Vec/binary, Vec/binary, ?WIRE_ARG_DIM, 1:64,
+                   ?WIRE_ARG_DIM, 1:64, ?WIRE_ARG_DIM, 2:64>>,
+                 iolist_to_binary(Frame)).
+
+general_frame_test() ->
+    Args = [{vector, f64, <<1.0:64/float-little>>}, {handle, 42},
+            {scalar, i32, <<5:32/little, 0:32>>}, {empty, u8, 9},
+            {file, i64, <<"i3-1">>, 80, 1048576}],
+    {ok, Frame} = erlcuda_protocol:encode_launch(
+                    3, 0, k, Args, #{trace => true, result_file => false, keep => [100, 101],
+                                     geometry => {{4, 2, 1}, {128, 1, 1}, 64}}),
+    Flags = ?WIRE_FLAG_TRACE bor ?WIRE_FLAG_KEEP bor ?WIRE_FLAG_GEOMETRY,
+    ?assertEqual(<<?WIRE_LAUNCH, 3:64, 0:16, Flags, 1, "k", 5,
+                   ?WIRE_ARG_VECTOR, 1, 8:64, 1.0:64/float-little,
+                   ?WIRE_ARG_HANDLE, 42:64,
+                   ?WIRE_ARG_SCALAR, 2, 5:32/little, 0:32,
+                   ?WIRE_ARG_EMPTY, 5, 9:64,
+                   ?WIRE_ARG_FILE, 4, 80:64, 1048576:64, 4, "i3-1",
+                   2, 100:64, 101:64,
+                   4:32, 2:32, 1:32, 128:32, 1:32, 1:32, 64:32>>,
+                 iolist_to_binary(Frame)).
+
+shm_plan_keeps_the_type_test() ->
+    Folder = #{dir => "/nowhere", threshold => 16},
+    {Args, Plan} = erlcuda_shm:plan(Folder, 5, [{vector, f64, binary:copy(<<0>>, 32)},
+                                                {handle, 1}, <<0:32>>]),
+    ?assertMatch([{file, f64, <<"i5-1">>, 32, _}, {handle, 1}, <<0:32>>], Args),
+    ?assertEqual(1, length(Plan)).
+
+%% Result records of the general path.
+
+ctx(Shape) ->
+    #{epoch => 9, device => 1, buffers => [?B(node(), 9, 1, 77, f32, 3)], shape => Shape,
+      keep => []}.
+
+decode_test() ->
+    Msg = fun(Tag, Payload, Format, Sync, Ctx) ->
+                  element(3, erlcuda_protocol:message(1, {wire, Tag, Payload}, Format, Sync,
+                                                      Ctx))
+          end,
+    I32 = <<(-1):32/little, 2:32/little>>,
+    T = <<2, I32/binary>>,
+    ?assertEqual({ok, [-1, 2]}, Msg(?WIRE_TAG_TYPED, T, list, false, none)),
+    ?assertEqual({ok, I32}, Msg(?WIRE_TAG_TYPED, T, binary, true, none)),
+    %% a launch_sync caller makes its own lists
+    {deferred, Raw} = Msg(?WIRE_TAG_TYPED, T, list, true, none),
+    ?assertEqual({ok, [-1, 2]}, erlcuda_protocol:finish(Raw, list)),
+    ?assertMatch({error, {internal, _}}, Msg(?WIRE_TAG_TYPED, <<2, 1, 2, 3>>, list, false, none)),
+    ?assertMatch({error, {internal, _}}, Msg(?WIRE_TAG_TYPED, <<9, 1>>, list, false, none)),
+    ?assertMatch({error, {non_finite, _}},
+                 Msg(?WIRE_TAG_TYPED, <<1, 0, 0, 0, 0, 0, 0, 240, 127>>, list, false, none)),
+    H = <<5:64, 1, 4:64>>,
+    Handle = ?B(node(), 9, 1, 5, f64, 4),
+    ?assertEqual({ok, Handle}, Msg(?WIRE_TAG_HANDLE, H, list, true, ctx(value))),
+    Item = fun(Tag, P) -> <<Tag, (byte_size(P)):32, P/binary>> end,
+    L = <<2:32, (Item(?WIRE_TAG_VECTOR, <<1.0:32/float-little>>))/binary,
+          (Item(?WIRE_TAG_HANDLE, H))/binary>>,
+    ?assertEqual({ok, [[1.0], Handle]}, Msg(?WIRE_TAG_LIST, L, list, false, ctx(list))),
+    {deferred, RawL} = Msg(?WIRE_TAG_LIST, L, list, true, ctx(list)),
+    ?assertEqual({ok, [[1.0], Handle]}, erlcuda_protocol:finish(RawL, list)),
+    %% an elementwise kernel's one output comes as it is; a raw kernel's always as a list
+    L1 = <<1:32, (Item(?WIRE_TAG_HANDLE, H))/binary>>,
+    ?assertEqual({ok, Handle}, Msg(?WIRE_TAG_LIST, L1, list, false, ctx(single))),
+    ?assertEqual({ok, Handle}, Msg(?WIRE_TAG_HANDLE, H, list, false, ctx(single))),
+    ?assertEqual({ok, [Handle]}, Msg(?WIRE_TAG_HANDLE, H, list, false, ctx(list))),
+    ?assertMatch({error, {internal, _}}, Msg(?WIRE_TAG_LIST, <<3:32>>, list, false, ctx(list))),
+    %% the worker names a lost buffer by its id: the caller gets its handle
+    Lost = term_to_binary({buffer_lost, 77}),
+    ?assertEqual({error, {buffer_lost, ?B(node(), 9, 1, 77, f32, 3)}},
+                 Msg(?WIRE_TAG_ERROR, Lost, list, false, ctx(value))),
+    ?assertEqual({error, {buffer_lost, 78}},
+                 Msg(?WIRE_TAG_ERROR, term_to_binary({buffer_lost, 78}), list, false,
+                     ctx(value))),
+    %% the seed's records are unchanged
+    V = <<1.0:32/float-little>>,
+    ?assertEqual({f32, V}, Msg(?WIRE_TAG_VECTOR, V, list, true, none)),
+    ?assertEqual({ok, [1.0]}, Msg(?WIRE_TAG_VECTOR, V, list, false, none)),
+    ?assertEqual({ok, 2.5}, Msg(?WIRE_TAG_SCALAR, <<2.5:64/float-little>>, list, true, none)).
+
+%% Declarations of user kernels.
+
+declare_test() ->
+    Src = <<"extern \"C\" __global__ void k(float *x, int n) {}">>,
+    {ok, D, 120000} = erlcuda_catalogue:declare(m, Src, [{k, [{inout, f32}, {scalar, i32}]}],
+                                                []),
+    ?assertEqual({load, [<<"m">>, Src, [], [{<<"k">>, [{inout, f32}, {scalar, i32}]}]]},
+                 maps:get(call, D)),
+    #{k := Spec} = maps:get(specs, D),
+    ?assertMatch(#{user := raw, module := m, general := true,
+                   params := [#{kind := vector, type := f32, access := inout},
+                              #{kind := scalar, type := i32}]}, Spec),
+    {ok, D2, 5000} = erlcuda_catalogue:declare(m, ["ext", <<"ern">>], [{k, []}],
+                                               [{options, ["-O3", <<"-lineinfo">>]},
+                                                {timeout, 5000}]),
+    ?assertMatch({load, [_, <<"extern">>, [<<"-O3">>, <<"-lineinfo">>], _]}, maps:get(call, D2)),
+    Bad = [{"m", Src, [{k, []}], []},
+           {m, <<>>, [{k, []}], []},
+           {m, [foo], [{k, []}], []},
+           {m, Src, [], []},
+           {m, Src, [{k, []}, {k, []}], []},
+           {m, Src, [{'not an identifier', []}], []},
+           {m, Src, [{k, [{in, f16}]}], []},
+           {m, Src, [{k, [{read, f32}]}], []},
+           {m, Src, [{k, lists:duplicate(256, {in, f32})}], []},
+           {m, Src, not_a_list, []}],
+    [?assertMatch({error, {bad_args, _}}, erlcuda_catalogue:declare(M, S, K, O))
+     || {M, S, K, O} <- Bad],
+    ?assertEqual({error, {bad_option, {colour, red}}},
+                 erlcuda_catalogue:declare(m, Src, [{k, []}], [{colour, red}])),
+    ?assertEqual({error, {bad_option, {timeout, 0}}},
+                 erlcuda_catalogue:declare(m, Src, [{k, []}], [{timeout, 0}])).
+
+declare_elementwise_test() ->
+    {ok, D, _} = erlcuda_catalogue:declare_elementwise(
+                   saxpy, [{a, {scalar, f32}}, {x, f32}, {y, f32}], [{z, f32}],
+                   <<"z = a * x + y">>, []),
+    ?assertEqual({elementwise, [<<"saxpy">>, [{<<"a">>, f32, scalar}, {<<"x">>, f32, vector},
+                                              {<<"y">>, f32, vector}],
+                                [{<<"z">>, f32}], <<"z = a * x + y">>, []]},
+                 maps:get(call, D)),
+    ?assertEqual(saxpy, maps:get(module, D)),
+    ?assertMatch(#{saxpy := #{user := elementwise, outputs := [#{type := f32}]}},
+                 maps:get(specs, D)),
+    Bad = [{saxpy, [{x, f32}], [], <<"x">>},
+           {saxpy, [{a, {scalar, f32}}], [{z, f32}], <<"z = a">>},
+           {saxpy, [{x, f32}, {x, f32}], [{z, f32}], <<"z = x">>},
+           {saxpy, [{x, f32}], [{x, f32}], <<"x = x">>},
+           {saxpy, [{i, f32}], [{z, f32}], <<"z = i">>},
+           {saxpy, [{x, f32}], [{n, f32}], <<"n = x">>},
+           {saxpy, [{saxpy, f32}], [{z, f32}], <<"z = saxpy">>},
+           {saxpy, [{x, f16}], [{z, f32}], <<"z = x">>},
+           {saxpy, [{x, f32}], [{z, f32}], <<>>},
+           {'2x', [{x, f32}], [{z, f32}], <<"z = x">>},
+           {saxpy, not_a_list, [{z, f32}], <<"z">>}],
+    [?assertMatch({error, {bad_args, _}},
+                  erlcuda_catalogue:declare_elementwise(N, I, O, Op, []))
+     || {N, I, O, Op} <- Bad].
+
+%% A user kernel in the catalogue: its launches are checked here, without a worker.
+user_kernels_test_() ->
+    {setup,
+     fun() ->
+             Src = <<"extern \"C\" __global__ void k(float *x, double *y, int a) {}">>,
+             {ok, Raw, _} = erlcuda_catalogue:declare(
+                              mod, Src, [{k, [{in, f32}, {inout, f64}, {scalar, i32}]}], []),
+             {ok, Ew, _} = erlcuda_catalogue:declare_elementwise(
+                             ew, [{a, {scalar, f32}}, {x, f32}, {y, f32}], [{z, f32}, {w, i32}],
+                             <<"z = a * x + y; w = 1">>, []),
+             {ok, Ew1, _} = erlcuda_catalogue:declare_elementwise(
+                              ew1, [{x, u8}], [{z, u8}], <<"z = x">>, []),
+             [erlcuda_catalogue:commit(D) || D <- [Raw, Ew, Ew1]]
+     end,
+     fun(_) -> erlcuda_catalogue:reset() end,
+     [fun raw_launch/0, fun elementwise_launch/0, fun kernels_listed/0]}.
+
+raw_launch() ->
+    {ok, J} = erlcuda_job:validate(k, [[1.0, 2.0], 3, 7], []),
+    ?assertEqual([<<1.0:32/float-little, 2.0:32/float-little>>, {empty, f64, 3},
+                  {scalar, i32, <<7:32/little, 0:32>>}], maps:get(args, J)),
+    %% no launch shape asked for: the worker's default (the longest vector)
+    ?assertEqual(#{keep => 0, buffers => [], shape => list}, maps:get(general, J)),
+    {ok, K} = erlcuda_job:validate(k, [[1.0], [1.0, 2.0], 7], [{keep, true}, {block, 128}]),
+    ?assertEqual(#{keep => 1, buffers => [], shape => list,
+                   geometry => {{1, 1, 1}, {128, 1, 1}, 0}}, maps:get(general, K)),
+    {ok, G} = erlcuda_job:validate(k, [[], [], 0], [{grid, {2, 3}}, {block, {8, 8}},
+                                                   {shared, 512}]),
+    ?assertEqual({{2, 3, 1}, {8, 8, 1}, 512}, maps:get(geometry, maps:get(general, G))),
+    {ok, E} = erlcuda_job:validate(k, [[], [], 0], [{elements, 1000}]),
+    ?assertEqual({{4, 1, 1}, {256, 1, 1}, 0}, maps:get(geometry, maps:get(general, E))),
+    %% a buffer of the param's type is used in place, and is not in the reply
+    Y = ?B(node(), 1, 0, 5, f64, 2),
+    {ok, B} = erlcuda_job:validate(k, [[1.0], Y, 1], [{keep, true}]),
+    ?assertEqual([{handle, 5}], [A || {handle, _} = A <- maps:get(args, B)]),
+    ?assertEqual(0, maps:get(keep, maps:get(general, B))),
+    Bad = [[[1.0], 3],                         % arity
+           [3, 3, 7],                          % a count for an `in' param
+           [[1.0], -1, 7],
+           [[1.0], 3, 1.5],                    % an i32 scalar
+           [[1.0], 3, 1 bsl 31],
+           [[1.0], ?B(node(), 1, 0, 5, f32, 2), 1],
+           [[foo], 3, 7]],
+    [?assertMatch({error, {bad_args, _}}, erlcuda_job:validate(k, A, [])) || A <- Bad],
+    ?assertEqual({error, {bad_option, {grid, 0}}}, erlcuda_job:validate(k, [[1.0], 3, 7],
+                                                                        [{grid, 0}])).
+
+elementwise_launch() ->
+    X = ?B(node(), 1, 1, 6, f32, 3),
+    {ok, J} = erlcuda_job:validate(ew, [2, X, [1, 2, 3]], [{keep, true}]),
+    ?assertEqual([{scalar, f32, <<2.0:32/float-little, 0:32>>}, {handle, 6},
+                  <<1.0:32/float-little, 2.0:32/float-little, 3.0:32/float-little>>],
+                 maps:get(args, J)),
+    ?assertEqual(1, maps:get(device, J)),
+    ?assertEqual(#{keep => 2, buffers => [X], shape => list}, maps:get(general, J)),
+    {ok, J1} = erlcuda_job:validate(ew1, [[1, 2]], []),
+    ?assertEqual(single, maps:get(shape, maps:get(general, J1))),
+    ?assertMatch({error, {bad_args, _}}, erlcuda_job:validate(ew, [2, [1.0], [1.0, 2.0]], [])),
+    ?assertMatch({error, {bad_args, _}}, erlcuda_job:validate(ew, [2, 3, [1.0]], [])),
+    ?assertMatch({error, {bad_args, _}}, erlcuda_job:validate(ew1, [[256]], [])).
+
+kernels_listed() ->
+    Names = [N || #{name := N} <- erlcuda:kernels()],
+    ?assertEqual([vector_add, reduce, dot_product, matmul, copy, zeros, empty, ew, ew1, k],
+                 Names),
+    ?assertEqual([ew, ew1, mod], erlcuda_catalogue:modules()),
+    %% a kernel name belongs to one module and never to a built-in one
+    ?assertMatch([{ew, elementwise, _}, {ew1, elementwise, _}, {mod, load, _}],
+                 erlcuda_catalogue:replay()).
