@@ -26,7 +26,7 @@ test: setup setup-elixir compile lint test-python test-erlang test-elixir test-r
 GPU_PY ?= python3
 test-gpu: setup-erlang compile
 	ERLCUDA_TEST_GPU=1 $(GPU_PY) -m pytest -m gpu -v test/python
-	ERLCUDA_TEST_GPU=1 ERLCUDA_PYTHON=$$(command -v $(GPU_PY)) $(REBAR) eunit --module=erlcuda_gpu_tests
+	ERLCUDA_TEST_GPU=1 ERLCUDA_PYTHON=$$(command -v $(GPU_PY)) $(REBAR) eunit --module=erlcuda_gpu_tests,erlcuda_usercode_gpu_tests,erlcuda_readme_tests
 
 setup: setup-erlang setup-python
 

@@ -33,6 +33,25 @@ defmodule ErlcudaElixirTest do
     assert {:error, {:bad_device, 9}} = :erlcuda.launch_sync(:reduce, [[1.0]], device: 9)
   end
 
+  # The README's Elixir examples, as written: a ```elixir block right after a line
+  # `<!-- example: Name -->`; each raises (a failed match) where it does not hold.
+  readme = Path.join(__DIR__, "../../README.md") |> File.read!()
+
+  examples =
+    Regex.scan(~r/<!-- example: (\S+) -->\n```elixir\n(.*?)\n```/s, readme,
+      capture: :all_but_first)
+
+  test "the README has Elixir examples" do
+    assert unquote(length(examples)) >= 1
+  end
+
+  for [name, code] <- examples do
+    test "README example #{name}" do
+      task = Task.async(fn -> Code.eval_string(unquote(code)) end)
+      assert {_, _} = Task.await(task, 60_000)
+    end
+  end
+
   test "info" do
     assert %{backend: :cpu, devices: 1, worker_os_pid: pid} = :erlcuda.info()
     assert is_integer(pid)

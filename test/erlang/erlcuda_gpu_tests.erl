@@ -16,7 +16,16 @@ gpu_test_() ->
               {"SIGKILL under load: one reply each, then service", {timeout, 120, fun kill/0}},
               {"large operands and results through shared memory, nothing left behind",
                {timeout, 120, fun shared_memory/0}},
-              {"a sticky CUDA error restarts the worker", {timeout, 120, fun sticky_error/0}}]};
+              {"a sticky CUDA error restarts the worker", {timeout, 120, fun sticky_error/0}},
+              {"f64 kernels against f32 and exact sums", {timeout, 120, fun f64_kernels/0}},
+              {"buffers of every element type round trip", {timeout, 120, fun buffer_types/0}},
+              {"a chain of kernels on device buffers", {timeout, 120, fun buffer_chain/0}},
+              {"a dead owner's buffers are freed", {timeout, 120, fun owner_death/0}},
+              {"device out of memory: an error, then service", {timeout, 300, fun oom/0}},
+              {"a raw user kernel and an elementwise one", {timeout, 300, fun user_kernels/0}},
+              {"a compile error carries nvcc's log", {timeout, 300, fun compile_error/0}},
+              {"a faulting user kernel: cuda error, restart, modules loaded again",
+               {timeout, 300, fun user_fault/0}}]};
         _ ->
             []
     end.
@@ -163,3 +172,153 @@ sticky_error() ->
     erlcuda_test_util:wait_restarted(Pid, 300),
     ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{timeout, 30000}])),
     #{backend := cuda, status := ok} = erlcuda:info().
+
+-define(T, [{timeout, 60000}]).
+
+f64_kernels() ->
+    N = 100000,
+    A = [float(I rem 1000) / 7 || I <- lists:seq(1, N)],
+    B = [float(I rem 333) / 3 || I <- lists:seq(1, N)],
+    {ok, C} = erlcuda:launch_sync(vector_add, [A, B], [{type, f64} | ?T]),
+    ?assertEqual([X + Y || {X, Y} <- lists:zip(A, B)], C),
+    {ok, S} = erlcuda:launch_sync(reduce, [A], [{type, f64} | ?T]),
+    ?assert(abs(S - lists:sum(A)) =< 1.0e-9 * abs(lists:sum(A))),
+    {ok, D} = erlcuda:launch_sync(dot_product, [A, B], [{type, f64} | ?T]),
+    Dot = lists:sum([X * Y || {X, Y} <- lists:zip(A, B)]),
+    ?assert(abs(D - Dot) =< 1.0e-9 * abs(Dot)),
+    M = [float(I) / 3 || I <- lists:seq(1, 6)],
+    {ok, P} = erlcuda:launch_sync(matmul, [M, M, 2, 2, 3], [{type, f64} | ?T]),
+    Expected = [lists:sum([lists:nth(R * 3 + K + 1, M) * lists:nth(K * 2 + Col + 1, M)
+                           || K <- [0, 1, 2]]) || R <- [0, 1], Col <- [0, 1]],
+    [?assert(abs(X - Y) =< 1.0e-12 * abs(Y)) || {X, Y} <- lists:zip(P, Expected)],
+    {ok, Bin} = erlcuda:launch_sync(vector_add, [<<1.5:64/float-little>>, <<2.25:64/float-little>>],
+                                    [{type, f64}, {format, binary} | ?T]),
+    ?assertEqual(<<3.75:64/float-little>>, Bin).
+
+buffer_types() ->
+    Cases = [{f32, [1.5, -2.0, 3.25]}, {f64, [1.0e300, -2.5, 0.0]},
+             {i32, [-2147483648, 0, 2147483647]}, {u32, [0, 1, 4294967295]},
+             {i64, [-9223372036854775808, 42, 9223372036854775807]}, {u8, [0, 7, 255]}],
+    [begin
+         {ok, H} = erlcuda:upload(L, [{type, T} | ?T]),
+         ?assertEqual({ok, L}, erlcuda:download(H, ?T)),
+         ok = erlcuda:free(H),
+         {ok, E} = erlcuda:upload([], [{type, T} | ?T]),
+         ?assertEqual({ok, []}, erlcuda:download(E, ?T)),
+         ok = erlcuda:free(E),
+         {ok, Z} = erlcuda:zeros(T, 1000, ?T),
+         {ok, ZL} = erlcuda:download(Z, ?T),
+         ?assertEqual(1000, length(ZL)),
+         ?assert(lists:all(fun(X) -> X == 0 end, ZL)),
+         ok = erlcuda:free(Z)
+     end || {T, L} <- Cases],
+    Big = binary:copy(<<7:32/little>>, 5000000),   % 20 MB: through shared memory
+    {ok, HB} = erlcuda:upload(Big, [{type, i32} | ?T]),
+    ?assertEqual({ok, Big}, erlcuda:download(HB, [{format, binary} | ?T])),
+    ok = erlcuda:free(HB).
+
+buffer_chain() ->
+    Base = buffers(),
+    N = 1000000,
+    A = << <<(float(I rem 97)):32/float-little>> || I <- lists:seq(0, N - 1) >>,
+    {ok, HA} = erlcuda:upload(A, ?T),
+    {ok, HB} = erlcuda:upload(A, ?T),
+    Last = lists:foldl(fun(_, X) ->
+                               {ok, Y} = erlcuda:launch_sync(vector_add, [X, HB],
+                                                             [{keep, true} | ?T]),
+                               X =/= HA andalso erlcuda:free(X),
+                               Y
+                       end, HA, lists:seq(1, 10)),
+    {ok, Got} = erlcuda:download(Last, [{format, binary} | ?T]),
+    ?assertEqual(<< <<(11 * float(I rem 97)):32/float-little>> || I <- lists:seq(0, N - 1) >>,
+                 Got),
+    {ok, S} = erlcuda:launch_sync(reduce, [Last], ?T),
+    ?assert(abs(S - 11 * lists:sum([float(I rem 97) || I <- lists:seq(0, N - 1)])) < 1.0e3),
+    [ok = erlcuda:free(H) || H <- [HA, HB, Last]],
+    ?assertEqual(Base, buffers()).
+
+owner_death() ->
+    Base = buffers(),
+    #{device_info := [#{free_memory := Free0} | _]} = erlcuda:info(),
+    Self = self(),
+    Pids = [spawn(fun() ->
+                          {ok, H} = erlcuda:upload(lists:duplicate(1000, 1.0), ?T),
+                          {ok, _} = erlcuda:launch_sync(vector_add, [H, H], [{keep, true} | ?T]),
+                          Self ! {done, self()}
+                  end) || _ <- lists:seq(1, 1000)],
+    [receive {done, P} -> ok end || P <- Pids],
+    ok = erlcuda_test_util:wait_until(fun() -> buffers() =:= Base end, 100),
+    %% The device's own count agrees: what the 2000 buffers took is free again (the
+    %% allocator may keep a little for itself).
+    #{device_info := [#{free_memory := Free1} | _]} = erlcuda:info(),
+    ?debugFmt("free device memory before ~b, after ~b", [Free0, Free1]),
+    ?assert(Free1 >= Free0 - 64 * 1024 * 1024).
+
+oom() ->
+    Base = buffers(),
+    Grab = fun Grab(Acc, 0) -> {Acc, none};
+               Grab(Acc, K) ->
+                   case erlcuda:empty(f64, 2147483647, ?T) of
+                       {ok, H} -> Grab([H | Acc], K - 1);
+                       {error, Why} -> {Acc, Why}
+                   end
+           end,
+    {Held, Why} = Grab([], 40),
+    ?debugFmt("out of memory after ~b buffers of 16 GiB: ~p", [length(Held), Why]),
+    ?assertMatch({cuda, out_of_memory, _}, Why),
+    [ok = erlcuda:free(H) || H <- Held],
+    ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]], ?T)),
+    ok = erlcuda_test_util:wait_until(fun() -> buffers() =:= Base end, 100).
+
+scale_source() ->
+    <<"extern \"C\" __global__ void gpu_scale(float *x, float a, long long n) {\n"
+      "  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
+      "  if (i < n) x[i] *= a;\n"
+      "}\n"
+      "extern \"C\" __global__ void gpu_fault(int *x) { x[1LL << 40] = 1; }\n">>.
+
+user_kernels() ->
+    ok = erlcuda:load(gpu_test_module, scale_source(),
+                      [{gpu_scale, [{inout, f32}, {scalar, f32}, {scalar, i64}]},
+                       {gpu_fault, [{inout, i32}]}], ?T),
+    ?assertEqual({ok, [[2.0, 4.0, 6.0]]},
+                 erlcuda:launch_sync(gpu_scale, [[1.0, 2.0, 3.0], 2.0, 3], ?T)),
+    {ok, H} = erlcuda:upload([1.0, 2.0, 3.0, 4.0], ?T),
+    ?assertEqual({ok, []}, erlcuda:launch_sync(gpu_scale, [H, 10.0, 4], [{elements, 4} | ?T])),
+    ?assertEqual({ok, [10.0, 20.0, 30.0, 40.0]}, erlcuda:download(H, ?T)),
+    ok = erlcuda:elementwise(gpu_saxpy, [{a, {scalar, f64}}, {x, f64}, {y, f64}], [{z, f64}],
+                             <<"z = a * x + y">>, ?T),
+    ?assertEqual({ok, [3.0, 5.0]},
+                 erlcuda:launch_sync(gpu_saxpy, [2.0, [1.0, 2.0], [1.0, 1.0]], [{type, f64} | ?T])),
+    {ok, X} = erlcuda:upload(lists:seq(1, 100000), [{type, i64} | ?T]),
+    ok = erlcuda:elementwise(gpu_sq, [{x, i64}], [{y, i64}, {z, f64}],
+                             <<"y = x * x; z = (double)x / 2">>, ?T),
+    {ok, [Y, Z]} = erlcuda:launch_sync(gpu_sq, [X], ?T),
+    ?assertEqual([I * I || I <- lists:seq(1, 100000)], Y),
+    ?assertEqual([I / 2 || I <- lists:seq(1, 100000)], Z),
+    {ok, [HY, HZ]} = erlcuda:launch_sync(gpu_sq, [X], [{keep, true} | ?T]),
+    ?assertEqual({ok, Y}, erlcuda:download(HY, ?T)),
+    [ok = erlcuda:free(B) || B <- [H, X, HY, HZ]].
+
+compile_error() ->
+    {error, {compile, Log}} = erlcuda:load(gpu_broken, <<"extern \"C\" __global__ void broken() { nope; }">>,
+                                           [{broken, []}], ?T),
+    ?debugFmt("nvcc said: ~ts", [Log]),
+    ?assertNotEqual(nomatch, binary:match(Log, <<"nope">>)).
+
+user_fault() ->
+    #{worker_os_pid := Pid} = erlcuda:info(),
+    {ok, Keep} = erlcuda:upload([1.0], ?T),
+    Reply = erlcuda:launch_sync(gpu_fault, [[0, 0]], [{elements, 1} | ?T]),
+    ?debugFmt("a faulting kernel answered: ~p", [Reply]),
+    ?assertMatch({error, {cuda, _, _}}, Reply),
+    erlcuda_test_util:wait_restarted(Pid, 300),
+    ?assertMatch({error, {buffer_lost, _}}, erlcuda:download(Keep, ?T)),
+    %% The modules loaded before the restart were loaded again before jobs were taken.
+    ?assertEqual({ok, [[3.0]]}, erlcuda:launch_sync(gpu_scale, [[1.5], 2.0, 1], ?T)),
+    ?assertEqual({ok, [3.0, 5.0]},
+                 erlcuda:launch_sync(gpu_saxpy, [2.0, [1.0, 2.0], [1.0, 1.0]], [{type, f64} | ?T])).
+
+buffers() ->
+    #{device_info := Devices} = erlcuda:info(),
+    [{maps:get(buffers, D), maps:get(buffer_bytes, D)} || D <- Devices].
