@@ -215,19 +215,207 @@ def test_out_of_memory_is_reported_and_survived(arrays: Arrays, device: CudaDevi
 
 def test_free_gives_memory_back(device: CudaDevice) -> None:
     size = 1 << 30
+    device.flush_pool()
     before = device.info()["free_memory"]
     array = device.alloc(np.dtype(np.uint8), size, zero=False)
     assert device.info()["free_memory"] <= before - size
     device.free(array)
-    device.free(array)  # twice: nothing happens
-    assert device.info()["free_memory"] >= before - (16 << 20)
-    with pytest.raises(BackendError) as info:
+    device.free(array)  # twice: nothing happens (and the block is not cached twice)
+    info = device.info()
+    assert info["pool_bytes"] <= device.pool_stats()["limit"]
+    assert info["free_memory"] + info["pool_bytes"] >= before - (16 << 20)
+    device.flush_pool()  # the cache's memory goes back to the device
+    info = device.info()
+    assert info["pool_bytes"] == 0 and info["free_memory"] >= before - (16 << 20)
+    with pytest.raises(BackendError) as info_:
         device.download(array)  # used after free
-    assert info.value.code == "invalid_value"
+    assert info_.value.code == "invalid_value"
 
 
-def test_info_is_unchanged(device: CudaDevice) -> None:
-    assert set(device.info()) == {"name", "total_memory", "free_memory", "compute_capability"}
+def test_info_keys(device: CudaDevice) -> None:
+    from erlcuda import contract
+
+    info = device.info()
+    assert set(info) == {"name", "total_memory", "free_memory", "compute_capability",
+                         "pool_bytes"}
+    assert set(info) <= contract.ATOMS  # Erlang knows every key
+    assert isinstance(info["pool_bytes"], int) and info["pool_bytes"] >= 0
+
+
+# -- the memory pool -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pool_limit(device: CudaDevice) -> Iterator[Any]:
+    """Sets the pool's bound for one test (``pool_limit(bytes)``), then restores it."""
+    pool = device._pool
+    old = pool.limit
+    pool.flush()
+    yield lambda limit: setattr(pool, "limit", limit)
+    pool.limit = old
+    pool.trim(old)
+
+
+def test_the_pool_bound_is_the_default(device: CudaDevice) -> None:
+    from erlcuda.backends.pool import default_limit
+
+    total = device.info()["total_memory"]
+    assert device.pool_stats()["limit"] == default_limit(total) == min(1 << 30, total // 16)
+
+
+@pytest.mark.parametrize("nbytes", [4, 1000, 100_003, (1 << 20) + 1, 64_000_000])
+def test_a_freed_array_is_reused_by_the_next_one_of_its_class(device: CudaDevice,
+                                                              nbytes: int) -> None:
+    from erlcuda.backends.pool import size_class
+
+    a = device.alloc(np.dtype(np.uint8), nbytes, zero=False)
+    ptr = a.ptr
+    stats = device.pool_stats()
+    device.free(a)
+    assert device.info()["pool_bytes"] >= size_class(nbytes)
+    b = device.alloc(np.dtype(np.uint8), nbytes, zero=False)
+    try:
+        assert b.ptr == ptr
+        assert device.pool_stats()["hits"] == stats["hits"] + 1
+        assert device.pool_stats()["misses"] == stats["misses"]
+    finally:
+        device.free(b)
+
+
+@pytest.mark.parametrize("type_", list(DTYPES))
+def test_a_reused_block_is_zeroed_when_asked(device: CudaDevice, type_: str) -> None:
+    dtype = DTYPES[type_]
+    n = 100_000  # bytes: one size class for every element type
+    dirty = device.upload(np.full(n, 0xA5, np.uint8))
+    ptr = dirty.ptr
+    device.free(dirty)
+    array = device.alloc(dtype, n // dtype.itemsize, zero=True)
+    try:
+        assert array.ptr == ptr  # the dirty block, reused
+        same_bytes(device.download(array), np.zeros(n // dtype.itemsize, dtype))
+    finally:
+        device.free(array)
+    # And reused again (the most recently freed block of a class comes first).
+    array = device.alloc(np.dtype(np.uint8), n, zero=False)
+    try:
+        assert array.ptr == ptr
+    finally:
+        device.free(array)
+
+
+def test_live_arrays_never_share_a_block(arrays: Arrays, device: CudaDevice) -> None:
+    n = 300_000
+    first = [arrays.up(np.full(n, i, np.int32)) for i in range(8)]
+    for array in first[::2]:
+        device.free(array)
+    live = first[1::2] + [arrays.up(np.full(n, 100 + i, np.int32)) for i in range(8)]
+    ptrs = [a.ptr for a in live]
+    assert len(set(ptrs)) == len(ptrs) == 12
+    for array, value in zip(live, [1, 3, 5, 7, *range(100, 108)], strict=True):
+        same_bytes(arrays.down(array), np.full(n, value, np.int32))
+
+
+def test_a_keep_chain_reuses_its_blocks(arrays: Arrays, device: CudaDevice) -> None:
+    # The chain benchmark's steps: each makes a result from the last one, which goes.
+    n = 16_000_000
+    b = arrays.up(np.ones(n, F32))
+    x = device.upload(np.zeros(n, F32))
+    before = device.pool_stats()
+    for _ in range(10):
+        out = device.alloc(F32, n, zero=False)
+        device.builtin("vector_add", [x, b], out)
+        device.free(x)
+        x = out
+    stats = device.pool_stats()
+    assert stats["misses"] - before["misses"] <= 1  # one new block at most, then reuse
+    assert stats["hits"] - before["hits"] >= 9
+    arrays.made.append(x)
+    same_bytes(arrays.down(x), np.full(n, 10, F32))
+
+
+def test_the_cache_stays_under_its_bound(device: CudaDevice, pool_limit: Any) -> None:
+    pool_limit(64 << 20)
+    made = [device.alloc(np.dtype(np.uint8), 48 << 20, zero=False) for _ in range(4)]
+    free_before = device.info()["free_memory"]
+    for array in made:
+        device.free(array)
+    stats = device.pool_stats()
+    assert stats["cached_bytes"] == 48 << 20 and stats["cached_blocks"] == 1
+    assert device.info()["pool_bytes"] == 48 << 20
+    # The three others were really freed.
+    assert device.info()["free_memory"] >= free_before + (144 << 20) - (16 << 20)
+    # A block larger than the bound is not kept at all.
+    big = device.alloc(np.dtype(np.uint8), 65 << 20, zero=False)
+    device.free(big)
+    assert device.pool_stats()["cached_bytes"] == 48 << 20
+
+
+def test_out_of_memory_empties_the_cache_first(device: CudaDevice, pool_limit: Any) -> None:
+    pool_limit(1 << 30)
+    cached = device.alloc(np.dtype(np.uint8), 256 << 20, zero=False)
+    device.free(cached)
+    assert device.info()["pool_bytes"] == 256 << 20
+    flushes = device.pool_stats()["flushes"]
+    with pytest.raises(BackendError) as info:
+        device.alloc(np.dtype(np.uint8), 1 << 43, zero=False)
+    assert info.value.code == "out_of_memory" and not info.value.fatal
+    assert device.pool_stats()["flushes"] == flushes + 1
+    assert device.info()["pool_bytes"] == 0
+    # An allocation that fits only once the cache is gone: nearly all the free memory.
+    free = device.info()["free_memory"]
+    stash = device.alloc(np.dtype(np.uint8), 256 << 20, zero=False)
+    device.free(stash)
+    assert device.info()["pool_bytes"] == 256 << 20
+    big = device.alloc(np.dtype(np.uint8), free - (128 << 20), zero=False)
+    try:
+        assert device.pool_stats()["flushes"] == flushes + 2
+        assert device.info()["pool_bytes"] == 0
+    finally:
+        device.free(big)
+    device.flush_pool()
+
+
+def test_an_array_of_another_device_is_refused(device: CudaDevice) -> None:
+    from erlcuda.backends.cuda import CudaArray
+    from erlcuda.backends.pool import Block
+
+    mine = device.alloc(F32, 10, zero=False)
+    try:
+        stranger = CudaArray(Block(None, mine.ptr, 512), F32, 10)
+        with pytest.raises(BackendError) as info:
+            device.free(stranger)
+        assert info.value.code == "invalid_value"
+    finally:
+        device.free(mine)
+
+
+def test_close_frees_every_block(device: CudaDevice) -> None:
+    from erlcuda.backends.cuda import CudaBackend
+
+    backend = CudaBackend()
+    other = backend.open(0)  # a context of its own, current until closed
+    try:
+        freed: list[int] = []
+        raw_free = other._raw_free
+        other._pool._raw_free = lambda alloc: (freed.append(int(alloc)), raw_free(alloc))
+        cached = other.alloc(F32, 1000, zero=True)
+        live = other.upload(np.ones(5000, F64))
+        ptrs = sorted([cached.ptr, live.ptr])
+        other.free(cached)
+        assert other.info()["pool_bytes"] == 4096
+    finally:
+        other.close()
+        backend.close()
+    assert sorted(freed) == ptrs
+    other.free(live)  # after close: nothing happens
+    with pytest.raises(BackendError):
+        other.alloc(F32, 1, zero=False)
+    # The module's device is current again, and works.
+    x = device.upload(np.arange(10, dtype=F32))
+    try:
+        same_bytes(device.download(x), np.arange(10, dtype=F32))
+    finally:
+        device.free(x)
 
 
 # -- catalogue kernels on device arrays ------------------------------------------------------

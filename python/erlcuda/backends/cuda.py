@@ -17,6 +17,15 @@ works on ``CudaArray`` device arrays of any element type, on the same stream; ea
 calls returns once its work on the device is done, so a fault is reported by the call that
 caused it. Host transfers go through two pinned chunks in turn (one is packed while the other
 is copied), so large ones run near pinned speed without pinning the caller's memory.
+
+Device arrays come from a caching allocator (``pool.DevicePool``, one per device): a freed
+array's block is kept by size class and handed to the next allocation of its class, so a
+chain of steps that each make a result and free the previous one does not pay
+``cuMemAlloc``/``cuMemFree`` per step. The cache holds at most ``pool.default_limit`` bytes
+(1 GiB, or 1/16 of the device's memory if that is less), shows in ``info()`` as
+``pool_bytes``, is freed whole before an allocation (or a staging buffer's growth) fails for
+lack of memory, and goes with ``close``. Every block is used on the device's one stream, so
+a cached block is reused in stream order without waiting.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import pycuda.driver as cuda
 
 from ..kernels import F32, Request, UniformRequest
 from .base import Backend, BackendError, BackendUnavailable, Device, Result
+from .pool import Block, DevicePool, default_limit, size_class
 
 # The kernel sources' helpers live in .sources (no PyCUDA there); still importable from here.
 from .sources import TEST_ONLY_SOURCES as TEST_ONLY_SOURCES
@@ -169,6 +179,11 @@ def to_backend_error(exc: BaseException) -> BackendError:
     return BackendError("unknown", message, fatal=any(m in low for m in _STICKY_MARKERS))
 
 
+def _is_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` (of an allocation) means the device has no room."""
+    return isinstance(exc, (cuda.MemoryError, MemoryError)) or "out of memory" in str(exc).lower()
+
+
 @contextmanager
 def _cuda_errors() -> Iterator[None]:
     try:
@@ -195,13 +210,18 @@ def _grown(needed: int, current: int) -> int:
 
 
 class _DeviceBuffer:
-    """Device memory for ``dtype`` elements that grows, never shrinks, and is reused."""
+    """Device memory for ``dtype`` elements that grows, never shrinks, and is reused.
 
-    def __init__(self, what: str, dtype: np.dtype[Any] | type = F32) -> None:
+    ``reclaim`` (if given) frees memory held elsewhere (the device's pool) and returns the
+    bytes it freed: it is called once before a growth fails for lack of memory."""
+
+    def __init__(self, what: str, dtype: np.dtype[Any] | type = F32,
+                 reclaim: Callable[[], int] | None = None) -> None:
         self.what = what
         self.itemsize = np.dtype(dtype).itemsize
         self.capacity = 0  # elements
         self._alloc: cuda.DeviceAllocation | None = None
+        self._reclaim = reclaim
 
     @property
     def ptr(self) -> int:
@@ -220,18 +240,28 @@ class _DeviceBuffer:
             alloc = cuda.mem_alloc(want * self.itemsize)
         except cuda.MemoryError:
             want = max(count, 1)
-            try:
-                alloc = cuda.mem_alloc(want * self.itemsize)
-            except cuda.MemoryError as exc:
-                raise BackendError(
-                    "out_of_memory",
-                    f"cannot allocate {count * self.itemsize} bytes of device memory "
-                    f"for {self.what}: {exc}",
-                ) from exc
+            alloc = self._alloc_exactly(want)
         self.free()
         self._alloc = alloc
         self.capacity = want
         return self.ptr
+
+    def _alloc_exactly(self, count: int) -> cuda.DeviceAllocation:
+        """``count`` elements of device memory, after reclaiming the pool's if need be."""
+        try:
+            return cuda.mem_alloc(count * self.itemsize)
+        except cuda.MemoryError as exc:
+            error = exc
+        if self._reclaim is not None and self._reclaim() > 0:
+            try:
+                return cuda.mem_alloc(count * self.itemsize)
+            except cuda.MemoryError as exc:
+                error = exc
+        raise BackendError(
+            "out_of_memory",
+            f"cannot allocate {count * self.itemsize} bytes of device memory "
+            f"for {self.what}: {error}",
+        ) from error
 
     def free(self) -> None:
         if self._alloc is not None:
@@ -290,14 +320,14 @@ class _HostBuffer:
 
 class CudaArray:
     """A device array of the general path: ``size`` elements of ``dtype`` (``nbytes`` bytes)
-    in device memory of the device that made it. An empty one holds no allocation (the driver
-    makes no zero-byte blocks) and passes a null pointer to kernels."""
+    in a block of the pool of the device that made it (the block may be larger: its size
+    class). An empty one holds no block (the driver makes no zero-byte blocks) and passes a
+    null pointer to kernels."""
 
-    __slots__ = ("_alloc", "_freed", "dtype", "nbytes", "size")
+    __slots__ = ("_block", "_freed", "dtype", "nbytes", "size")
 
-    def __init__(self, alloc: cuda.DeviceAllocation | None, dtype: np.dtype[Any],
-                 size: int) -> None:
-        self._alloc = alloc
+    def __init__(self, block: Block | None, dtype: np.dtype[Any], size: int) -> None:
+        self._block = block
         self._freed = False
         self.dtype = dtype
         self.size = size
@@ -308,7 +338,7 @@ class CudaArray:
         """The device address (0 for an empty array)."""
         if self._freed:
             raise BackendError("invalid_value", "a device array was used after it was freed")
-        return 0 if self._alloc is None else int(self._alloc)
+        return 0 if self._block is None else self._block.ptr
 
     def __repr__(self) -> str:
         state = " freed" if self._freed else ""
@@ -398,11 +428,17 @@ class CudaDevice(Device):
                 raise BackendUnavailable(f"kernel file {stem}.cu was not compiled")
             self._fn[name] = self._modules[stem].get_function(name).prepare(signature)
         self._stream = cuda.Stream()
+        # The general path's device arrays; the staging below is not pooled, but empties the
+        # pool's cache before it fails for lack of memory.
+        self._pool = DevicePool(self._raw_alloc, self._raw_free,
+                                limit=default_limit(int(self._dev.total_memory())),
+                                is_oom=_is_oom)
         # 8 bytes a block: f64 partials too.
         self._partials = cuda.mem_alloc(self._sm_count * REDUCE_BLOCKS_PER_SM * 8)
-        self._dev_in = _DeviceBuffer("input staging")
-        self._dev_out = _DeviceBuffer("output staging")
-        self._dev_offsets = _DeviceBuffer("segment offsets", np.int64)
+        reclaim = self._pool.flush
+        self._dev_in = _DeviceBuffer("input staging", reclaim=reclaim)
+        self._dev_out = _DeviceBuffer("output staging", reclaim=reclaim)
+        self._dev_offsets = _DeviceBuffer("segment offsets", np.int64, reclaim=reclaim)
         self._host_in = _HostBuffer("input staging")
         self._host_out = _HostBuffer("output staging")
         self._host_offsets = _HostBuffer("segment offsets", np.int64)
@@ -445,6 +481,8 @@ class CudaDevice(Device):
                 "total_memory": int(self._dev.total_memory()),
                 "free_memory": int(free),
                 "compute_capability": (int(major), int(minor)),
+                # Device memory the pool keeps for reuse: neither free nor leaked.
+                "pool_bytes": self._pool.cached_bytes,
             }
 
     def close(self) -> None:
@@ -452,6 +490,7 @@ class CudaDevice(Device):
         if self._closed:
             return
         self._closed = True
+        self._pool.close()  # cached blocks and those of arrays never freed
         for buffer in (self._dev_in, self._dev_out, self._dev_offsets):
             buffer.free()
         for host in (self._host_in, self._host_out, self._host_offsets, *self._host_chunks):
@@ -510,20 +549,20 @@ class CudaDevice(Device):
         if nbytes == 0:
             return CudaArray(None, dtype, count)
         try:
-            if nbytes >= 1 << 63:  # beyond size_t's conversion: no card has that much
+            if size_class(nbytes) >= 1 << 63:  # beyond size_t's conversion: no card has that
                 raise MemoryError("no device has that much memory")
-            alloc = cuda.mem_alloc(nbytes)
+            block = self._pool.alloc(nbytes)  # cached, or new (after emptying the cache)
         except (cuda.MemoryError, MemoryError) as exc:
             raise BackendError(
                 "out_of_memory", f"cannot allocate {nbytes} bytes of device memory: {exc}"
             ) from exc
         except cuda.Error as exc:
             raise to_backend_error(exc) from exc
-        array = CudaArray(alloc, dtype, count)
-        if zero:
+        array = CudaArray(block, dtype, count)
+        if zero:  # a reused block holds its last user's bytes: zeroed all the same
             try:
                 with _cuda_errors():
-                    cuda.memset_d8_async(alloc, 0, nbytes, self._stream)
+                    cuda.memset_d8_async(block.ptr, 0, nbytes, self._stream)
             except BackendError:
                 self.free(array)
                 raise
@@ -553,13 +592,39 @@ class CudaDevice(Device):
         return out
 
     def free(self, array: Any) -> None:
+        """Give ``array``'s block back to the pool (cached for reuse, or really freed)."""
         array = _vector(array, "free")
         if array._freed:
             return
+        block = array._block
+        if block is not None and not self._closed and not self._pool.is_live(block):
+            raise BackendError("invalid_value", "a device array of another device")
         array._freed = True
-        alloc, array._alloc = array._alloc, None
-        if alloc is None or self._closed:
-            return  # a closed device's context took its memory with it
+        array._block = None
+        if block is None or self._closed:
+            return  # a closed device's pool freed its memory
+        # No wait: whatever the stream still does with the block comes before the work of
+        # its next user, on the same stream; a block really freed waits (``_raw_free``).
+        self._pool.free(block)
+
+    def pool_stats(self) -> dict[str, int]:
+        """The pool's counters (tests and benchmarks): cached and live blocks and bytes,
+        hits, misses, evictions, flushes and the bound."""
+        pool = self._pool
+        return {"cached_bytes": pool.cached_bytes, "cached_blocks": pool.cached_blocks,
+                "live_bytes": pool.live_bytes, "live_blocks": pool.live_blocks,
+                "hits": pool.hits, "misses": pool.misses, "evictions": pool.evictions,
+                "flushes": pool.flushes, "limit": pool.limit}
+
+    def flush_pool(self) -> int:
+        """Free every cached block now; the bytes freed."""
+        self._check_open()
+        return self._pool.flush()
+
+    def _raw_alloc(self, nbytes: int) -> cuda.DeviceAllocation:
+        return cuda.mem_alloc(nbytes)
+
+    def _raw_free(self, alloc: cuda.DeviceAllocation) -> None:
         try:
             # Work queued on the stream may still use the memory.
             self._stream.synchronize()
