@@ -153,7 +153,8 @@ max_result_bytes() ->
     erlcuda_contract:max_frame() - (1 + 4) - (8 + 1 + 4).
 
 %% @doc A control call: the worker answers `{'r', Id, Reply}' or `{'e', Id, Error}'. Id 0
-%% is no call the port owner made: its answer is dropped (a `free' wants none).
+%% is no call the port owner made and waits for (a `free'): the worker sends no answer (it
+%% logs a failure), so neither pipe nor port owner carries one per free.
 -spec encode_call(non_neg_integer(), atom(), list()) -> binary().
 encode_call(Id, Function, Args) ->
     term_to_binary({'C', Id, erlcuda, Function, Args}).

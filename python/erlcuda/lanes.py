@@ -253,8 +253,27 @@ class Lane(threading.Thread):
             self._batch(jobs[start:end] if start or end < count else jobs, device)
             start = end
 
+    def run_general(self, job: Job, device: Device | None) -> None:
+        """Run and answer one general job (``job.general`` set) on the calling thread, which
+        owns the device."""
+        self._general(job, device)
+
     def run_control(self, item: Control, device: Device | None) -> None:
         self._control(item, device)
+
+    def free_here(self, device: Device | None, ids: Sequence[int]) -> None:
+        """``free_buffers`` on the thread that owns the device, with nothing to answer: a
+        device lost while freeing ends the worker (as in ``_control``), anything else is
+        logged."""
+        try:
+            self.free_buffers(device, ids)
+        except BackendError as exc:
+            if exc.fatal:
+                self.on_fatal(f"device {self.index}: {exc.code}: {exc.message}")
+            else:
+                log.warning("device %d: freeing buffers: %s", self.index, exc.message)
+        except Exception:
+            log.exception("device %d: freeing buffers failed", self.index)
 
     def run_uniform(self, jobs: UniformJobs, device: Device | None) -> None:
         """Run a uniform batch in slices within ``max_batch`` and ``max_elements``, and
@@ -496,17 +515,35 @@ class Lane(threading.Thread):
 
     # -- the general path ------------------------------------------------------------------
     def _general(self, job: Job, device: Device | None) -> None:
-        """Run and answer one general job (``general.check``, then its plan)."""
-        now = time.perf_counter_ns
-        t_take = now()
+        """Run and answer one general job (``general.check``, then ``run_plan``)."""
+        t_take = time.perf_counter_ns()
         launch = job.general
         assert launch is not None
         job.general = None
+        try:
+            plan = general.check(launch, self.registry, self.store.held)
+        except general.Refused as exc:
+            self._answer_general(job, exc.failure, t_take, t_take)
+            return
+        except Exception as exc:
+            log.exception("device %d: job %d (%s) failed", self.index, job.job_id,
+                          launch.kernel)
+            self._answer_general(job, protocol.internal(f"{type(exc).__name__}: {exc}"),
+                                 t_take, t_take)
+            return
+        self.run_plan(job, plan, device, t_take)
+
+    def run_plan(self, job: Job, plan: Plan, device: Device | None,
+                 t_take: int | None = None) -> None:
+        """Run and answer a general job whose launch ``general.check`` made ``plan``, on the
+        thread that owns the device (``t_take``: when the job was taken, for its trace)."""
+        now = time.perf_counter_ns
+        if t_take is None:
+            t_take = now()
         result: Result
         fatal: str | None = None
         t_run = t_take
         try:
-            plan = general.check(launch, self.registry, self.store.held)
             if device is None:
                 result = protocol.backend_unavailable(self.unavailable or "")
             elif plan.device_bytes > self.memory:
@@ -516,7 +553,8 @@ class Lane(threading.Thread):
                 t_run = now()
                 result = self._execute(plan, device)
                 self.stats.launches += 1
-                self.stats.max_batch = max(self.stats.max_batch, 1)
+                if not self.stats.max_batch:
+                    self.stats.max_batch = 1
         except general.Refused as exc:
             result = exc.failure
         except ShmError as exc:
@@ -527,12 +565,17 @@ class Lane(threading.Thread):
                 fatal = f"device {self.index}: {exc.code}: {exc.message}"
         except Exception as exc:
             log.exception("device %d: job %d (%s) failed", self.index, job.job_id,
-                          launch.kernel)
+                          plan.kernel)
             result = protocol.internal(f"{type(exc).__name__}: {exc}")
-        t_done = now()
+        self._answer_general(job, result, t_take, t_run, fatal)
+
+    def _answer_general(self, job: Job, result: Result, t_take: int, t_run: int,
+                        fatal: str | None = None) -> None:
+        """Write a general job's one reply; then end the worker where its device is lost."""
         self.stats.jobs += 1
         if job.trace is not None:
-            job.trace.update(take=t_take, run=t_run, done=t_done, encode=now())
+            job.trace.update(take=t_take, run=t_run, done=time.perf_counter_ns(),
+                             encode=time.perf_counter_ns())
         elif (job.result_file and self.shm is not None and type(result) is np.ndarray
               and result.dtype == kernels.F32):
             # shared memory carries f32 results only (the record names no type)
@@ -540,9 +583,14 @@ class Lane(threading.Thread):
                 result = self.shm.write_result(job.job_id, result)
             except ShmError as exc:
                 log.warning("job %d: the result goes through the pipe: %s", job.job_id, exc)
-        encoded = results_frames([(job.job_id, result, job.trace)], self.writer.max_frame)
-        self.stats.errors += encoded.errors
-        self._write(encoded.frames)
+        lone = None if job.trace is not None else protocol.encode_lone(
+            job.job_id, result, self.writer.max_frame)
+        if lone is not None:
+            self._write((), lone)
+        else:
+            encoded = results_frames([(job.job_id, result, job.trace)], self.writer.max_frame)
+            self.stats.errors += encoded.errors
+            self._write(encoded.frames)
         if fatal is not None:
             self.on_fatal(fatal)
 
@@ -550,32 +598,19 @@ class Lane(threading.Thread):
         """Run ``plan`` on ``device``: its result, kept or downloaded. Every array made here
         that is not kept is freed, whatever happens."""
         temps: dict[int, Any] = {}  # by id(): device arrays need not compare
-
-        def track(array: Any) -> Any:
-            temps[id(array)] = array
-            return array
-
-        def operand(op: general.Operand) -> Any:
-            if op.source == "value":
-                return op.value
-            if op.source == "buffer":
-                return self.store.get(op.value)
-            assert op.type is not None
-            if op.source == "zeros":
-                return track(device.alloc(DTYPES[op.type], op.elements, zero=True))
-            return track(device.upload(self._host(op)))
-
         try:
             outputs: list[tuple[Any, str]]  # the result vectors on the device, and types
+            action = plan.action
             out_type = plan.out_type or "f32"
-            if plan.action == "builtin":
-                values = [operand(op) for op in plan.operands]
+            if action == "builtin":
+                values = [self._operand(op, device, temps) for op in plan.operands]
                 if plan.scalar:
                     return float(device.builtin(plan.kernel, values, None))  # type: ignore[arg-type]
-                out = track(device.alloc(DTYPES[out_type], plan.out_elements, zero=False))
+                out = device.alloc(DTYPES[out_type], plan.out_elements, zero=False)
+                temps[id(out)] = out
                 device.builtin(plan.kernel, values, out)
                 outputs = [(out, out_type)]
-            elif plan.action == "copy":
+            elif action == "copy":
                 op = plan.operands[0]
                 if plan.keep is None:
                     if op.source == "buffer":
@@ -584,39 +619,59 @@ class Lane(threading.Thread):
                         return np.zeros(op.elements, DTYPES[out_type])
                     return np.array(self._host(op))  # a copy: the frame's memory is reused
                 if op.source == "buffer":
-                    out = track(device.alloc(DTYPES[out_type], plan.out_elements, zero=False))
+                    out = device.alloc(DTYPES[out_type], plan.out_elements, zero=False)
+                    temps[id(out)] = out
                     device.builtin("copy", [self.store.get(op.value)], out)
                     outputs = [(out, out_type)]
-                else:
-                    outputs = [(operand(op), out_type)]  # the upload is the new buffer
-            elif plan.action == "fill":
+                else:  # the upload is the new buffer
+                    outputs = [(self._operand(op, device, temps), out_type)]
+            elif action == "fill":
                 if plan.keep is None:  # empty's contents are unspecified: zeros will do
                     return np.zeros(plan.out_elements, DTYPES[out_type])
-                outputs = [(track(device.alloc(DTYPES[out_type], plan.out_elements,
-                                               zero=plan.kernel == "zeros")), out_type)]
+                out = device.alloc(DTYPES[out_type], plan.out_elements,
+                                   zero=plan.kernel == "zeros")
+                temps[id(out)] = out
+                outputs = [(out, out_type)]
             else:
                 user = plan.user
                 assert user is not None
-                values = [operand(op) for op in plan.operands]
+                values = [self._operand(op, device, temps) for op in plan.operands]
                 if plan.geometry is not None:
                     grid, block, shared = plan.geometry
                     device.launch_user(user.module, user.name, values, grid, block, shared)
                 outputs = [(values[i], plan.operands[i].type or "f32") for i in plan.results]
             if plan.keep is not None:
                 items: list[Any] = []
+                put = self.store.put
                 for buffer_id, (array, etype) in zip(plan.keep, outputs, strict=True):
                     temps.pop(id(array), None)
-                    self.store.put(buffer_id, array, etype)
+                    put(buffer_id, array, etype)
                     items.append(Kept(buffer_id, etype, int(array.size)))
             else:
                 items = [device.download(array) for array, _ in outputs]
-            return Listed(tuple(items)) if plan.action == "user" else items[0]
+            return Listed(tuple(items)) if action == "user" else items[0]
         finally:
             for array in temps.values():
                 try:
                     device.free(array)
                 except Exception:
                     log.exception("device %d: freeing a temporary array failed", self.index)
+
+    def _operand(self, op: general.Operand, device: Device, temps: dict[int, Any]) -> Any:
+        """An operand of ``_execute``'s device call; an array made for it goes into
+        ``temps``."""
+        source = op.source
+        if source == "buffer":
+            return self.store.get(op.value)
+        if source == "value":
+            return op.value
+        assert op.type is not None
+        if source == "zeros":
+            array = device.alloc(DTYPES[op.type], op.elements, zero=True)
+        else:
+            array = device.upload(self._host(op))
+        temps[id(array)] = array
+        return array
 
     def _host(self, op: general.Operand) -> np.ndarray:
         """A data operand's elements on the host: the frame's, or shared memory mapped."""

@@ -9,17 +9,27 @@ checks read only those other bytes, so they would say the same again: nothing is
 but their repetition. The worker's lone path learns the template of each plain lone frame
 it decodes; a frame that matches none is decoded and checked as ever.
 
-The checks also depend on the catalogue: a worker whose catalogue changes must ``clear``
-its templates.
+The same goes for a general launch (``general.py``) whose arguments are buffers, dims,
+scalars or counts, as a chain of kernels on buffers sends them: frames that differ only in
+their JobId and their buffer ids. Its template keeps the checked ``Plan`` and what the lane
+held under the buffer ids it was checked with (each buffer's element type and length); a
+later frame whose buffers are of the same types and lengths has that plan with its own ids.
+The check reads nothing else, so it would say the same again. A frame whose buffers differ,
+or are not held (``buffer_lost``), is checked as ever.
+
+The checks also depend on the catalogue (the user kernels loaded): a worker whose catalogue
+changes must ``clear`` its templates.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import protocol
+from .general import Held, Operand, Plan
 from .kernels import Request
 
 #: Templates kept at most; past it, the oldest goes (a caller with ever new shapes).
@@ -46,14 +56,101 @@ class Template:
                        elements, result_elements)
 
 
+_ID = struct.Struct(">Q")
+
+
+@dataclass(frozen=True, slots=True)
+class GeneralTemplate:
+    header: tuple[tuple[int, int, bytes], ...]  # every byte but the JobId and buffer ids
+    handles: tuple[int, ...]  # where each handle argument's BufferId lies
+    held: tuple[tuple[str, int], ...]  # the type and length the lane held under each
+    operands: tuple[int, ...]  # the plan's operand of each handle argument
+    keep: struct.Struct | None  # the kept ids, where flag_keep is set
+    keep_at: int
+    plan: Plan
+
+    def matches(self, frame: bytearray | memoryview) -> bool:
+        for start, end, held in self.header:
+            if frame[start:end] != held:
+                return False
+        return True
+
+    def fill(self, frame: bytearray | memoryview, held: Held) -> Plan | None:
+        """The plan of ``frame`` (which ``matches``): the checked one with the frame's
+        buffer ids, where the lane holds buffers of the same types and lengths under them;
+        else ``None``, and the frame is checked as ever."""
+        plan = self.plan
+        operands = list(plan.operands)
+        unpack = _ID.unpack_from
+        for at, want, index in zip(self.handles, self.held, self.operands, strict=True):
+            buffer_id = unpack(frame, at)[0]
+            if held(buffer_id) != want:
+                return None
+            op = operands[index]
+            operands[index] = Operand("buffer", buffer_id, op.type, op.elements, op.result)
+        keep = plan.keep
+        if self.keep is not None:
+            keep = self.keep.unpack_from(frame, self.keep_at)
+            if len(keep) > 1 and len(set(keep)) != len(keep):
+                return None  # a malformed frame: its error comes from the decoder
+        # (positional: the fields of ``Plan`` in order)
+        return Plan(plan.kernel, plan.action, operands, keep, plan.out_type,
+                    plan.out_elements, plan.scalar, plan.user, plan.geometry, plan.results)
+
+
 class Templates:
     """The templates of the lone frames seen, by frame length."""
 
     def __init__(self) -> None:
         self._by_size: dict[int, Template] = {}
+        self._general: dict[int, GeneralTemplate] = {}
 
     def clear(self) -> None:
         self._by_size.clear()
+        self._general.clear()
+
+    def find_general(self, frame: bytearray | memoryview) -> GeneralTemplate | None:
+        template = self._general.get(len(frame))
+        return template if template is not None and template.matches(frame) else None
+
+    def learn_general(self, frame: bytearray | memoryview, launch: protocol.Launch,
+                      plan: Plan, held: Held) -> None:
+        """Keep the template of ``frame``, a general launch (no trace, no shared memory, no
+        vector data) decoded as ``launch`` and checked as ``plan`` against ``held``, the
+        lane's buffers as they are now."""
+        if launch.error is not None or launch.trace or launch.result_file:
+            return
+        layout = protocol.buffer_id_spans(launch)
+        if layout is None or layout[2] != len(frame) or plan.keep != launch.keep:
+            return
+        handles, keep_at, _ = layout
+        indices = [i for i, arg in enumerate(launch.args) if type(arg) is protocol.Handle]
+        ids = [launch.args[i].buffer_id for i in indices]
+        # The plan's buffers are the handle arguments', each its argument's operand.
+        if sum(op.source == "buffer" for op in plan.operands) != len(ids) or any(
+                i >= len(plan.operands) or plan.operands[i].source != "buffer"
+                or plan.operands[i].value != buffer_id
+                for i, buffer_id in zip(indices, ids, strict=True)):
+            return
+        sigs = [held(buffer_id) for buffer_id in ids]
+        if any(sig is None for sig in sigs):
+            return
+        nkeep = 0 if launch.keep is None else len(launch.keep)
+        spans = [protocol.LAUNCH_JOB_ID, *((at, at + _ID.size) for at in handles)]
+        if nkeep:
+            spans.append((keep_at, keep_at + _ID.size * nkeep))
+        header, pos = [], 0
+        for start, end in sorted(spans):
+            if start > pos:
+                header.append((pos, start, bytes(frame[pos:start])))
+            pos = max(pos, end)
+        if pos < len(frame):
+            header.append((pos, len(frame), bytes(frame[pos:])))
+        if len(self._general) >= MAX_TEMPLATES and len(frame) not in self._general:
+            del self._general[next(iter(self._general))]
+        self._general[len(frame)] = GeneralTemplate(
+            tuple(header), handles, tuple(sigs), tuple(indices),  # type: ignore[arg-type]
+            struct.Struct(f">{nkeep}Q") if nkeep else None, keep_at, plan)
 
     def find(self, frame: bytearray | memoryview) -> Template | None:
         template = self._by_size.get(len(frame))

@@ -453,6 +453,35 @@ def vector_spans(launch: Launch) -> tuple[list[tuple[int, int]], int] | None:
     return spans, pos
 
 
+def buffer_id_spans(launch: Launch) -> tuple[tuple[int, ...], int, int] | None:
+    """Where a launch frame's buffer ids lie, worked out from the decoded launch alone: the
+    offset of each handle argument's BufferId (in argument order), of its first kept id
+    (-1 without flag_keep), and where the frame ends; ``None`` where an argument carries
+    data (a vector, or one in shared memory). Everything else in such a frame (the JobId
+    aside) is header: two launch frames whose headers are equal differ in their buffer ids
+    only."""
+    pos = _HEAD_SIZE + len(launch.kernel.encode()) + 1
+    handles: list[int] = []
+    for arg in launch.args:
+        cls = type(arg)
+        if cls is Handle:
+            handles.append(pos + 1)
+            pos += 1 + _DIM.size
+        elif cls is int:
+            pos += 1 + _DIM.size
+        elif cls is Scalar or cls is Empty:
+            pos += 2 + _DIM.size
+        else:
+            return None
+    keep_at = -1
+    if launch.keep is not None:
+        keep_at = pos + 1
+        pos += 1 + _DIM.size * len(launch.keep)
+    if launch.geometry is not None:
+        pos += _GEOMETRY.size
+    return tuple(handles), keep_at, pos
+
+
 def _truncated_head(frame: bytes | bytearray | memoryview, size: int) -> Launch:
     """A launch frame shorter than its fixed part: an error for its JobId, if it has one."""
     if size < 1 + _JOB_ID.size:
@@ -464,7 +493,95 @@ def _truncated_head(frame: bytes | bytearray | memoryview, size: int) -> Launch:
                   f"launch frame of {size} bytes is shorter than its {_HEAD_SIZE} byte header")
 
 
+def _atom_ext(name: bytes) -> tuple[bytes, ...]:
+    """An atom as ETF writes it: ATOM_EXT (OTP 25), SMALL_ATOM_UTF8_EXT (OTP 26 on)."""
+    return (bytes((etf.ATOM_EXT, 0, len(name))) + name,
+            bytes((etf.SMALL_ATOM_UTF8_EXT, len(name))) + name)
+
+
+#: The head of Erlang's ``term_to_binary({'C', 0, erlcuda, free, [Device, Ids]})`` up to its
+#: argument list, as each OTP writes it, by the tag of its first atom: the frees Erlang
+#: sends after launches (an owner's, or its death's) are read without the general decoder.
+_FREE_HEADS = {
+    c[0]: bytes((_ETF, etf.SMALL_TUPLE_EXT, 5)) + c + bytes((etf.SMALL_INTEGER_EXT, 0)) + m + f
+    for c, m, f in zip(_atom_ext(b"C"), _atom_ext(b"erlcuda"), _atom_ext(b"free"),
+                       strict=True)}
+_I32 = struct.Struct(">i")
+_U16 = struct.Struct(">H")
+_FREE_CALL = "free"
+
+
+def _free_int(frame: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """A non-negative integer of the free frame at ``pos`` and where it ends; ``(-1, 0)``
+    for anything else."""
+    tag = frame[pos]
+    if tag == etf.SMALL_INTEGER_EXT:
+        return frame[pos + 1], pos + 2
+    if tag == etf.INTEGER_EXT:
+        return _I32.unpack_from(frame, pos + 1)[0], pos + 5
+    if tag == etf.SMALL_BIG_EXT:
+        n, sign = frame[pos + 1], frame[pos + 2]
+        if sign or n > 8 or pos + 3 + n > len(frame):
+            return -1, 0
+        return int.from_bytes(frame[pos + 3 : pos + 3 + n], "little"), pos + 3 + n
+    return -1, 0
+
+
+def decode_free(frame: bytes | bytearray | memoryview) -> tuple[int, list[int]] | None:
+    """The ``Device`` and ``Ids`` of Erlang's ``free`` call (``{'C', 0, erlcuda, free,
+    [Device, Ids]}``, all of them non-negative integers) read with a few slices; ``None``
+    for any other frame, or one written otherwise, which ``decode`` reads with the general
+    decoder."""
+    size = len(frame)
+    expected = _FREE_HEADS.get(frame[3]) if size > 3 else None
+    if expected is None:
+        return None
+    head = len(expected)
+    if size < head + 8 or frame[:head] != expected:
+        return None
+    try:
+        # [Device, Ids]: a list of two, then NIL
+        if frame[head] != etf.LIST_EXT or _U32.unpack_from(frame, head + 1)[0] != 2:
+            return None
+        device, pos = _free_int(frame, head + 5)
+        if device < 0:
+            return None
+        tag = frame[pos]
+        ids: list[int]
+        if tag == etf.NIL_EXT:
+            ids, pos = [], pos + 1
+        elif tag == etf.STRING_EXT:  # ids that are all below 256
+            n = _U16.unpack_from(frame, pos + 1)[0]
+            ids, pos = list(frame[pos + 3 : pos + 3 + n]), pos + 3 + n
+            if len(ids) != n:
+                return None
+        elif tag == etf.LIST_EXT:
+            n = _U32.unpack_from(frame, pos + 1)[0]
+            if n > size:  # each id takes two bytes at least
+                return None
+            pos += 5
+            ids = []
+            for _ in range(n):
+                value, pos = _free_int(frame, pos)
+                if value < 0:
+                    return None
+                ids.append(value)
+            if frame[pos] != etf.NIL_EXT:
+                return None
+            pos += 1
+        else:
+            return None
+        if pos + 1 != size or frame[pos] != etf.NIL_EXT:
+            return None
+    except (IndexError, struct.error):
+        return None
+    return device, ids
+
+
 def _decode_call(frame: bytes | bytearray | memoryview) -> Call:
+    free = decode_free(frame)
+    if free is not None:
+        return Call(0, _FREE_CALL, list(free))
     try:
         term = etf.decode(frame)
     except etf.CodecError as exc:
@@ -498,8 +615,7 @@ class Failure:
         return (tag, *self.detail) if self.detail else tag
 
 
-@dataclass(frozen=True, slots=True)
-class Kept:
+class Kept(NamedTuple):
     """A vector result kept on the device as buffer ``buffer_id`` (tag_handle)."""
 
     buffer_id: int
@@ -788,16 +904,23 @@ _LONE_HEAD = struct.Struct(">BIQBI")  # a one-record results frame: results byte
 def encode_lone(job_id: int, res: Result, max_frame: int = contract.MAX_FRAME) -> (
         tuple[Chunks, int] | None):
     """A lone job's results frame and its size, byte for byte what ``encode_results``
-    makes of ``[(job_id, res, None)]``, for the plain results (a float, or a 1-D contiguous
-    f32 array that fits ``max_frame``); ``None`` for any other, which ``encode_results``
-    then answers. Here because a lone job is the common case at low load, where every
-    microsecond of Python is on the caller's clock."""
+    makes of ``[(job_id, res, None)]``, for the plain results (a float, a 1-D contiguous
+    f32 array that fits ``max_frame``, or a buffer kept: ``Kept``); ``None`` for any other,
+    which ``encode_results`` then answers. Here because a lone job is the common case at
+    low load, where every microsecond of Python is on the caller's clock."""
     cls = type(res)
     if cls is float:
         size = _LONE_HEAD.size + 8
         if size > max_frame:
             return None
         return [_LONE_HEAD.pack(_W.results, 1, job_id, _T_SCALAR, 8) + _pack_f64(res)], size
+    if cls is Kept:
+        index = _TYPE_OF_NAME.get(res.type)
+        size = _LONE_HEAD.size + _HANDLE_RECORD.size
+        if index is None or size > max_frame:
+            return None
+        return [_LONE_HEAD.pack(_W.results, 1, job_id, _T_HANDLE, _HANDLE_RECORD.size)
+                + _HANDLE_RECORD.pack(res.buffer_id, index, res.elements)], size
     if cls is np.ndarray and res.dtype is _F32 and res.ndim == 1 and res.flags.c_contiguous:
         n = res.nbytes
         size = _LONE_HEAD.size + n

@@ -13,12 +13,20 @@ the reading of jobs. ``--device-thread`` gives a lone device that layout too.
 
 Each call is a handler in a table (``hello``, ``info``, ``free``, ``load``,
 ``elementwise``, ``unload``; the test and benchmark hooks only when the worker is started
-with them), so a call that is not in the table is refused.
+with them), so a call that is not in the table is refused. A call of Id 0 is one no caller
+waits for (Erlang's ``free``, sent after the launches that made the buffers): it is run in
+its turn and never answered, a failure logged instead.
 
 A launch that the batched f32 path does not take (``general.py``: buffers, other element
 types, ``copy``/``zeros``/``empty``, user kernels) is routed as a general job, decided here
 from what the frame says and checked on its device's thread. User code is compiled here (the
 control thread), once per compute capability, and loaded into every device on its thread.
+
+The reading thread of a lone device takes a frame that comes alone the shortest way: a
+plain launch by its template or as a batch of one, a general launch checked and run at once
+(a chain of kernels on buffers sends the same frame with other buffer ids: its check is
+learned as a template too, ``lone.py``), and Erlang's ``free`` read with a few slices
+(``protocol.decode_free``) and run at once, with no answer.
 
 ``hello`` carries Erlang's version and protocol: a worker of another version (a stale copy
 in priv/, another checkout on the path) says so in its answer and refuses every job.
@@ -37,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__, contract, general, kernels, protocol
+from . import __version__, contract, etf, general, kernels, protocol
 from .backends import select
 from .backends.base import Backend, BackendError, BackendUnavailable, Device
 from .framing import FrameError, FrameReader, FrameWriter, frame_size
@@ -51,6 +59,10 @@ from .uniform import decode_uniform
 log = logging.getLogger("erlcuda.worker")
 
 _LAUNCH = contract.WIRE.launch
+_ETF = etf.VERSION
+#: Launch flags that a lone frame's fast paths leave to ``_take_frame`` (all but keep and
+#: geometry: a trace, a result file).
+_NOT_LONE = 0xFF & ~(contract.WIRE.flag_keep | contract.WIRE.flag_geometry)
 
 #: Exit status when a device's context is poisoned: Erlang restarts the worker.
 EXIT_FATAL = 70
@@ -158,7 +170,9 @@ class Worker:
                 frame = self.reader.read()
                 if frame is None:
                     return self.shutdown(0)
-                if not self.reader.pending() and self._lone(frame, lane, device):
+                # Erlang's free, before a launch in the pipe or alone: run now, in its turn
+                if self._free_here(frame, lane, device) or (
+                        not self.reader.pending() and self._lone(frame, lane, device)):
                     continue
                 jobs: list[Job] = []
                 while True:
@@ -175,22 +189,38 @@ class Worker:
             return self.shutdown(1)
 
     def _lone(self, frame: bytearray | memoryview, lane: Lane, device: Device | None) -> bool:
-        """Run a launch frame that came alone, as the general path would, where it is a
-        plain one (no trace, no shared memory, nothing to refuse); ``False``, with nothing
-        done, for any other frame."""
+        """Run a launch frame that came alone, as the batched path would, where it is a
+        plain one (no trace, no shared memory, nothing to refuse), or as a general job where
+        it is one (kept results, buffers, a geometry), by its template (``lone.py``) or
+        checked here (``_lone_general``); ``False``, with nothing done, for any other
+        frame."""
         if len(frame) < protocol.LAUNCH_HEAD_SIZE or frame[0] != _LAUNCH or (
-                frame[protocol.LAUNCH_FLAGS] or self.refusal is not None):
-            return False  # a traced launch or a result file: the general path, decoded once
-        template = self._templates.find(frame)
-        if template is not None:
-            return lane.run_lone(protocol.launch_job_id(frame), template.fill(frame), device)
+                frame[protocol.LAUNCH_FLAGS] & _NOT_LONE or self.refusal is not None):
+            return False  # a traced launch or a result file: decoded once, by _take_frame
+        if not frame[protocol.LAUNCH_FLAGS]:
+            template = self._templates.find(frame)
+            if template is not None:
+                return lane.run_lone(protocol.launch_job_id(frame), template.fill(frame),
+                                     device)
+        general_template = self._templates.find_general(frame)
+        if general_template is not None:
+            plan = general_template.fill(frame, lane.store.held)
+            if plan is not None:
+                lane.run_plan(Job(protocol.launch_job_id(frame)), plan, device)
+                return True
         try:
             message = protocol.decode(frame)
         except ProtocolError:
             return False
-        if (type(message) is not Launch or message.error is not None or message.general
-                or message.device != lane.index or message.kernel not in kernels.KERNELS):
+        if (type(message) is not Launch or message.error is not None
+                or message.device != lane.index):
             return False
+        if message.general or message.kernel not in kernels.KERNELS:
+            if message.kernel not in contract.KERNELS and (
+                    message.kernel not in self.registry.kernels):
+                return False  # unknown_kernel: answered by the usual path
+            self._lone_general(frame, message, lane, device)
+            return True
         try:
             request = kernels.parse(message.kernel, message.args)
         except kernels.BadArgs:
@@ -198,10 +228,43 @@ class Worker:
         self._templates.learn(frame, message, request)
         return lane.run_lone(message.job_id, request, device)
 
+    def _free_here(self, frame: bytearray | memoryview, lane: Lane,
+                   device: Device | None) -> bool:
+        """Run ``frame`` now where it is Erlang's ``free`` (the commonest call by far, read
+        with a few slices: ``protocol.decode_free``), on the device this thread owns; else
+        ``False``, with nothing done."""
+        if not frame or frame[0] != _ETF:
+            return False
+        free = protocol.decode_free(frame)
+        if free is None:
+            return False
+        _run_free(free, lane, device)
+        return True
+
+    def _lone_general(self, frame: bytearray | memoryview, message: Launch, lane: Lane,
+                      device: Device | None) -> None:
+        """Run a lone general launch: checked here, its template learned (``lone.py``),
+        then run by the lane; one the check refuses is answered by the lane's own path."""
+        t_take = time.perf_counter_ns()
+        try:
+            plan = general.check(message, self.registry, lane.store.held)
+        except Exception:
+            lane.run_general(Job(message.job_id, general=message), device)
+            return
+        self._templates.learn_general(frame, message, plan, lane.store.held)
+        lane.run_plan(Job(message.job_id), plan, device, t_take)
+
     def _take_frame(self, frame: bytearray | memoryview, jobs: list[Job], lane: Lane,
                     device: Device | None) -> None:
         """Add ``frame``'s jobs to ``jobs``. A uniform batch or a call runs at once, after
         the jobs before it (which keeps each caller's replies in order)."""
+        if frame and frame[0] == _ETF:
+            free = protocol.decode_free(frame)
+            if free is not None:
+                lane.run_jobs(jobs, device)  # the launches read before it first
+                jobs.clear()
+                _run_free(free, lane, device)
+                return
         uniform = self._uniform(frame)
         if uniform is not None:
             lane.run_jobs(jobs, device)
@@ -318,6 +381,9 @@ class Worker:
 
     def _serve_calls(self) -> None:
         while (call := self._calls.get()) is not None:
+            if _unanswered(call):
+                self._run_unanswered(call)
+                continue
             frame = self.answer(call)
             try:
                 self.writer.write(frame)
@@ -325,7 +391,27 @@ class Worker:
                 return
 
     def _answer_here(self, call: Call) -> None:
-        self.writer.write(self.answer(call))
+        if _unanswered(call):
+            self._run_unanswered(call)
+        else:
+            self.writer.write(self.answer(call))
+
+    def _run_unanswered(self, call: Call) -> None:
+        """Run a call of Id 0 (Erlang's ``free``): Erlang waits for no answer and would
+        drop one, so none is written; a failure is logged instead."""
+        try:
+            if call.function == "free":
+                self._free(call.args)
+                return
+            handler = self.handlers.get(call.function)
+            if handler is None:
+                log.error("call %s (Id 0): %s", f"{call.function:.80}",
+                          self._refused(call.function))
+                return
+            handler(call.args)
+        except Exception as exc:
+            log.error("call %s (Id 0) failed: %s: %s", f"{call.function:.80}",
+                      type(exc).__name__, exc)
 
     def answer(self, call: Call) -> list[bytes | memoryview]:
         """The frame answering ``call``: ``{'r', Id, Answer}`` or ``{'e', Id, Text}``."""
@@ -402,8 +488,9 @@ class Worker:
             entry.update(lane.device_info)
             if "free_memory" in entry and lane.unavailable is None:
                 try:
-                    entry["free_memory"] = self.on_device(
-                        lane.index, lambda d: d.info()["free_memory"], timeout=1.0)
+                    fresh = self.on_device(lane.index, lambda d: d.info(), timeout=1.0)
+                    entry.update((k, fresh[k]) for k in ("free_memory", "pool_bytes")
+                                 if k in fresh)
                 except Exception:
                     pass  # a busy device keeps its last reading
             devices.append(entry)
@@ -433,7 +520,12 @@ class Worker:
     # -- buffers and user code -------------------------------------------------------------
     def free_call(self, args: list[Any]) -> Any:
         """``free(Device, Ids)``: the buffers ``Ids`` of ``Device`` are freed on its thread,
-        after the launches queued there before (ids it does not hold are ignored)."""
+        after the launches queued there before (ids it does not hold are ignored). Erlang
+        sends it as a call of Id 0, which is not answered (``_run_unanswered``)."""
+        self._free(args)
+        return protocol.OK
+
+    def _free(self, args: list[Any]) -> None:
         match args:
             case [int() as index, list() as ids] if all(
                     type(i) is int and i >= 0 for i in ids) and not isinstance(index, bool):
@@ -442,12 +534,10 @@ class Worker:
                 raise ValueError("free takes [Device :: integer(), Ids :: [integer()]]")
         if 0 <= index < len(self.lanes) and ids:
             lane = self.lanes[index]
-            item = Control(lambda d: lane.free_buffers(d, ids))
-            if self.inline:
-                lane.run_control(item, self._device)
+            if self.inline:  # this thread owns the device: freed now, in its turn
+                lane.free_here(self._device, ids)
             else:  # not awaited: the reading thread calls this and must not wait on a lane
-                lane.submit(item)
-        return protocol.OK
+                lane.submit(Control(lambda d: lane.free_buffers(d, ids)))
 
     def load_call(self, args: list[Any]) -> Any:
         """``load(Module, Source, Options, Kernels)``: ``ok`` or ``{error, Reason}``."""
@@ -529,7 +619,9 @@ class Worker:
         try:
             for arch in archs:
                 if arch not in images:
-                    images[arch] = usercode.compile_module(source, flags, arch)
+                    images[arch] = usercode.compile_module(
+                        source, flags, arch,
+                        progress=lambda t: log.info("module %s: nvcc has run %.0f s", module, t))
         except usercode.CompileError as exc:
             return _error(protocol.compile_error(exc.log))
         except usercode.NoCompiler as exc:
@@ -626,6 +718,19 @@ class Worker:
         if self.backend is not None:
             self.backend.close()
         return status
+
+
+def _run_free(free: tuple[int, list[int]], lane: Lane, device: Device | None) -> None:
+    """Free ``(Device, Ids)`` on the calling thread, which owns ``lane``'s device; ids of
+    another device are none this worker holds (it has one device here)."""
+    index, ids = free
+    if index == lane.index and ids:
+        lane.free_here(device, ids)
+
+
+def _unanswered(call: Call) -> bool:
+    """Whether ``call`` wants no answer: Id 0, which no call of the port owner has."""
+    return type(call.call_id) is int and call.call_id == 0
 
 
 def _error(failure: Failure) -> tuple[Any, Any]:

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from erlcuda import kernels, lone, protocol
+from erlcuda import general, kernels, lone, protocol
 from erlcuda.protocol import Launch
-from workerpipe import FileVector, Vector, launch_frame
+from workerpipe import ETYPE, Buffer, FileVector, Number, Vector, Zeroed, launch_frame
 
 rng = np.random.default_rng(7)
 
@@ -125,3 +125,156 @@ def test_a_traced_or_malformed_launch_teaches_no_template() -> None:
         assert isinstance(launch, Launch)
         templates.learn(frame, launch, kernels.parse("reduce", launch.args))
         assert templates.find(frame) is None
+
+
+# -- general launches: buffers, dims, scalars and counts ---------------------------------------
+
+
+class Held(dict[int, tuple[str, int]]):
+    """A lane's buffers as ``general.check`` sees them: id -> (element type, length)."""
+
+    def __call__(self, buffer_id: int) -> tuple[str, int] | None:
+        return self.get(buffer_id)
+
+
+def general_plan(frame: bytearray, held: Held,
+                 registry: general.Registry | None = None) -> tuple[Launch, general.Plan]:
+    launch = protocol.decode(frame)
+    assert isinstance(launch, Launch) and launch.error is None
+    return launch, general.check(launch, registry or general.Registry(), held)
+
+
+def general_learned(frame: bytearray, held: Held,
+                    registry: general.Registry | None = None) -> lone.Templates:
+    templates = lone.Templates()
+    launch, plan = general_plan(frame, held, registry)
+    templates.learn_general(frame, launch, plan, held)
+    return templates
+
+
+def plan_fields(plan: general.Plan) -> tuple[Any, ...]:
+    return (plan.kernel, plan.action,
+            [(op.source, op.value, op.type, op.elements, op.result) for op in plan.operands],
+            plan.keep, plan.out_type, plan.out_elements, plan.scalar, plan.user, plan.geometry,
+            plan.results, plan.device_bytes, plan.kept_bytes)
+
+
+def scale(etype: str) -> general.UserKernel:
+    return general.UserKernel("scale", "m", (("inout", etype), ("scalar", etype),
+                                             ("out", "f32"), ("out", "i32")))
+
+
+USER = general.Registry()
+USER.install("m", [scale("f64")])
+
+# (kernel, its arguments given the buffer ids (a, b), kept ids)
+GENERAL: list[tuple[str, Any, int]] = [
+    ("vector_add", lambda a, b: [Buffer(a), Buffer(b)], 1),
+    ("vector_add", lambda a, b: [Buffer(a), Buffer(a)], 1),
+    ("vector_add", lambda a, b: [Buffer(a), Buffer(b)], 0),
+    ("reduce", lambda a, b: [Buffer(b)], 0),
+    ("dot_product", lambda a, b: [Buffer(a), Buffer(b)], 0),
+    ("copy", lambda a, b: [Buffer(a)], 1),
+    ("copy", lambda a, b: [Buffer(a)], 0),
+    ("zeros", lambda a, b: [Zeroed(7, ETYPE["i32"])], 1),
+    ("matmul", lambda a, b: [Buffer(a), Buffer(b), 2, 3, 3], 1),
+    ("scale", lambda a, b: [Buffer(a), Number(2.5, ETYPE["f64"]), 5, 6], 2),
+]
+SIGS = {"matmul": (("f32", 6), ("f32", 9)), "scale": (("f64", 4), ("f64", 4))}
+
+
+def general_frame(job_id: int, case: tuple[str, Any, int], a: int, b: int,
+                  keep: list[int]) -> bytearray:
+    kernel, args, nkeep = case
+    return bytearray(launch_frame(job_id, kernel, args(a, b),
+                                  keep=keep[:nkeep] if nkeep else None))
+
+
+@pytest.mark.parametrize("case", GENERAL, ids=[f"{k}-{n}" for k, _, n in GENERAL])
+def test_a_general_frame_of_other_buffer_ids_is_filled_as_the_check_would(case: Any) -> None:
+    sig_a, sig_b = SIGS.get(case[0], (("f32", 5), ("f32", 5)))
+    held = Held({1: sig_a, 2: sig_b, 30: sig_a, 2**64 - 1: sig_b})
+    templates = general_learned(general_frame(1, case, 1, 2, [10, 11]), held, USER)
+    for job_id, a, b, keep in ((2, 30, 2**64 - 1, [12, 13]), (2**64 - 1, 1, 2, [10, 11])):
+        frame = general_frame(job_id, case, a, b, keep)
+        template = templates.find_general(frame)
+        assert template is not None
+        plan = template.fill(frame, held)
+        assert plan is not None
+        assert plan_fields(plan) == plan_fields(general_plan(frame, held, USER)[1])
+
+
+def test_a_general_frame_whose_buffers_differ_is_checked_as_ever() -> None:
+    held = Held({1: ("f32", 5), 2: ("f32", 5), 3: ("f32", 6), 4: ("f64", 5)})
+    case = GENERAL[0]
+    templates = general_learned(general_frame(1, case, 1, 2, [10]), held)
+    for a, b in ((3, 2), (1, 3), (4, 4), (1, 99), (99, 2)):  # a length, a type, not held
+        frame = general_frame(2, case, a, b, [11])
+        template = templates.find_general(frame)
+        assert template is not None and template.fill(frame, held) is None
+    # The check's verdicts, for the worker to answer.
+    with pytest.raises(general.Refused, match="length mismatch"):
+        general_plan(general_frame(2, case, 3, 2, [11]), held)
+    with pytest.raises(general.Refused) as lost:
+        general_plan(general_frame(2, case, 1, 99, [11]), held)
+    assert lost.value.failure == protocol.buffer_lost(99)
+
+
+def test_kept_ids_twice_in_one_frame_are_left_to_the_decoder() -> None:
+    held = Held({1: ("f64", 4)})
+    case = GENERAL[-1]
+    templates = general_learned(general_frame(1, case, 1, 1, [10, 11]), held, USER)
+    frame = general_frame(2, case, 1, 1, [12, 12])
+    template = templates.find_general(frame)
+    assert template is not None and template.fill(frame, held) is None
+    assert protocol.decode(frame).error == "a buffer id is kept twice"  # type: ignore[union-attr]
+
+
+@given(st.data())
+def test_a_general_frame_that_differs_outside_job_id_and_buffer_ids_never_matches(
+        data: st.DataObject) -> None:
+    case = data.draw(st.sampled_from(GENERAL))
+    sig_a, sig_b = SIGS.get(case[0], (("f32", 5), ("f32", 5)))
+    held = Held({1: sig_a, 2: sig_b})
+    first = general_frame(1, case, 1, 2, [10, 11])
+    templates = general_learned(first, held, USER)
+    launch = protocol.decode(first)
+    assert isinstance(launch, Launch)
+    layout = protocol.buffer_id_spans(launch)
+    assert layout is not None
+    handles, keep_at, _ = layout
+    ids = {i for at in handles for i in range(at, at + 8)}
+    if keep_at >= 0:
+        ids |= set(range(keep_at, keep_at + 8 * case[2]))
+    header = [i for i in range(len(first)) if i not in ids and not 1 <= i < 9]
+    at = data.draw(st.sampled_from(header))
+    other = general_frame(5, case, 1, 2, [10, 11])
+    other[at] ^= data.draw(st.integers(1, 255))
+    assert templates.find_general(other) is None
+
+
+def test_no_general_template_for_data_shared_memory_or_a_trace() -> None:
+    held = Held({1: ("f32", 4)})
+    for frame in (bytearray(launch_frame(1, "vector_add", [Buffer(1), f32(4)], keep=[9])),
+                  bytearray(launch_frame(1, "copy", [Vector(f32(4).tobytes())], keep=[9])),
+                  bytearray(launch_frame(1, "reduce", [FileVector("i1-0", 16, 1)])),
+                  bytearray(launch_frame(1, "reduce", [Buffer(1)], trace=True)),
+                  bytearray(launch_frame(1, "copy", [Buffer(1)], result_file=True))):
+        templates = general_learned(frame, held)
+        assert templates.find_general(frame) is None
+
+
+def test_general_templates_are_kept_up_to_a_bound_and_cleared_with_the_others() -> None:
+    held = Held({1: ("f32", 4)})
+    templates = lone.Templates()
+    frames = [bytearray(launch_frame(1, "k" * (n + 1), [Buffer(1)]))
+              for n in range(lone.MAX_TEMPLATES + 1)]
+    registry = general.Registry()
+    registry.install("m", [general.UserKernel("k" * (n + 1), "m", (("inout", "f32"),))
+                           for n in range(lone.MAX_TEMPLATES + 1)])
+    for frame in frames:
+        templates.learn_general(frame, *general_plan(frame, held, registry), held)
+    assert templates.find_general(frames[0]) is None  # the oldest went
+    assert all(templates.find_general(f) is not None for f in frames[1:])
+    templates.clear()
+    assert templates.find_general(frames[-1]) is None

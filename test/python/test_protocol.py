@@ -249,6 +249,74 @@ def test_decode_gives_typed_messages() -> None:
             protocol.decode(bad)
 
 
+# Erlang's frees as OTP 25 writes them (atoms as ATOM_EXT; OTP 26 on writes
+# SMALL_ATOM_UTF8_EXT, as etf.encode does): term_to_binary({'C', 0, erlcuda, free, Args}).
+_OTP25_FREE_HEAD = bytes([131, 104, 5, 100, 0, 1, 67, 97, 0, 100, 0, 7, 101, 114, 108, 99,
+                          117, 100, 97, 100, 0, 4, 102, 114, 101, 101])
+OTP25_FREES = [
+    # [0, [1000, 5]]: a list of integers
+    (_OTP25_FREE_HEAD + bytes([108, 0, 0, 0, 2, 97, 0, 108, 0, 0, 0, 2, 98, 0, 0, 3, 232, 97,
+                               5, 106, 106]), (0, [1000, 5])),
+    # [0, [3, 5]]: ids below 256 are a string
+    (_OTP25_FREE_HEAD + bytes([108, 0, 0, 0, 2, 97, 0, 107, 0, 2, 3, 5, 106]), (0, [3, 5])),
+    # [1, [16#1FFFFFFFF]]: a bignum
+    (_OTP25_FREE_HEAD + bytes([108, 0, 0, 0, 2, 97, 1, 108, 0, 0, 0, 1, 110, 5, 0, 255, 255,
+                               255, 255, 1, 106, 106]), (1, [2**33 - 1])),
+    # [0, []]
+    (_OTP25_FREE_HEAD + bytes([108, 0, 0, 0, 2, 97, 0, 106, 106]), (0, [])),
+]
+
+
+def free_frame(device: int, ids: list[int]) -> bytes:
+    return etf.encode_bytes((Atom("C"), 0, Atom("erlcuda"), Atom("free"), [device, ids]))
+
+
+@pytest.mark.parametrize(("frame", "args"), OTP25_FREES)
+def test_erlangs_free_is_read_without_the_general_decoder(frame: bytes,
+                                                          args: tuple[int, list[int]]) -> None:
+    term = etf.decode(frame)
+    assert (term[4][0], list(term[4][1])) == args  # what the general decoder reads
+    assert protocol.decode_free(frame) == args
+    assert protocol.decode_free(bytearray(frame)) == args
+    assert protocol.decode(memoryview(frame)) == Call(0, "free", list(args))
+
+
+@given(st.integers(0, 2**16), st.lists(st.integers(0, 2**64 - 1), max_size=20))
+def test_every_free_reads_as_the_general_decoder_reads_it(device: int, ids: list[int]) -> None:
+    frame = free_frame(device, ids)
+    assert protocol.decode_free(frame) == (device, ids)
+    assert protocol.decode(frame) == Call(0, "free", [device, ids])
+
+
+def test_any_other_call_or_a_damaged_free_is_left_to_the_general_decoder() -> None:
+    for term in [(Atom("C"), 1, Atom("erlcuda"), Atom("free"), [0, [1]]),
+                 (Atom("C"), 0, Atom("erlcuda"), Atom("info"), []),
+                 (Atom("C"), 0, Atom("erlcuda"), Atom("free"), [0, [-1]]),
+                 (Atom("C"), 0, Atom("erlcuda"), Atom("free"), [-1, [1]]),
+                 (Atom("C"), 0, Atom("erlcuda"), Atom("free"), [0, [1.5]]),
+                 (Atom("C"), 0, Atom("erlcuda"), Atom("free"), [0, [2**64]]),
+                 (Atom("C"), 0, Atom("erlcuda"), Atom("free"), [0, 5]),
+                 (Atom("C"), 0, Atom("erlcuda"), Atom("free"), [0, [1], 2]),
+                 (Atom("C"), 0, Atom("erlcuda"), Atom("free"), [0]),
+                 (Atom("C"), 0, Atom("erlcuda"), Atom("free"), [0, ImproperList([1], 2)])]:
+        frame = etf.encode_bytes(term)
+        assert protocol.decode_free(frame) is None, term
+        call = protocol.decode(frame)  # the general decoder: the call as it is
+        assert (call.call_id, call.function, call.args) == (term[1], str(term[3]), term[4])
+    for frame, _ in [*OTP25_FREES, (free_frame(3, [7, 300, 2**40]), None)]:
+        for cut in range(len(frame)):
+            assert protocol.decode_free(frame[:cut]) is None
+        assert protocol.decode_free(frame + b"\x6a") is None
+        for at in range(len(frame)):  # any other byte: the general decoder's, or refused
+            damaged = bytearray(frame)
+            damaged[at] ^= 0x40
+            got = protocol.decode_free(damaged)
+            if got is not None:
+                term = etf.decode(damaged)
+                assert term[:4] == (Atom("C"), 0, Atom("erlcuda"), Atom("free"))
+                assert got == (term[4][0], list(term[4][1]))
+
+
 def test_vectors_may_sit_at_any_offset() -> None:
     # The kernel name's length decides the alignment of what follows: views may be unaligned.
     rng = np.random.default_rng(2)
@@ -428,7 +496,8 @@ def test_a_result_file_of_4_gib_or_more_has_a_record() -> None:
     1.0, -0.0, float("inf"), 2.5e300,
     np.array([], np.float32), np.array([1.5, -2.0, np.nan], np.float32),
     np.arange(63, dtype=np.float32), np.arange(64, dtype=np.float32),  # 252 and 256 bytes
-    np.arange(100_000, dtype=np.float32)])
+    np.arange(100_000, dtype=np.float32),
+    protocol.Kept(2**64 - 1, "u8", 2**40), protocol.Kept(3, "f64", 2)])
 def test_a_lone_jobs_frame_is_the_general_frame(res: Any) -> None:
     job_id = 2**64 - 2
     lone = protocol.encode_lone(job_id, res)
@@ -443,7 +512,7 @@ def test_a_lone_jobs_frame_is_the_general_frame(res: Any) -> None:
 
 @pytest.mark.parametrize("res", [
     protocol.TOO_LARGE, np.float32(0.5), 3, np.arange(4.0), np.ones((2, 2), np.float32),
-    np.arange(8, dtype=np.float32)[::2], "text"], ids=repr)
+    np.arange(8, dtype=np.float32)[::2], "text", protocol.Kept(1, "f16", 1)], ids=repr)
 def test_a_lone_result_the_general_encoder_must_judge_is_left_to_it(res: Any) -> None:
     assert protocol.encode_lone(1, res) is None
 
