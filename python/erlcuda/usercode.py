@@ -16,7 +16,8 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 __all__ = [
@@ -131,10 +132,12 @@ def cache_dir() -> Path:
 
 
 def compile_module(source: str, options: Sequence[str], arch: str, *,
-                   cache: str | os.PathLike[str] | None = None) -> bytes:
+                   cache: str | os.PathLike[str] | None = None,
+                   progress: Callable[[float], None] | None = None) -> bytes:
     """A cubin of ``source`` for ``arch`` (``sm_90``), compiled by ``nvcc --cubin`` with the
     extra ``options``, or the one cached under ``cache`` (default ``cache_dir()``) for the same
     source, options, architecture and nvcc version. A cache that cannot be written is skipped.
+    ``progress(seconds)`` is called every ``PROGRESS_EVERY`` seconds while nvcc runs.
     """
     if not _ARCH.fullmatch(arch):
         raise ValueError(f"bad architecture {arch!r:.40}: expected one like sm_90")
@@ -148,8 +151,14 @@ def compile_module(source: str, options: Sequence[str], arch: str, *,
     if "\0" in source:
         raise ValueError("the source holds a NUL byte")
     nvcc = find_nvcc()
+    # Files reached through #include are part of what is compiled: where there can be any,
+    # the key holds the preprocessed text, so that a changed header is compiled again.
+    expanded = (_nvcc(nvcc, source, opts, arch, preprocess=True)
+                if "#include" in source or any(o.startswith(_INCLUDE_OPTIONS) for o in opts)
+                else b"")
     key = hashlib.sha256(
-        json.dumps([source, opts, arch, _nvcc_version(nvcc)]).encode()
+        json.dumps([source, opts, arch, _nvcc_version(nvcc),
+                    hashlib.sha256(expanded).hexdigest()]).encode()
     ).hexdigest()
     folder = Path(cache) if cache is not None else cache_dir()
     cached = folder / f"{key}.cubin"
@@ -157,26 +166,55 @@ def compile_module(source: str, options: Sequence[str], arch: str, *,
         return cached.read_bytes()
     except OSError:
         pass
-    cubin = _nvcc(nvcc, source, opts, arch)
+    cubin = _nvcc(nvcc, source, opts, arch, **({"progress": progress} if progress else {}))
     _store(cached, cubin)
     return cubin
 
 
-def _nvcc(nvcc: str, source: str, options: list[str], arch: str) -> bytes:
+#: How often a long compile reports that it is still running (the worker turns that into a
+#: log line, which also tells Erlang's watchdog that the worker is alive).
+PROGRESS_EVERY = 5.0
+
+
+def _wait(proc: subprocess.Popen[str], progress: Callable[[float], None] | None) -> str:
+    """nvcc's output once it exits; killed past ``NVCC_TIMEOUT``."""
+    start = time.monotonic()
+    while True:
+        try:
+            out, _ = proc.communicate(timeout=PROGRESS_EVERY)
+            return out or ""
+        except subprocess.TimeoutExpired:
+            elapsed = time.monotonic() - start
+            if elapsed > NVCC_TIMEOUT:
+                proc.kill()
+                proc.communicate()
+                raise CompileError(f"nvcc took longer than {NVCC_TIMEOUT} s") from None
+            if progress is not None:
+                progress(elapsed)
+
+
+#: nvcc options that make it read files besides the source.
+_INCLUDE_OPTIONS = ("-I", "--include-path", "-include", "--pre-include", "-isystem")
+
+
+def _nvcc(nvcc: str, source: str, options: list[str], arch: str, *,
+          preprocess: bool = False, progress: Callable[[float], None] | None = None) -> bytes:
+    """The cubin of ``source``, or with ``preprocess`` its preprocessed text."""
     with tempfile.TemporaryDirectory(prefix="erlcuda-nvcc-") as tmp:
         src = Path(tmp) / SOURCE_NAME
-        out = Path(tmp) / "kernel.cubin"
+        out = Path(tmp) / ("kernel.ii" if preprocess else "kernel.cubin")
         src.write_text(source, encoding="utf-8")
-        cmd = [nvcc, "--cubin", f"-arch={arch}", *options, "-o", out.name, src.name]
+        cmd = [nvcc, "-E" if preprocess else "--cubin", f"-arch={arch}", *options,
+               "-o", out.name, src.name]
         try:
             # Run inside the temporary folder, so that messages name the file alone.
-            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, encoding="utf-8",
-                                  errors="replace", timeout=NVCC_TIMEOUT, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise CompileError(f"nvcc took longer than {NVCC_TIMEOUT} s") from exc
+            proc = subprocess.Popen(cmd, cwd=tmp, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, encoding="utf-8",
+                                    errors="replace")
         except OSError as exc:
             raise NoCompiler(f"cannot run {nvcc}: {exc}") from exc
-        log = _TEMP_NAME.sub("", (proc.stdout + proc.stderr).replace(tmp + os.sep, "")).strip()
+        output = _wait(proc, progress)
+        log = _TEMP_NAME.sub("", output.replace(tmp + os.sep, "")).strip()
         if proc.returncode != 0:
             raise CompileError(log or f"nvcc failed with status {proc.returncode}")
         try:

@@ -78,3 +78,20 @@ def test_matmul_batch_of_equal_shapes() -> None:
 def test_reduce_batch_with_empty_segments() -> None:
     jobs = [kernels.parse("reduce", [np.ones(n, np.float32)]) for n in (0, 3, 0, 0, 5, 0)]
     assert device.run("reduce", jobs) == [0.0, 3.0, 0.0, 0.0, 5.0, 0.0]
+
+
+def test_device_arrays_past_the_machines_memory_are_out_of_memory() -> None:
+    # numpy's zeros are lazy pages: without a count the worker would be killed later, when
+    # a kernel touched them, instead of answering out_of_memory.
+    from erlcuda.backends.base import BackendError
+    from erlcuda.backends.cpu import CpuDevice
+
+    device = CpuDevice(0, capacity=1000)
+    a = device.alloc(np.dtype("<f8"), 100, zero=True)  # 800 bytes
+    with pytest.raises(BackendError) as exc:
+        device.alloc(np.dtype("<f8"), 30, zero=True)  # 240 more: over
+    assert exc.value.code == "out_of_memory" and not exc.value.fatal
+    device.free(a)
+    b = device.upload(np.arange(120, dtype="<f8"))  # 960 bytes fit again
+    assert device.held == 960 and b.sum() == sum(range(120))
+    assert CpuDevice(0).capacity > 0

@@ -145,7 +145,9 @@ def test_cache_key_and_atomic_store(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     """With nvcc stubbed: one compile per key, written whole, read back on a hit."""
     calls: list[tuple[str, list[str], str]] = []
 
-    def fake_nvcc(_nvcc: str, source: str, options: list[str], arch: str) -> bytes:
+    def fake_nvcc(_nvcc: str, source: str, options: list[str], arch: str, *,
+                  preprocess: bool = False) -> bytes:
+        assert not preprocess  # no #include: nothing but the source to hash
         calls.append((source, options, arch))
         return f"cubin of {source} {options} {arch}".encode()
 
@@ -164,6 +166,23 @@ def test_cache_key_and_atomic_store(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(usercode, "_nvcc_version", lambda _path: "Cuda compilation tools 100")
     compile_module("a", ["-O3"], "sm_90", cache=tmp_path / "c")
     assert len(calls) == 4
+
+
+@needs_nvcc
+def test_a_changed_header_is_compiled_again(tmp_path: Path) -> None:
+    header = tmp_path / "value.h"
+    source = f'#include "{header}"\nextern "C" __global__ void k(float *x) {{ x[0] = VALUE; }}\n'
+    cache = tmp_path / "cache"
+    header.write_text("#define VALUE 1.0f\n")
+    one = compile_module(source, [], ARCH, cache=cache)
+    header.write_text("#define VALUE nope\n")  # the same source text, a broken header
+    with pytest.raises(CompileError, match="nope"):
+        compile_module(source, [], ARCH, cache=cache)
+    header.write_text("#define VALUE 2.0f\n")
+    two = compile_module(source, [], ARCH, cache=cache)
+    assert two != one
+    header.write_text("#define VALUE 1.0f\n")
+    assert compile_module(source, [], ARCH, cache=cache) == one  # a hit again
 
 
 def test_unwritable_cache_still_compiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -261,3 +280,13 @@ def test_architecture_helpers(monkeypatch: pytest.MonkeyPatch) -> None:
     assert usercode.default_arch() == "sm_80"
     assert usercode.arch_of((9, 0)) == "sm_90"
     assert usercode.arch_of((12, 1)) == "sm_121"
+
+
+@needs_nvcc
+def test_a_long_compile_reports_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The worker logs each report: a compile longer than Erlang's watchdog must not look
+    # like a stuck worker.
+    monkeypatch.setattr(usercode, "PROGRESS_EVERY", 0.05)
+    seen: list[float] = []
+    compile_module(SAXPY, [], ARCH, cache=tmp_path, progress=seen.append)
+    assert seen and seen == sorted(seen) and seen[0] >= 0.05

@@ -7,6 +7,7 @@ general path's operands) are numpy arrays in host memory; user kernels need a GP
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,9 +38,18 @@ def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> list[Result]:
     return [float(np.float32(s)) for s in sums]
 
 
+def _ram() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 1 << 62
+
+
 class CpuDevice(Device):
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, capacity: int | None = None) -> None:
         self.index = index
+        self.held = 0  # bytes of the device arrays made and not freed
+        self.capacity = _ram() * 3 // 4 if capacity is None else capacity
 
     def run(self, kernel: str, requests: Sequence[Request]) -> list[Result]:
         if kernel == "matmul":
@@ -93,11 +103,20 @@ class CpuDevice(Device):
 
     # -- device arrays: numpy arrays ---------------------------------------------------------
     def alloc(self, dtype: np.dtype[Any], count: int, *, zero: bool) -> np.ndarray:
+        # The host commits pages lazily, so numpy's own MemoryError comes too late (the
+        # worker killed when the pages are touched): arrays are counted against the RAM.
+        nbytes = count * np.dtype(dtype).itemsize
+        if self.held + nbytes > self.capacity:
+            raise BackendError("out_of_memory",
+                               f"{count} elements of {dtype} do not fit: {self.held} bytes "
+                               f"held, {self.capacity} at most (3/4 of the machine's memory)")
         try:
-            return np.zeros(count, dtype) if zero else np.empty(count, dtype)
+            array = np.zeros(count, dtype) if zero else np.empty(count, dtype)
         except MemoryError as exc:
             raise BackendError("out_of_memory",
                                f"{count} elements of {dtype} do not fit in memory") from exc
+        self.held += nbytes
+        return array
 
     def upload(self, host: np.ndarray) -> np.ndarray:
         array = self.alloc(host.dtype, host.size, zero=False)
@@ -108,7 +127,7 @@ class CpuDevice(Device):
         return array.copy()
 
     def free(self, array: np.ndarray) -> None:
-        pass  # the memory goes with the last reference
+        self.held -= int(array.nbytes)  # the memory goes with the last reference
 
     def builtin(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
         if kernel == "copy":
