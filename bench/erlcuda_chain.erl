@@ -158,7 +158,7 @@ wait_up(0) ->
     {error, not_up};
 wait_up(N) ->
     case erlcuda:info() of
-        #{status := up} -> ok;
+        #{worker_status := up} -> ok;
         _ -> timer:sleep(50), wait_up(N - 1)
     end.
 

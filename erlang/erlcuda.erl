@@ -30,17 +30,24 @@
 %% `{grid, G}', `{block, B}' (a positive integer or a tuple of one to three), `{shared,
 %% Bytes}' (dynamic shared memory), `{elements, N}' (blocks of 256 covering N; by default
 %% N is the longest vector argument).
+%%
+%% Clustering: every node that runs erlcuda and is connected is part of the cluster.
+%% `{node, Node}' runs a launch on that node (default: this node, or the node of the
+%% launch's buffers), `{node, any}' on the least-loaded device of the cluster; the reply
+%% comes straight from there, exactly once, or as `{error, {node_down, Node}}' when that
+%% node goes down or its connection drops first. `info(cluster)' describes every node;
+%% `transfer/2,3' copies a buffer to another node.
 -module(erlcuda).
 
--export([launch/2, launch/3, launch_sync/2, launch_sync/3, info/0, error_codes/0,
+-export([launch/2, launch/3, launch_sync/2, launch_sync/3, info/0, info/1, error_codes/0,
          kernels/0]).
 -export([upload/1, upload/2, download/1, download/2, zeros/3, empty/3, free/1, give/2,
-         buffer_info/1]).
+         buffer_info/1, transfer/2, transfer/3]).
 -export([load/3, load/4, elementwise/4, elementwise/5, unload/1]).
 
 -export_type([kernel/0, vector/0, device/0, format/0, option/0, options/0, job_id/0,
               result/0, reason/0, cuda_code/0, stamps/0, buffer/0, element_type/0,
-              param/0, load_option/0, buffer_info/0]).
+              param/0, load_option/0, buffer_info/0, cluster_info/0]).
 
 %% A built-in kernel, or the name of a loaded one.
 -type kernel() :: erlcuda_contract:builtin_kernel() | atom().
@@ -58,13 +65,14 @@
 -type option() :: {device, device()} | {format, format()} | {timeout, timeout()}
                 | {trace, boolean()} | {type, element_type()} | {keep, boolean()}
                 | {grid, dims()} | {block, dims()} | {shared, non_neg_integer()}
-                | {elements, non_neg_integer()}.
+                | {elements, non_neg_integer()} | {node, node() | any}.
 -type options() :: [option()] | #{device => device(), format => format(),
                                   timeout => timeout(), trace => boolean(),
                                   type => element_type(), keep => boolean(),
                                   grid => dims(), block => dims(),
                                   shared => non_neg_integer(),
-                                  elements => non_neg_integer()}.
+                                  elements => non_neg_integer(),
+                                  node => node() | any}.
 -type job_id() :: pos_integer().
 -type result() :: [number()] | binary() | float() | buffer() | [result()].
 -type cuda_code() :: erlcuda_contract:cuda_code().
@@ -77,6 +85,11 @@
                          device := non_neg_integer(), id := pos_integer(),
                          type := element_type(), elements := non_neg_integer(),
                          bytes := non_neg_integer(), owner := pid() | undefined}.
+%% Every node of the cluster, this one included (`age_ms' 0): its devices, the jobs in
+%% flight on each (`depths'), its backend, its worker's status, and how old the figure is.
+-type cluster_info() :: #{node() => #{devices := non_neg_integer(), depths := [integer()],
+                                      backend := cpu | cuda | undefined, status := term(),
+                                      age_ms := non_neg_integer()}}.
 -type reason() :: {unknown_kernel, term()}
                 | {bad_device, term()}
                 | {bad_args, binary()}
@@ -91,6 +104,8 @@
                 | {buffer_lost, buffer() | non_neg_integer()}
                 | {wrong_device, buffer()}
                 | {remote_buffer, buffer()}
+                | {bad_node, node()}
+                | {node_down, node()}
                 | not_owner
                 | {compile, binary()}
                 | {already_loaded, atom()}
@@ -110,9 +125,16 @@ launch(Kernel, Args) ->
 -spec launch(Kernel :: kernel(), Args :: [vector() | number()], Opts :: options()) ->
     {ok, job_id()} | {error, reason()}.
 launch(Kernel, Args, Opts) ->
-    case erlcuda_job:validate(Kernel, Args, Opts) of
-        {ok, Job} -> erlcuda_submit:submit(Job, self());
-        {error, _} = Error -> Error
+    case erlcuda_remote:node_option(Opts) of
+        none ->
+            case erlcuda_job:validate(Kernel, Args, Opts) of
+                {ok, Job} -> erlcuda_submit:submit(Job, self());
+                %% Buffers of another node of the cluster: the launch runs there.
+                {error, {remote_buffer, B}} -> erlcuda_remote:follow(B, Kernel, Args, Opts, async);
+                {error, _} = Error -> Error
+            end;
+        {node, Node} ->
+            erlcuda_remote:launch(Node, Kernel, Args, Opts, async)
     end.
 
 %% @equiv launch_sync(Kernel, Args, [])
@@ -131,6 +153,12 @@ launch_sync(Kernel, Args) ->
     {ok, result()} | {error, reason()} | {ok, result(), stamps()}
     | {error, reason(), stamps()}.
 launch_sync(Kernel, Args, Opts) ->
+    case erlcuda_remote:node_option(Opts) of
+        none -> launch_sync1(Kernel, Args, Opts);
+        {node, Node} -> erlcuda_remote:launch(Node, Kernel, Args, Opts, sync)
+    end.
+
+launch_sync1(Kernel, Args, Opts) ->
     case erlcuda_job:validate(Kernel, Args, Opts) of
         {ok, #{timeout := Timeout} = Job} ->
             Alias = alias([explicit_unalias]),
@@ -146,6 +174,8 @@ launch_sync(Kernel, Args, Opts) ->
                 {ok, JobId} -> await(JobId, Alias, remaining(Deadline), Keeps);
                 {error, _} = Error -> unalias(Alias), Error
             end;
+        {error, {remote_buffer, B}} ->
+            erlcuda_remote:follow(B, Kernel, Args, Opts, sync);
         {error, _} = Error ->
             Error
     end.
@@ -188,6 +218,13 @@ await(JobId, Alias, Timeout, Keeps) ->
                   worker_os_pid := integer() | undefined, atom() => term()}.
 info() ->
     erlcuda_worker:info().
+
+%% @doc `info(cluster)': every node of the cluster, this one included, with its devices,
+%% the jobs in flight on each (`depths', as last published), its backend, its worker's
+%% status and the age of that figure (`age_ms').
+-spec info(cluster) -> cluster_info().
+info(cluster) ->
+    erlcuda_cluster:info().
 
 %% @doc The codes a `{cuda, Code, Message}' error can carry.
 -spec error_codes() -> [cuda_code()].
@@ -254,7 +291,13 @@ allocate(Kernel, Type, N, Opts) ->
     end.
 
 with_options(Opts, Fun) when is_map(Opts) -> Fun(maps:to_list(Opts));
-with_options(Opts, Fun) when is_list(Opts) -> Fun(Opts);
+with_options(Opts, Fun) when is_list(Opts) ->
+    %% An improper list is refused here, before `++' would raise on it.
+    try length(Opts) of
+        _ -> Fun(Opts)
+    catch
+        error:badarg -> {error, {bad_option, Opts}}
+    end;
 with_options(Opts, _) -> {error, {bad_option, Opts}}.
 
 not_a_buffer(Term) ->
@@ -264,19 +307,72 @@ not_a_buffer(Term) ->
 %% already freed, or lost with its worker, is `ok'.
 -spec free(Buffer :: buffer()) -> ok | {error, reason()}.
 free(Buffer) ->
-    erlcuda_buffers:free(Buffer).
+    case erlcuda_remote:remote_node(Buffer) of
+        local -> erlcuda_buffers:free(Buffer);
+        {remote, Node} -> erlcuda_remote:free(Node, Buffer)
+    end.
 
-%% @doc Hand a buffer to another process of this node, which owns it from now on: the
-%% buffer is freed when that process exits, not when the caller does. Only the owner may.
+%% @doc Hand a buffer to another process, which owns it from now on: the buffer is freed
+%% when that process exits (or its node's connection to the buffer's node drops), not when
+%% the caller does. Only the owner may.
 -spec give(Buffer :: buffer(), Pid :: pid()) -> ok | {error, reason()}.
 give(Buffer, Pid) ->
-    erlcuda_buffers:give(Buffer, Pid).
+    case erlcuda_remote:remote_node(Buffer) of
+        local -> erlcuda_buffers:give(Buffer, Pid);
+        {remote, Node} -> erlcuda_remote:give(Node, Buffer, Pid)
+    end.
 
 %% @doc What a buffer is: its node, device, id, element type, elements and bytes, and its
-%% owner (`undefined' once it is freed or lost, and for a buffer of another node).
+%% owner (`undefined' once it is freed or lost, and for a buffer of a node outside the
+%% cluster). A buffer of another node of the cluster is asked about there.
 -spec buffer_info(Buffer :: buffer()) -> buffer_info() | {error, reason()}.
 buffer_info(Buffer) ->
-    erlcuda_buffers:info(Buffer).
+    case erlcuda_remote:remote_node(Buffer) of
+        local -> erlcuda_buffers:info(Buffer);
+        {remote, Node} -> erlcuda_remote:buffer_info(Node, Buffer)
+    end.
+
+%% @equiv transfer(Buffer, Node, [])
+-spec transfer(Buffer :: buffer(), Node :: node()) -> {ok, buffer()} | {error, reason()}.
+transfer(Buffer, Node) ->
+    transfer(Buffer, Node, []).
+
+%% @doc A copy of `Buffer' on `Node' (a node of the cluster, or this one), owned by the
+%% caller; the buffer stays as it is. It is downloaded from its node and uploaded to
+%% `Node' (a copy on the device where `Node' is its own). Options: `{device, N}' on `Node'
+%% (default 0), `{timeout, Ms}' for each step (default 5000).
+-spec transfer(Buffer :: buffer(), Node :: node(), Opts :: options()) ->
+    {ok, buffer()} | {error, reason()}.
+transfer({erlcuda_buffer, From, _, _, _, Type, _} = Buffer, Node, Opts0) when is_atom(Node) ->
+    case erlcuda_job:is_buffer(Buffer) andalso with_options(Opts0, fun(O) -> O end) of
+        false ->
+            not_a_buffer(Buffer);
+        {error, _} = Error ->
+            Error;
+        Opts ->
+            Rest = erlcuda_remote:without_node(Opts),
+            case From =:= Node andalso not lists:keymember(device, 1, Rest) of
+                true ->
+                    %% On its own node: a copy on its device.
+                    launch_sync(copy, [Buffer], Rest ++ [{keep, true}, {node, Node}]);
+                false ->
+                    Timeout = [T || {timeout, _} = T <- Rest],
+                    case download(Buffer, [{format, binary} | Timeout]) of
+                        {ok, Bin} ->
+                            launch_sync(copy, [Bin], Rest ++ [{type, Type}, {keep, true},
+                                                              {node, Node}]);
+                        {error, _} = Error ->
+                            Error
+                    end
+            end
+    end;
+transfer({erlcuda_buffer, _, _, _, _, _, _} = Buffer, Node, _) ->
+    case erlcuda_job:is_buffer(Buffer) of
+        true -> {error, {bad_option, {node, Node}}};
+        false -> not_a_buffer(Buffer)
+    end;
+transfer(Buffer, _, _) ->
+    not_a_buffer(Buffer).
 
 %% User kernels.
 

@@ -16,6 +16,7 @@ start(_Type, _Args) ->
             ok = erlcuda_jobs:create(),
             ok = erlcuda_status:create(),
             ok = erlcuda_buffers:create(),
+            ok = erlcuda_cluster:create(),
             %% Loaded modules belong to one start of the application.
             ok = erlcuda_catalogue:reset(),
             ok = erlcuda_telemetry:init(),

@@ -24,7 +24,8 @@
 -behaviour(gen_server).
 
 -export([create/0, start_link/0, next_ids/1, register/4, check/2, settle/1, abandon/3,
-         free/1, free_all/1, give/2, info/1, new_epoch/1, count/0]).
+         free/1, free/2, free_all/1, give/2, give/3, info/1, verify/1, new_epoch/1,
+         count/0]).
 
 %% gen_server.
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
@@ -85,13 +86,19 @@ register(Owner, Device, Epoch, Ids) ->
 
 %% @doc `ok' when every buffer is of the worker now running (`Epoch') and still held;
 %% else the first that is not.
--spec check([erlcuda:buffer()], non_neg_integer()) -> ok | {error, {buffer_lost, erlcuda:buffer()}}.
+-spec check([erlcuda:buffer()], non_neg_integer()) ->
+    ok | {error, {buffer_lost, erlcuda:buffer()} | {bad_args, binary()}}.
 check([], _) ->
     ok;
 check([{erlcuda_buffer, _, Epoch, _, Id, _, _} = B | Rest], Epoch) ->
-    case ets:member(?IDS, Id) of
-        true -> check(Rest, Epoch);
-        false -> {error, {buffer_lost, B}}
+    case ets:lookup(?IDS, Id) of
+        [Buf] ->
+            case same(B, Buf) of
+                true -> check(Rest, Epoch);
+                false -> forged(B)
+            end;
+        [] ->
+            {error, {buffer_lost, B}}
     end;
 check([B | _], _) ->
     {error, {buffer_lost, B}}.
@@ -120,8 +127,13 @@ abandon(Epoch, Device, Ids) ->
 %% @doc Free a buffer now; only its owner may. A buffer already freed or lost is `ok'.
 -spec free(term()) -> ok | {error, erlcuda:reason()}.
 free(Buffer) ->
+    free(Buffer, self()).
+
+%% @doc `free/1' on behalf of `Caller' (a caller of another node: erlcuda_remote).
+-spec free(term(), pid()) -> ok | {error, erlcuda:reason()}.
+free(Buffer, Caller) ->
     case lookup(Buffer) of
-        {ok, #buf{owner = Owner, id = Id, device = Device, epoch = Epoch}} when Owner =:= self() ->
+        {ok, #buf{owner = Owner, id = Id, device = Device, epoch = Epoch}} when Owner =:= Caller ->
             _ = take(Id),
             send_free(Epoch, Device, [Id]);
         {ok, _} -> {error, not_owner};
@@ -141,25 +153,38 @@ free_all(List) when is_list(List) ->
 free_all(_) ->
     ok.
 
-%% @doc Hand a buffer to another process of this node; only its owner may.
+%% @doc Hand a buffer to another process (of any node: a lost connection to it frees the
+%% buffer as its exit would); only its owner may.
 -spec give(term(), term()) -> ok | {error, erlcuda:reason()}.
-give(Buffer, Pid) when is_pid(Pid), node(Pid) =:= node() ->
+give(Buffer, Pid) ->
+    give(Buffer, Pid, self()).
+
+%% @doc `give/2' on behalf of `Caller' (a caller of another node: erlcuda_remote).
+-spec give(term(), term(), pid()) -> ok | {error, erlcuda:reason()}.
+give(Buffer, Pid, Caller) when is_pid(Pid) ->
     case lookup(Buffer) of
         {ok, #buf{owner = Owner}} when Owner =:= Pid ->
             ok;
-        {ok, #buf{owner = Owner, id = Id}} when Owner =:= self() ->
+        {ok, #buf{owner = Owner, id = Id}} when Owner =:= Caller ->
             %% The new owner's row first: the buffer is never without an owner.
             true = ets:insert(?OWNED, {{Pid, Id}}),
-            true = ets:update_element(?IDS, Id, {#buf.owner, Pid}),
-            true = ets:delete(?OWNED, {Owner, Id}),
-            watch(Pid);
+            case ets:update_element(?IDS, Id, {#buf.owner, Pid}) of
+                true ->
+                    true = ets:delete(?OWNED, {Owner, Id}),
+                    watch(Pid);
+                false ->
+                    %% Freed meanwhile (the new owner's death was being handled, or a
+                    %% free raced this give): nothing to hand over.
+                    true = ets:delete(?OWNED, {Pid, Id}),
+                    {error, {buffer_lost, Buffer}}
+            end;
         {ok, _} -> {error, not_owner};
         gone -> {error, {buffer_lost, Buffer}};
         {error, _} = Error -> Error
     end;
-give(_, Pid) ->
-    {error, {bad_args, iolist_to_binary(io_lib:format("give: ~0P is not a process of this "
-                                                      "node", [Pid, 8]))}}.
+give(_, Pid, _) ->
+    {error, {bad_args, iolist_to_binary(io_lib:format("give: ~0P is not a process",
+                                                      [Pid, 8]))}}.
 
 %% @doc What a handle says, with its owner (`undefined' once it is freed or lost).
 -spec info(term()) -> map() | {error, erlcuda:reason()}.
@@ -169,13 +194,19 @@ info({erlcuda_buffer, Node, Epoch, Device, Id, Type, Elements} = B) ->
             Owner = case Node =:= node() of
                         true -> case lookup(B) of
                                     {ok, #buf{owner = O}} -> O;
+                                    {error, {bad_args, _}} = Forged -> Forged;
                                     _ -> undefined
                                 end;
                         false -> undefined
                     end,
-            #{node => Node, epoch => Epoch, device => Device, id => Id, type => Type,
-              elements => Elements, bytes => Elements * erlcuda_vector:size(Type),
-              owner => Owner};
+            case Owner of
+                {error, _} ->
+                    Owner;
+                _ ->
+                    #{node => Node, epoch => Epoch, device => Device, id => Id, type => Type,
+                      elements => Elements, bytes => Elements * erlcuda_vector:size(Type),
+                      owner => Owner}
+            end;
         false ->
             not_a_buffer(B)
     end;
@@ -196,6 +227,17 @@ count() ->
     catch error:badarg -> 0
     end.
 
+%% @doc `ok' for a handle of a buffer this node holds, as erlcuda made it; else why not.
+-spec verify(term()) -> ok | {error, erlcuda:reason()}.
+verify(B) ->
+    try lookup(B) of
+        {ok, _} -> ok;
+        gone -> {error, {buffer_lost, B}};
+        {error, _} = Error -> Error
+    catch
+        error:badarg -> ok  % no tables: erlcuda is not running, which submit answers
+    end.
+
 %% The row of a local, current buffer: `gone' when it is freed, lost or of an earlier
 %% worker.
 lookup({erlcuda_buffer, Node, Epoch, _, Id, _, _} = B) ->
@@ -204,12 +246,28 @@ lookup({erlcuda_buffer, Node, Epoch, _, Id, _, _} = B) ->
         true when Node =/= node() -> {error, {remote_buffer, B}};
         true ->
             case ets:lookup(?IDS, Id) of
-                [#buf{epoch = Epoch} = Buf] -> {ok, Buf};
+                [#buf{epoch = Epoch} = Buf] ->
+                    case same(B, Buf) of
+                        true -> {ok, Buf};
+                        false -> forged(B)
+                    end;
                 _ -> gone
             end
     end;
 lookup(Other) ->
     not_a_buffer(Other).
+
+%% A handle is only read, never trusted: its device, and once the worker said them its
+%% type and length, must be the buffer's own.
+same({erlcuda_buffer, _, _, Device, _, Type, Elements}, #buf{device = Device, type = T,
+                                                               elements = N}) ->
+    T =:= undefined orelse (T =:= Type andalso N =:= Elements);
+same(_, _) ->
+    false.
+
+forged(B) ->
+    {error, {bad_args, iolist_to_binary(io_lib:format("not the handle erlcuda made for "
+                                                      "this buffer: ~0P", [B, 12]))}}.
 
 not_a_buffer(Term) ->
     {error, {bad_args, iolist_to_binary(io_lib:format("not a buffer: ~0P", [Term, 8]))}}.

@@ -24,7 +24,9 @@
                     shm_threshold := pos_integer(),
                     test_hooks := boolean(),
                     bench_hooks := boolean(),
-                    buffer_limit := pos_integer() | infinity}.
+                    buffer_limit := pos_integer() | infinity,
+                    cluster_exclude := [node()],
+                    cluster_prefer := [node()]}.
 
 %% @doc Every key with its default; the `.app.src' documents the same ones.
 -spec keys() -> [{atom(), term()}].
@@ -32,7 +34,7 @@ keys() ->
     [{backend, auto}, {cpu_devices, 1}, {python, default}, {batching, true},
      {max_batch, 256}, {max_queue, 10000}, {start_timeout, 120000}, {watchdog_ms, 30000},
      {spin_us, auto}, {worker_args, []}, {shm_dir, auto}, {shm_threshold, 1048576}, {test_hooks, false}, {bench_hooks, false},
-     {buffer_limit, infinity}].
+     {buffer_limit, infinity}, {cluster_exclude, []}, {cluster_prefer, []}].
 
 %% @doc The checked configuration, or the first key whose value is wrong.
 -spec load() -> {ok, config()} | {error, {bad_config, atom(), term()}}.
@@ -55,6 +57,8 @@ valid(spin_us, auto) -> true;
 valid(spin_us, V) -> is_integer(V) andalso V >= 0;
 valid(shm_dir, V) when V =:= auto; V =:= none -> true;
 valid(shm_dir, V) -> is_text(V) andalso V =/= [] andalso V =/= <<>>;
+valid(K, V) when K =:= cluster_exclude; K =:= cluster_prefer ->
+    try lists:all(fun is_atom/1, V) catch error:_ -> false end;
 valid(worker_args, V) ->
     try lists:all(fun is_text/1, V) catch error:_ -> false end;
 valid(K, V) when K =:= batching; K =:= test_hooks; K =:= bench_hooks -> is_boolean(V);

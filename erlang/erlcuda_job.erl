@@ -204,7 +204,12 @@ buffer_value({erlcuda_buffer, Node, _, _, Id, T, N} = B, Name, Type) ->
     if
         Node =/= node() -> {error, {remote_buffer, B}};
         T =/= Type -> bad("~s is a buffer of ~p; this launch runs in ~p", [Name, T, Type]);
-        true -> {ok, {buffer, B, {vector, N, {handle, Id}}}}
+        true ->
+            %% Its length decides the result's size: only a handle erlcuda made is read.
+            case erlcuda_buffers:verify(B) of
+                ok -> {ok, {buffer, B, {vector, N, {handle, Id}}}};
+                {error, _} = Error -> Error
+            end
     end.
 
 data_value(A, Name, Type) ->

@@ -6,9 +6,10 @@
 -module(erlcuda_jobs).
 
 -export([create/0, next_id/0, register/1, complete/2, withdraw/1, cancel/1, fail_all/1,
-         sweep_dead_callers/0, size/0, counters/0]).
+         sweep_dead_callers/0, size/0, counters/0, owner/1, in_flight_remote/1,
+         cancel_remote/2]).
 
--export_type([entry/0]).
+-export_type([entry/0, reply_to/0]).
 
 -define(TAB, erlcuda_jobs).
 -define(COUNTERS, {?MODULE, counters}).
@@ -30,9 +31,19 @@
               started :: integer(),
               files = [] :: [file:filename()],
               shm :: file:filename() | undefined,
-              ctx = none :: erlcuda_protocol:ctx()}).
+              ctx = none :: erlcuda_protocol:ctx(),
+              %% a job of another node's caller (erlcuda_remote): the id it replies with,
+              %% and whether the caller waits in launch_sync
+              remote = none :: none | {erlcuda:job_id(), boolean()}}).
 
--type entry() :: #{id := erlcuda:job_id(), reply_to := pid() | reference(), caller := pid(),
+%% Where a job's reply goes: the caller's pid (launch), its alias (launch_sync), or, for a
+%% job sent here by a caller of another node, that caller's one-shot alias with the
+%% caller's job id, whether it waits in launch_sync, and the caller (which owns the
+%% buffers the job keeps).
+-type reply_to() :: pid() | reference()
+                  | {erlcuda_remote, reference(), erlcuda:job_id(), boolean(), pid()}.
+
+-type entry() :: #{id := erlcuda:job_id(), reply_to := reply_to(), caller := pid(),
                    device := non_neg_integer(), queues := erlcuda_status:queues(),
                    kernel := atom(), format := erlcuda:format(), trace := boolean(),
                    files => [file:filename()], shm => file:filename() | undefined,
@@ -56,13 +67,43 @@ next_id() ->
 register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
            queues := Queues, kernel := Kernel, format := Format, trace := Trace} = Entry) ->
     Started = erlcuda_telemetry:job_start(Id, Kernel, Device),
-    true = ets:insert(?TAB, #job{id = Id, reply_to = ReplyTo, caller = Caller,
+    %% A remote job's caller is of another node: never swept as dead.
+    {To, From, Remote} = case ReplyTo of
+                             {erlcuda_remote, Alias, ReplyId, Sync, Owner} ->
+                                 {Alias, Owner, {ReplyId, Sync}};
+                             _ ->
+                                 {ReplyTo, Caller, none}
+                         end,
+    true = ets:insert(?TAB, #job{id = Id, reply_to = To, caller = From,
                                  device = Device, queues = Queues, kernel = Kernel,
                                  format = Format, trace = Trace, started = Started,
                                  files = maps:get(files, Entry, []),
                                  shm = maps:get(shm, Entry, undefined),
-                                 ctx = maps:get(ctx, Entry, none)}),
+                                 ctx = maps:get(ctx, Entry, none), remote = Remote}),
     counters:add(counters_ref(), ?SUBMITTED, 1).
+
+%% @doc Who owns the buffers a job keeps: its caller, or a remote job's caller.
+-spec owner(reply_to()) -> pid().
+owner({erlcuda_remote, _, _, _, Owner}) -> Owner;
+owner(_) -> self().
+
+%% @doc The ids (theirs) of the jobs of `Node''s callers still registered here.
+-spec in_flight_remote(node()) -> [erlcuda:job_id()].
+in_flight_remote(Node) ->
+    ets:select(?TAB, [{pattern([{#job.reply_to, '$1'}, {#job.remote, {'$2', '_'}}]),
+                       [{'=:=', {node, '$1'}, Node}], ['$2']}]).
+
+%% @doc Drop the job of `Node''s caller with its id `ReplyId' (launch_sync's timeout on
+%% that node), as `cancel/1' does; `false' when it is not registered here (answered, or
+%% not yet submitted).
+-spec cancel_remote(node(), erlcuda:job_id()) -> boolean().
+cancel_remote(Node, ReplyId) ->
+    case ets:select(?TAB, [{pattern([{#job.id, '$1'}, {#job.reply_to, '$2'},
+                                     {#job.remote, {ReplyId, '_'}}]),
+                            [{'=:=', {node, '$2'}, Node}], ['$1']}]) of
+        [Id | _] -> cancel(Id);
+        [] -> false
+    end.
 
 %% @doc Deliver the job's reply (its record from the worker, or an error decided here) to
 %% its caller, once; `none' when the job was already answered or dropped.
@@ -83,24 +124,31 @@ complete(Id, Reply) ->
                               R = erlcuda_shm:take_result(Job#job.shm, Id, Bytes, PartBytes),
                               reply(Job, R, false, fun(To, M) -> To ! M, ok end)
                       end);
+                _ when Job#job.remote =:= none ->
+                    reply(Job, Reply, true, fun erlcuda_delivery:send/2);
                 _ ->
-                    reply(Job, Reply, true, fun erlcuda_delivery:send/2)
+                    %% Over distribution: a busy connection never suspends the port owner.
+                    reply(Job, Reply, true, fun erlcuda_delivery:send_remote/2)
             end;
         [] ->
             none
     end.
 
-reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace, ctx = Ctx} = Job,
-      Reply, Dequeue, Send) ->
+reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace, ctx = Ctx,
+           remote = Remote} = Job, Reply, Dequeue, Send) ->
+    %% launch_sync replies to an alias: its caller makes its own floats. A remote job
+    %% replies with its caller's id, and says itself whether its caller waits.
+    {ReplyId, Sync} = case Remote of
+                          none -> {Id, is_reference(ReplyTo)};
+                          _ -> Remote
+                      end,
     Message = case Reply of
                   %% a traced job keeps its shape: no worker stamps, this side's
                   {error, _} when Trace ->
-                      {erlcuda, Id, Reply,
+                      {erlcuda, ReplyId, Reply,
                        #{<<"forward">> => erlang:monotonic_time(nanosecond)}};
-                  {error, _} -> {erlcuda, Id, Reply};
-                  %% launch_sync replies to an alias: its caller makes its own floats
-                  _ -> erlcuda_protocol:message(Id, Reply, Format,
-                                                is_reference(ReplyTo), Ctx)
+                  {error, _} -> {erlcuda, ReplyId, Reply};
+                  _ -> erlcuda_protocol:message(ReplyId, Reply, Format, Sync, Ctx)
               end,
     Result = element(3, Message),
     kept(Ctx, Result),

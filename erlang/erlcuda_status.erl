@@ -141,4 +141,8 @@ queues() ->
 
 store(Status) ->
     true = ets:insert(?TAB, {worker, Status}),
-    ok.
+    %% The cluster agent tells the other nodes at once (erlcuda_cluster).
+    case whereis(erlcuda_cluster) of
+        undefined -> ok;
+        Agent -> Agent ! {erlcuda_cluster, status}, ok
+    end.

@@ -6,7 +6,7 @@
 -export([submit/2, control/2]).
 
 %% @doc Write a checked job to the worker; the reply goes to `ReplyTo'.
--spec submit(erlcuda_job:job(), pid() | reference()) ->
+-spec submit(erlcuda_job:job(), erlcuda_jobs:reply_to()) ->
     {ok, erlcuda:job_id()} | {error, erlcuda:reason()}.
 submit(Job, ReplyTo) ->
     case erlcuda_status:status() of
@@ -46,7 +46,7 @@ route1(#{device := Want, kernel := Kernel, args := Args, format := Format, trace
                             %% Registered before the files are written: every way the job
                             %% ends deletes them, even this caller's death while it writes.
                             %% Buffers it keeps belong to this caller from now on.
-                            ok = keep(Ctx, Device),
+                            ok = keep(Ctx, Device, ReplyTo),
                             ok = erlcuda_jobs:register(#{id => JobId, reply_to => ReplyTo,
                                                          caller => self(), device => Device,
                                                          queues => Queues, kernel => Kernel,
@@ -90,8 +90,9 @@ general(#{trace := Trace, general := G}, Device, #{epoch := Epoch}) ->
 general(#{trace := Trace}, _, _) ->
     {#{trace => Trace}, none}.
 
-keep(none, _) -> ok;
-keep(#{keep := Ids, epoch := Epoch}, Device) -> erlcuda_buffers:register(self(), Device, Epoch, Ids).
+keep(none, _, _) -> ok;
+keep(#{keep := Ids, epoch := Epoch}, Device, ReplyTo) ->
+    erlcuda_buffers:register(erlcuda_jobs:owner(ReplyTo), Device, Epoch, Ids).
 
 %% @doc Write a control frame that must not overtake the launches written before it (a
 %% `free'): to the port at once while the port's writer holds nothing, else through the

@@ -34,4 +34,12 @@ init([]) ->
              shutdown => 5000,
              type => worker,
              modules => [erlcuda_worker]},
-    {ok, {Flags, [Buffers, Catalogue, Port]}}.
+    %% Last: the other nodes learn of this one once its worker is being started, and
+    %% forget it before its jobs are failed at a stop.
+    Cluster = #{id => erlcuda_cluster_sup,
+                start => {erlcuda_cluster_sup, start_link, []},
+                restart => permanent,
+                shutdown => infinity,
+                type => supervisor,
+                modules => [erlcuda_cluster_sup]},
+    {ok, {Flags, [Buffers, Catalogue, Port, Cluster]}}.

@@ -21,6 +21,7 @@ buffers_test_() ->
                   {"zeros and empty", fun allocations/0},
                   {"async launches keep results", fun async_keep/0},
                   {"wrong, remote and stale handles", fun bad_handles/0},
+                  {"forged handles and improper options", fun forged/0},
                   {"free", fun free/0},
                   {"give", fun give/0},
                   {"an owner's death frees its buffers", fun owner_dies/0},
@@ -367,4 +368,28 @@ limit() ->
     {ok, C} = erlcuda:upload(Kb2, []),
     [ok = erlcuda:free(X) || X <- [B, C]],
     back_to(Base),
+    erlcuda_test_util:no_message().
+
+%% A handle whose fields were changed by hand is refused, never read as it says (found by a
+%% hostile review: a changed type returned floats for an "i32" buffer, a changed device
+%% freed the real buffer on the other device); an improper option list is bad_option,
+%% not a crash.
+forged() ->
+    {ok, A} = erlcuda:upload([1.0, 2.0, 3.0], [{type, f64}]),
+    {ok, B1} = erlcuda:upload([1.0], [{device, 1}]),
+    [?assertMatch({error, {bad_args, _}}, R)
+     || R <- [erlcuda:launch_sync(copy, [setelement(6, A, i32)]),
+              erlcuda:download(setelement(7, A, 1 bsl 40)),
+              erlcuda:buffer_info(setelement(6, A, u8)),
+              erlcuda:free(setelement(4, B1, 0)),
+              erlcuda:download(setelement(4, B1, 0))]],
+    ?assertEqual({ok, [1.0, 2.0, 3.0]}, erlcuda:download(A)),
+    ?assertEqual({ok, [1.0]}, erlcuda:download(B1)),
+    [?assertMatch({error, {bad_option, _}}, R)
+     || R <- [erlcuda:upload([1.0], [{type, f64} | foo]),
+              erlcuda:download(A, [{format, binary} | bad]),
+              erlcuda:zeros(f32, 2, [{device, 0} | bad]),
+              erlcuda:empty(f32, 2, [{device, 0} | bad])]],
+    ok = erlcuda:free(A),
+    ok = erlcuda:free(B1),
     erlcuda_test_util:no_message().

@@ -1,0 +1,148 @@
+"""erlcuda on several BEAM nodes of one host: remote launches against local ones, in one run.
+
+    bench/cluster [--backend auto|cpu|cuda] [--peers N] [--gpus N] [--out DIR]
+
+A distributed Erlang node (``bench/erlcuda_cluster_bench.erl``) runs erlcuda and starts
+``--peers`` more nodes with OTP's ``peer``, each with its own erlcuda (on a host with
+several GPUs, ``--gpus N``: node K sees GPU K only, one BEAM node per GPU as a stand-in for
+one machine per GPU). It measures, from the first node:
+
+- latency: ``launch_sync`` of vector_add on the node itself and on a peer (``{node,
+  Peer}``), shuffled job by job, at 1000 and 1e6 elements; the remote overhead is the
+  difference of the medians;
+- throughput: 1000 callers looping ``launch_sync`` of vector_add 1000 on the node alone,
+  then with ``{node, any}`` over every node.
+
+Writes ``report.md`` and ``results.json`` to ``--out`` (default: a new folder under
+``_build/bench/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stack_bench  # bench/ is not a package
+
+ROOT = stack_bench.ROOT
+BUILD = stack_bench.BUILD
+Json = dict[str, Any]
+
+
+def run_node(args: argparse.Namespace) -> tuple[Json, list[Json]]:
+    ebin = stack_bench.app_ebin()
+    BUILD.mkdir(parents=True, exist_ok=True)
+    stack_bench.run_quiet(["erlc", "-Wall", "-o", str(BUILD), "-pa", str(ebin),
+                           str(ROOT / "bench" / "erlcuda_cluster_bench.erl")],
+                          "erlc of bench/erlcuda_cluster_bench.erl")
+    cfg = BUILD / "cluster.eterm"
+    term = {"backend": args.backend, "peers": args.peers, "gpus": args.gpus,
+            "sizes": [1000, 1_000_000], "reps": args.reps, "callers": 1000,
+            "seconds": args.seconds, "cpu_devices": 1,
+            "python": stack_bench.ErlString(sys.executable)}
+    cfg.write_text(stack_bench.erl_term(term) + ".\n")
+    cmd = ["erl", "-sname", f"erlcuda_bench_{os.getpid()}", "-noshell", "-noinput",
+           "-pa", str(ebin), "-pa", str(BUILD),
+           "-eval", f'erlcuda_cluster_bench:main("{cfg}")']
+    env = {**os.environ, "ERLCUDA_PYTHON": sys.executable}
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
+    info: Json = {}
+    events: list[Json] = []
+    for line in done.stdout.splitlines():
+        event = stack_bench.parse_event(line)
+        if event is None:
+            continue
+        if event.get("event") == "error":
+            raise SystemExit(f"cluster: the Erlang node failed: {event.get('text')}")
+        if event.get("event") == "info":
+            info = event
+        elif event.get("event") in ("result", "spread"):
+            events.append(event)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"cluster: the Erlang node exited {done.returncode}")
+    return info, events
+
+
+def pct(ns: list[int], q: float) -> float:
+    return float(np.percentile(np.asarray(ns, dtype=np.float64), q)) / 1e3
+
+
+def report(info: Json, events: list[Json], args: argparse.Namespace, wall: float) -> tuple[
+        str, Json]:
+    nodes = info.get("nodes", [])
+    lines = [
+        f"# erlcuda on {len(nodes)} BEAM nodes of one host ({info.get('backend')} backend)",
+        "",
+        f"- Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; wall time {wall:.0f} s; "
+        f"`bench/cluster --backend {args.backend} --peers {args.peers} --gpus {args.gpus}`",
+        f"- erlcuda {stack_bench.git_version()}; {stack_bench.cpu_model()}; devices per node "
+        f"{info.get('devices')}", "",
+        "## Remote launch against local (µs, `launch_sync` of vector_add, shuffled job by job)",
+        "", "| elements | n | local p50 | local p99 | remote p50 | remote p99 | "
+        "remote - local, p50 |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    summary: Json = {"latency": [], "throughput": {}}
+    for e in events:
+        if e.get("section") != "latency":
+            continue
+        lp50, rp50 = pct(e["local_ns"], 50), pct(e["remote_ns"], 50)
+        row = {"size": e["size"], "n": len(e["local_ns"]), "local_p50_us": lp50,
+               "local_p99_us": pct(e["local_ns"], 99), "remote_p50_us": rp50,
+               "remote_p99_us": pct(e["remote_ns"], 99), "overhead_p50_us": rp50 - lp50}
+        summary["latency"].append(row)
+        lines.append(f"| {row['size']:,} | {row['n']} | {lp50:,.0f} | {row['local_p99_us']:,.0f}"
+                     f" | {rp50:,.0f} | {row['remote_p99_us']:,.0f} | "
+                     f"{row['overhead_p50_us']:,.0f} |")
+    lines += ["", "## 1000 callers on the first node, vector_add 1000", "",
+              "| routing | jobs | jobs/s |", "| --- | ---: | ---: |"]
+    for e in events:
+        if e.get("section") == "throughput":
+            rate = e["jobs"] / (e["wall_ns"] / 1e9)
+            summary["throughput"][e["mode"]] = rate
+            what = ("this node alone" if e["mode"] == "local"
+                    else f"`{{node, any}}` over {len(nodes)} nodes")
+            lines.append(f"| {what} | {e['jobs']:,} | {rate:,.0f} |")
+    tp = summary["throughput"]
+    if tp.get("local"):
+        lines += ["", f"Cluster ÷ alone: {tp.get('cluster', 0) / tp['local']:.2f}x."]
+    spread = next((e for e in events if e.get("event") == "spread"), None)
+    if spread:
+        lines += ["", "Jobs run per node over the whole run: " + ", ".join(
+            f"{s['node']} {s['jobs']:,}" for s in spread["jobs"]) + "."]
+    return "\n".join(lines) + "\n", summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--peers", type=int, default=2)
+    parser.add_argument("--gpus", type=int, default=0)
+    parser.add_argument("--reps", type=int, default=300)
+    parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    t0 = time.monotonic()
+    info, events = run_node(args)
+    text, summary = report(info, events, args, time.monotonic() - t0)
+    out = args.out or BUILD / f"cluster-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(
+        {"info": info, "summary": summary, "events": events}, indent=1))
+    (out / "report.md").write_text(text)
+    print(text)
+    print(f"cluster: wrote {out}/report.md and results.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,174 @@
+%% The Erlang node of `bench/cluster': erlcuda on several BEAM nodes of one host.
+%%
+%% `main(ConfigFile)' reads one map (`file:consult/1' syntax, written by bench/cluster.py).
+%% This node (distributed, started by bench/cluster.py) runs erlcuda itself and starts
+%% `peers' more nodes with OTP's peer module, each running erlcuda with the same backend
+%% (on a host with several GPUs, peer K sees GPU K only: CUDA_VISIBLE_DEVICES; this node
+%% then sees GPU 0). It writes one JSON object a line on stdout: `{"event":"result",...}'
+%% per measurement, `{"event":"info",...}', `{"event":"done"}' or `{"event":"error",...}'.
+%%
+%%   latency     `launch_sync' of vector_add on this node and on a peer (`{node, Peer}'),
+%%               job by job in one shuffled order, for each size: the remote overhead is the
+%%               difference of the two;
+%%   throughput  1000 callers on this node looping `launch_sync' of vector_add 1000 for a
+%%               fixed time: local only, then `{node, any}' over every node.
+-module(erlcuda_cluster_bench).
+
+-export([main/1]).
+
+-define(TIMEOUT, 60000).
+
+-spec main(file:filename()) -> no_return().
+main(ConfigFile) ->
+    try
+        {ok, [Config]} = file:consult(ConfigFile),
+        run(Config),
+        emit(#{event => done}),
+        halt(0)
+    catch
+        Class:Why:Stack ->
+            emit(#{event => error,
+                   text => iolist_to_binary(io_lib:format("~0p", [{Class, Why, Stack}]))}),
+            halt(1)
+    end.
+
+run(#{backend := Backend, peers := NPeers, sizes := Sizes, reps := Reps, callers := Callers,
+      seconds := Seconds, python := Python, gpus := Gpus} = Config) ->
+    logger:set_primary_config(level, error),
+    Env = [{backend, Backend}, {python, Python}, {max_queue, 100000},
+           {cpu_devices, maps:get(cpu_devices, Config, 1)}],
+    start_local(Env, Gpus),
+    Peers = [start_peer(K, Env, Gpus) || K <- lists:seq(1, NPeers)],
+    Nodes = [node() | [N || {_, N} <- Peers]],
+    ok = wait_cluster(Nodes, 200),
+    emit(#{event => info, nodes => [atom_to_binary(N) || N <- Nodes],
+           backend => maps:get(backend, erlcuda:info()),
+           devices => [rpc_devices(N) || N <- Nodes]}),
+    [_, Remote | _] = Nodes,
+    [latency(Size, Reps, Remote) || Size <- Sizes],
+    Small = floats(1000),
+    Job = fun(Opts) -> {ok, _} = erlcuda:launch_sync(vector_add, [Small, Small],
+                                                     [{format, binary}, {timeout, ?TIMEOUT}
+                                                      | Opts])
+          end,
+    throughput(local, Callers, Seconds, fun() -> Job([]) end),
+    throughput(cluster, Callers, Seconds, fun() -> Job([{node, any}]) end),
+    emit(#{event => spread, jobs => [#{node => atom_to_binary(N), jobs => node_jobs(N)}
+                                     || N <- Nodes]}),
+    [peer:stop(P) || {P, _} <- Peers],
+    ok.
+
+start_local(Env, Gpus) ->
+    Gpus > 1 andalso os:putenv("CUDA_VISIBLE_DEVICES", "0"),
+    ok = application:load(erlcuda),
+    [ok = application:set_env(erlcuda, K, V) || {K, V} <- Env],
+    {ok, _} = application:ensure_all_started(erlcuda),
+    ok.
+
+start_peer(K, Env, Gpus) ->
+    Name = list_to_atom("erlcuda_bench_peer" ++ integer_to_list(K)),
+    Paths = lists:append([["-pa", P] || P <- code:get_path(), lists:prefix(cwd(), P)]),
+    PeerEnv = case Gpus > K of
+                  true -> [{"CUDA_VISIBLE_DEVICES", integer_to_list(K)}];
+                  false -> []
+              end,
+    [_, Host] = string:split(atom_to_list(node()), "@"),
+    %% Controlled over stdio: the peer's erlcuda finds this node's through distribution.
+    {ok, P, Node} = peer:start_link(#{name => Name, host => Host, env => PeerEnv,
+                                      longnames => net_kernel:longnames(),
+                                      connection => standard_io, wait_boot => 60000,
+                                      args => ["-setcookie", atom_to_list(erlang:get_cookie())
+                                               | Paths]}),
+    ok = peer:call(P, application, load, [erlcuda]),
+    [ok = peer:call(P, application, set_env, [erlcuda, Key, V]) || {Key, V} <- Env],
+    {ok, _} = peer:call(P, application, ensure_all_started, [erlcuda], 120000),
+    true = net_kernel:connect_node(Node),
+    {P, Node}.
+
+cwd() ->
+    {ok, D} = file:get_cwd(),
+    D.
+
+wait_cluster(_, 0) ->
+    {error, cluster_incomplete};
+wait_cluster(Nodes, N) ->
+    Known = [Node || #{node := Node} <- cluster_nodes()],
+    case lists:all(fun(Node) -> lists:member(Node, Known) end, Nodes) of
+        true -> ok;
+        false -> timer:sleep(100), wait_cluster(Nodes, N - 1)
+    end.
+
+cluster_nodes() ->
+    case erlcuda:info(cluster) of
+        #{nodes := L} when is_list(L) -> L;
+        L when is_list(L) -> L;
+        M when is_map(M) -> [V#{node => K} || {K, V} <- maps:to_list(M), is_map(V)]
+    end.
+
+rpc_devices(Node) ->
+    maps:get(devices, erpc:call(Node, erlcuda, info, [])).
+
+node_jobs(Node) ->
+    #{device_info := Devices} = erpc:call(Node, erlcuda, info, []),
+    lists:sum([maps:get(jobs, D, 0) || D <- Devices]).
+
+%% Local and remote calls of one size, shuffled job by job.
+latency(Size, Reps, Remote) ->
+    A = floats(Size),
+    Opts = [{format, binary}, {timeout, ?TIMEOUT}],
+    Call = fun(local) -> {ok, _} = erlcuda:launch_sync(vector_add, [A, A], Opts);
+              (remote) -> {ok, _} = erlcuda:launch_sync(vector_add, [A, A],
+                                                        [{node, Remote} | Opts])
+           end,
+    [Call(W) || W <- [local, remote, local, remote]],  % warm-up
+    Order = shuffle(lists:append(lists:duplicate(Reps, [local, remote]))),
+    Samples = [{W, begin
+                       T0 = erlang:monotonic_time(nanosecond),
+                       Call(W),
+                       erlang:monotonic_time(nanosecond) - T0
+                   end} || W <- Order],
+    emit(#{event => result, section => latency, size => Size,
+           local_ns => [T || {local, T} <- Samples],
+           remote_ns => [T || {remote, T} <- Samples]}).
+
+throughput(Mode, Callers, Seconds, Job) ->
+    Job(),
+    Parent = self(),
+    Deadline = erlang:monotonic_time(millisecond) + Seconds * 1000,
+    T0 = erlang:monotonic_time(nanosecond),
+    Pids = [spawn_link(fun() -> Parent ! {done, self(), loop(Job, Deadline, 0)} end)
+            || _ <- lists:seq(1, Callers)],
+    Jobs = lists:sum([receive {done, P, N} -> N end || P <- Pids]),
+    Wall = erlang:monotonic_time(nanosecond) - T0,
+    emit(#{event => result, section => throughput, mode => Mode, callers => Callers,
+           jobs => Jobs, wall_ns => Wall}).
+
+loop(Job, Deadline, N) ->
+    case erlang:monotonic_time(millisecond) >= Deadline of
+        true -> N;
+        false -> Job(), loop(Job, Deadline, N + 1)
+    end.
+
+floats(Size) ->
+    << <<(float(I rem 97)):32/float-little>> || I <- lists:seq(1, Size) >>.
+
+shuffle(L) ->
+    [X || {_, X} <- lists:sort([{rand:uniform(), X} || X <- L])].
+
+emit(Map) ->
+    io:put_chars([json(Map), $\n]).
+
+json(M) when is_map(M) ->
+    ["{", lists:join(",", [[json(key(K)), ":", json(V)] || {K, V} <- maps:to_list(M)]), "}"];
+json(L) when is_list(L) -> ["[", lists:join(",", [json(X) || X <- L]), "]"];
+json(B) when is_binary(B) -> [$", escape(B), $"];
+json(A) when is_atom(A) -> json(atom_to_binary(A));
+json(N) when is_integer(N) -> integer_to_list(N);
+json(F) when is_float(F) -> float_to_list(F, [short]).
+
+key(K) when is_atom(K) -> atom_to_binary(K);
+key(K) -> K.
+
+escape(B) ->
+    << <<(case C of $" -> <<"\\\"">>; $\\ -> <<"\\\\">>; $\n -> <<"\\n">>;
+                    _ when C < 32 -> <<"?">>; _ -> <<C>> end)/binary>> || <<C>> <= B >>.

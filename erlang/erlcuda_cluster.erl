@@ -1,0 +1,342 @@
+%% @private
+%% The cluster agent: one per node, a member of group `erlcuda' in erlcuda's own pg scope
+%% (`erlcuda_pg'), so the nodes that run erlcuda find each other as they connect and
+%% disconnect, with no configuration.
+%%
+%% Load: every ?TICK_MS (and at once when this node's worker changes status or device
+%% count) the agent sends its node's figure, `{erlcuda_load, Node, #{devices, depths,
+%% backend, status, max_queue}}', to every other member. Receivers keep the figures in a
+%% public table that callers read without a process hop:
+%%   `{Node, Load, ReceivedAt}'            one row per node of the cluster (its membership)
+%%   `{{Node, Device}, Depth, Sent}'       the published depth, and what this node sent
+%%                                         there since (so a burst of `{node, any}'
+%%                                         launches does not all go to one stale minimum)
+%% A node whose agent leaves the group, or whose connection drops, is removed at once.
+%%
+%% Remote jobs (erlcuda_remote): on a nodedown the agent answers every job recorded for
+%% that node `{error, {node_down, Node}}' through the job's one-shot alias, and every
+%% ?RECONCILE_TICKS ticks it asks each node's agent which of this node's jobs are still in
+%% flight there, dropping the records of the others (see erlcuda_remote).
+-module(erlcuda_cluster).
+-behaviour(gen_server).
+
+-export([create/0, start_link/0, is_member/1, pick/1, sent/2, info/0, local_load/0,
+         nodes_up/0]).
+
+%% gen_server.
+-export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
+
+-export_type([load/0]).
+
+-define(SCOPE, erlcuda_pg).
+-define(GROUP, erlcuda).
+-define(LOADS, erlcuda_cluster_load).
+-define(TICK_MS, 200).
+%% Records of remote jobs are reconciled every ?RECONCILE_TICKS ticks (about 2 s).
+-define(RECONCILE_TICKS, 10).
+
+-type load() :: #{devices := non_neg_integer(), depths := [integer()],
+                  backend := cpu | cuda | undefined,
+                  status := up | {down, term()} | {unavailable, binary()} | unknown,
+                  max_queue => pos_integer()}.
+
+-record(state, {ref :: reference(),
+                members = #{} :: #{pid() => node()},
+                ticks = 0 :: non_neg_integer(),
+                %% the worker generation whose backend is known, and whether one is asked
+                epoch = 0 :: non_neg_integer(),
+                asking = false :: boolean()}).
+
+%% @doc The table of figures; created by the application's process so that it outlives
+%% the agent. The table of remote jobs' records too (erlcuda_remote).
+-spec create() -> ok.
+create() ->
+    ?LOADS = ets:new(?LOADS, [set, public, named_table, {read_concurrency, true},
+                              {write_concurrency, true}]),
+    erlcuda_remote:create().
+
+-spec start_link() -> {ok, pid()} | ignore | {error, term()}.
+start_link() ->
+    gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
+
+%% @doc Whether `Node' is a node of the cluster (runs erlcuda, is connected, not excluded).
+-spec is_member(node()) -> boolean().
+is_member(Node) ->
+    try ets:member(?LOADS, Node)
+    catch error:badarg -> false
+    end.
+
+%% @doc The nodes of the cluster besides this one, with their figures.
+-spec nodes_up() -> [node()].
+nodes_up() ->
+    try ets:select(?LOADS, [{{'$1', '_', '_'}, [{is_atom, '$1'}], ['$1']}])
+    catch error:badarg -> []
+    end.
+
+%% @doc The least-loaded `{Node, Device}' of the cluster for a `{node, any}' launch that
+%% asks for `Want' (`any': any device; N: device N of a node that has it), this node
+%% included: its depths are exact, the others' published plus what this node sent there
+%% since. `cluster_exclude' nodes are never chosen; `cluster_prefer' nodes are chosen
+%% while one of their devices has room. `none' when no node is up.
+-spec pick(erlcuda:device()) -> {node(), non_neg_integer()} | none.
+pick(Want) ->
+    Exclude = env(cluster_exclude),
+    Local = case lists:member(node(), Exclude) of
+                true -> [];
+                false -> local_candidates(Want)
+            end,
+    Rows = try ets:tab2list(?LOADS) catch error:badarg -> [] end,
+    Loads = maps:from_list([{N, L} || {N, L, _} <- Rows, is_atom(N)]),
+    Remote = [{N, D, Depth + Sent, max_queue(L)}
+              || {{N, D}, Depth, Sent} <- Rows, #{status := up} = L <- [maps:get(N, Loads, #{})],
+                 Want =:= any orelse Want =:= D, not lists:member(N, Exclude)],
+    All = Local ++ Remote,
+    Candidates = case env(cluster_prefer) of
+                     [] -> All;
+                     Prefer ->
+                         case [C || {N, _, Depth, Max} = C <- All, Depth < Max,
+                                    lists:member(N, Prefer)] of
+                             [] -> All;
+                             Preferred -> Preferred
+                         end
+                 end,
+    least(Candidates).
+
+%% @doc Count a job sent to `Device' of `Node' into that device's estimate.
+-spec sent(node(), non_neg_integer()) -> ok.
+sent(Node, Device) ->
+    try ets:update_counter(?LOADS, {Node, Device}, {3, 1}) of
+        _ -> ok
+    catch error:badarg -> ok
+    end.
+
+%% @doc Every node of the cluster, this one included: its devices, their queue depths, the
+%% backend, the worker's status and the age of the figure in milliseconds.
+-spec info() -> #{node() => #{devices := non_neg_integer(), depths := [integer()],
+                              backend := cpu | cuda | undefined, status := term(),
+                              age_ms := non_neg_integer()}}.
+info() ->
+    Now = now_ms(),
+    Rows = try ets:tab2list(?LOADS) catch error:badarg -> [] end,
+    Remote = maps:from_list(
+               [{N, (maps:with([devices, depths, backend, status], L))#{age_ms => Now - At}}
+                || {N, L, At} <- Rows, is_atom(N)]),
+    Remote#{node() => (maps:with([devices, depths, backend, status], local_load()))#{
+                         age_ms => 0}}.
+
+%% @doc This node's figure.
+-spec local_load() -> load().
+local_load() ->
+    Backend = persistent_term:get({?MODULE, backend}, undefined),
+    case erlcuda_status:status() of
+        #{status := up, devices := N, queues := Q, max_queue := Max} ->
+            #{devices => N, depths => [erlcuda_status:in_flight(Q, I) || I <- seq(N)],
+              backend => Backend, status => up, max_queue => Max};
+        #{status := Status} ->
+            #{devices => 0, depths => [], backend => Backend, status => Status}
+    end.
+
+%% gen_server.
+
+-spec init([]) -> {ok, #state{}}.
+init([]) ->
+    ok = net_kernel:monitor_nodes(true),
+    ok = pg:join(?SCOPE, ?GROUP, self()),
+    {Ref, Pids} = pg:monitor(?SCOPE, ?GROUP),
+    Members = maps:from_list([{P, node(P)} || P <- Pids, node(P) =/= node()]),
+    %% A restarted agent: figures of nodes that left meanwhile go, and jobs recorded for
+    %% nodes no longer connected are answered now (their nodedown came to nobody).
+    Known = lists:usort(maps:values(Members)),
+    _ = [forget(N) || N <- nodes_up(), not lists:member(N, Known)],
+    Connected = nodes(),
+    _ = [erlcuda_remote:node_down(N) || N <- erlcuda_remote:recorded_nodes(),
+                                        not lists:member(N, Connected)],
+    State = #state{ref = Ref, members = Members},
+    _ = [welcome(P, N) || {P, N} <- maps:to_list(Members)],
+    self() ! tick,
+    {ok, State}.
+
+-spec handle_call(term(), gen_server:from(), #state{}) ->
+    {reply, {error, unknown_call}, #state{}}.
+handle_call(_, _, State) ->
+    {reply, {error, unknown_call}, State}.
+
+-spec handle_cast(term(), #state{}) -> {noreply, #state{}}.
+handle_cast(_, State) ->
+    {noreply, State}.
+
+-spec handle_info(term(), #state{}) -> {noreply, #state{}}.
+handle_info(tick, #state{ticks = T} = State0) ->
+    erlang:send_after(?TICK_MS, self(), tick),
+    State = status_change(State0),
+    publish(State),
+    purge_excluded(),
+    case (T + 1) rem ?RECONCILE_TICKS of
+        0 -> reconcile(State);
+        _ -> ok
+    end,
+    {noreply, State#state{ticks = T + 1}};
+handle_info({erlcuda_cluster, status}, State0) ->
+    %% The worker's status or device count changed: tell the others now.
+    State = status_change(State0),
+    publish(State),
+    {noreply, State};
+handle_info({erlcuda_load, Node, Load}, #state{members = Members} = State) ->
+    case is_map(Load) andalso lists:member(Node, maps:values(Members))
+        andalso not lists:member(Node, env(cluster_exclude)) of
+        true -> store(Node, Load);
+        false -> ok
+    end,
+    {noreply, State};
+handle_info({Ref, join, ?GROUP, Pids}, #state{ref = Ref, members = Members} = State) ->
+    New = [{P, node(P)} || P <- Pids, node(P) =/= node()],
+    _ = [welcome(P, N) || {P, N} <- New],
+    {noreply, State#state{members = maps:merge(Members, maps:from_list(New))}};
+handle_info({Ref, leave, ?GROUP, Pids}, #state{ref = Ref, members = Members} = State) ->
+    Rest = maps:without(Pids, Members),
+    Left = lists:usort([node(P) || P <- Pids]) -- maps:values(Rest),
+    _ = [forget(N) || N <- Left],
+    {noreply, State#state{members = Rest}};
+handle_info({nodedown, Node}, #state{members = Members} = State) ->
+    %% The figures go first: a caller that records a job after this finds the node gone
+    %% and takes its record back itself (erlcuda_remote).
+    forget(Node),
+    ok = erlcuda_remote:node_down(Node),
+    {noreply, State#state{members = maps:filter(fun(_, N) -> N =/= Node end, Members)}};
+handle_info({erlcuda_in_flight, From, Ref}, State) when is_pid(From) ->
+    %% Another node asks which of its jobs are still in flight here.
+    _ = erlang:send(From, {erlcuda_in_flight_ids, node(), Ref,
+                           erlcuda_jobs:in_flight_remote(node(From))}, [nosuspend]),
+    {noreply, State};
+handle_info({erlcuda_in_flight_ids, Node, _Ref, Ids}, State) when is_list(Ids) ->
+    ok = erlcuda_remote:reconcile(Node, Ids),
+    {noreply, State};
+handle_info({backend, Epoch, Backend}, State) when Backend =:= cpu; Backend =:= cuda ->
+    case persistent_term:get({?MODULE, backend}, undefined) of
+        Backend -> ok;
+        _ -> persistent_term:put({?MODULE, backend}, Backend)
+    end,
+    publish(State),
+    {noreply, State#state{epoch = Epoch, asking = false}};
+handle_info({backend, _, _}, State) ->
+    %% Not known yet (the worker has not said hello): asked again at the next tick.
+    {noreply, State#state{asking = false}};
+handle_info(_, State) ->
+    {noreply, State}.
+
+%% Internal.
+
+%% A new member: a row at once (its figure follows), and this node's figure to it now.
+welcome(Pid, Node) ->
+    case lists:member(Node, env(cluster_exclude)) orelse is_member(Node) of
+        true -> ok;
+        false -> true = ets:insert(?LOADS, {Node, #{devices => 0, depths => [],
+                                                    backend => undefined,
+                                                    status => unknown}, now_ms()})
+    end,
+    send(Pid, {erlcuda_load, node(), local_load()}).
+
+forget(Node) ->
+    ets:match_delete(?LOADS, {Node, '_', '_'}),
+    ets:match_delete(?LOADS, {{Node, '_'}, '_', '_'}).
+
+store(Node, #{devices := N, depths := Depths} = Load) when is_integer(N), is_list(Depths) ->
+    Rows = [{{Node, D}, Depth, 0} || {D, Depth} <- lists:zip(seq(length(Depths)), Depths),
+                                     is_integer(Depth)],
+    %% Devices the node no longer has go.
+    ets:select_delete(?LOADS, [{{{Node, '$1'}, '_', '_'}, [{'>=', '$1', length(Rows)}],
+                                [true]}]),
+    true = ets:insert(?LOADS, [{Node, Load, now_ms()} | Rows]),
+    ok;
+store(_, _) ->
+    ok.
+
+publish(#state{members = Members}) when map_size(Members) =:= 0 ->
+    ok;
+publish(#state{members = Members}) ->
+    Message = {erlcuda_load, node(), local_load()},
+    maps:foreach(fun(Pid, _) -> send(Pid, Message) end, Members).
+
+%% Never suspended on a busy connection, never connecting.
+send(Pid, Message) ->
+    _ = erlang:send(Pid, Message, [nosuspend, noconnect]),
+    ok.
+
+%% A new worker: learn its backend (from its hello) without waiting on it here.
+status_change(#state{asking = true} = State) ->
+    State;
+status_change(#state{epoch = Known} = State) ->
+    case erlcuda_status:status() of
+        #{status := up, epoch := Epoch} when Epoch =/= Known ->
+            Agent = self(),
+            _ = spawn(fun() ->
+                              B = case catch erlcuda_worker:info() of
+                                      #{backend := Backend} -> Backend;
+                                      _ -> undefined
+                                  end,
+                              Agent ! {backend, Epoch, B}
+                      end),
+            State#state{asking = true};
+        _ ->
+            State
+    end.
+
+purge_excluded() ->
+    case env(cluster_exclude) of
+        [] -> ok;
+        Exclude -> _ = [forget(N) || N <- Exclude, N =/= node(), is_member(N)], ok
+    end.
+
+%% Ask each node that has jobs of this node recorded which are still in flight there; a
+%% node without an agent has none.
+reconcile(#state{members = Members}) ->
+    Agents = maps:fold(fun(P, N, Acc) -> Acc#{N => P} end, #{}, Members),
+    lists:foreach(fun(Node) ->
+                          case Agents of
+                              #{Node := Pid} -> send(Pid, {erlcuda_in_flight, self(),
+                                                           make_ref()});
+                              #{} -> erlcuda_remote:reconcile(Node, [])
+                          end
+                  end, erlcuda_remote:recorded_nodes()).
+
+local_candidates(Want) ->
+    case erlcuda_status:status() of
+        #{status := up, devices := N, queues := Q, max_queue := Max} when N > 0 ->
+            [{node(), D, erlcuda_status:in_flight(Q, D), Max}
+             || D <- seq(N), Want =:= any orelse Want =:= D];
+        _ ->
+            []
+    end.
+
+max_queue(#{max_queue := Max}) when is_integer(Max) -> Max;
+max_queue(_) -> 10000.
+
+%% The least depth; ties broken at random, so equal devices share a burst.
+least([]) ->
+    none;
+least([{N, D, Depth, _} | Rest]) ->
+    least(Rest, {N, D}, Depth, 1).
+
+least([], Best, _, _) ->
+    Best;
+least([{N, D, Depth, _} | Rest], _, BestDepth, _) when Depth < BestDepth ->
+    least(Rest, {N, D}, Depth, 1);
+least([{N, D, Depth, _} | Rest], Best, Depth, Ties) ->
+    case rand:uniform(Ties + 1) of
+        1 -> least(Rest, {N, D}, Depth, Ties + 1);
+        _ -> least(Rest, Best, Depth, Ties + 1)
+    end;
+least([_ | Rest], Best, BestDepth, Ties) ->
+    least(Rest, Best, BestDepth, Ties).
+
+env(Key) ->
+    case application:get_env(erlcuda, Key, []) of
+        L when is_list(L) -> [N || N <- L, is_atom(N)];
+        _ -> []
+    end.
+
+seq(0) -> [];
+seq(N) -> lists:seq(0, N - 1).
+
+now_ms() ->
+    erlang:monotonic_time(millisecond).

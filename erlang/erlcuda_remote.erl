@@ -1,0 +1,369 @@
+%% @private
+%% Jobs on other nodes of the cluster, and buffers that live there.
+%%
+%% A launch with `{node, Node | any}' (or with buffers of another node of the cluster) is
+%% sent straight to the executing node: the caller spawns a short-lived submitter there
+%% (`execute/7', spawn_request without a reply), which runs the same validate and submit as
+%% a local caller does, so the operands travel over distribution once and no process of
+%% the caller's node relays them. The job id is this node's (erlcuda_jobs:next_id/0), so
+%% it never collides with the caller's local jobs; the executing node registers the job
+%% under an id of its own, with this one to reply with, and its port owner sends the result
+%% straight to the caller: one message over distribution.
+%%
+%% Exactly one reply: the job replies to an alias made with `alias([reply])', which the
+%% runtime deactivates at the first message received through it. Before the job leaves,
+%% the caller records `{{Node, JobId}, Alias, Mark}' here; on a nodedown the agent
+%% (erlcuda_cluster) answers every job recorded for that node `{error, {node_down, Node}}'
+%% through the same alias. Whichever of the result and node_down comes first is the reply;
+%% the runtime drops the other, so a late result (after a reconnect, say) never reaches
+%% the caller.
+%%
+%% A record is taken out by whoever answers through it (the agent, with `ets:take/2'), by
+%% `launch_sync' once its reply came, or by the reconciliation: every two seconds or so
+%% the agent asks each node which of this node's jobs are still in flight there, and a
+%% record found not in flight twice in a row (its reply long delivered) is dropped
+%% (`reconcile/2'). The table stays bounded without a message per job.
+-module(erlcuda_remote).
+
+-export([create/0, node_option/1, launch/5, follow/5, execute/7, node_down/1, recorded_nodes/0,
+         reconcile/2, remote_node/1, free/2, give/3, buffer_info/2, without_node/1]).
+
+-define(RECORDS, erlcuda_remote).
+%% What `receive ... after' accepts.
+-define(MAX_TIMEOUT, 4294967295).
+%% Calls to another node about buffers, and the wait for a kept result after a timeout.
+-define(CALL_TIMEOUT, 5000).
+
+%% How many times `{node, any}' chooses again when the node it chose left meanwhile.
+-define(REPICKS, 3).
+
+-type mode() :: async | sync.
+
+%% @doc The table of this node's jobs in flight on other nodes; created by the
+%% application's process so that it outlives the agent.
+-spec create() -> ok.
+create() ->
+    ?RECORDS = ets:new(?RECORDS, [ordered_set, public, named_table,
+                                  {write_concurrency, true}]),
+    ok.
+
+%% @doc A launch's node option (the last one given, as for every option), or `none': the
+%% one check a local launch pays.
+-spec node_option(term()) -> none | {node, term()}.
+node_option([]) -> none;
+node_option(Opts) when is_list(Opts) -> node_in(Opts, none);
+node_option(#{node := Node}) -> {node, Node};
+node_option(_) -> none.
+
+node_in([{node, Node} | Rest], _) -> node_in(Rest, {node, Node});
+node_in([_ | Rest], Found) -> node_in(Rest, Found);
+node_in([], Found) -> Found;
+node_in(_, _) -> none.
+
+%% @doc A launch (`async', as `erlcuda:launch/3') or a launch_sync (`sync') with a node
+%% option: run here, or sent to the node.
+-spec launch(term(), term(), term(), erlcuda:options(), mode()) -> term().
+launch(Node, Kernel, Args, Opts, Mode) ->
+    launch(Node, Kernel, Args, without_node(Opts), Mode, ?REPICKS).
+
+launch(Node, Kernel, Args, Opts, Mode, Repicks) ->
+    case target(Node, Args, Opts) of
+        local -> local(Kernel, Args, Opts, Mode);
+        {local, Device} -> local(Kernel, Args, with_device(Opts, Device), Mode);
+        {remote, To, undefined} -> remote(To, Kernel, Args, Opts, Mode);
+        {remote, To, Device} ->
+            %% `{node, any}' chose it.
+            ok = erlcuda_cluster:sent(To, Device),
+            case remote(To, Kernel, Args, with_device(Opts, Device), Mode) of
+                %% It left the cluster since: choose again.
+                {error, {bad_node, To}} when Repicks > 0 ->
+                    launch(Node, Kernel, Args, Opts, Mode, Repicks - 1);
+                Result ->
+                    Result
+            end;
+        {error, _} = Error -> Error
+    end.
+
+%% @doc A launch without a node option whose check found `Buffer' of another node: it runs
+%% there when that node is in the cluster (and holds all the launch's buffers).
+-spec follow(term(), term(), term(), erlcuda:options(), mode()) -> term().
+follow({erlcuda_buffer, Node, _, _, _, _, _} = Buffer, Kernel, Args, Opts, Mode) ->
+    case erlcuda_cluster:is_member(Node) of
+        true -> launch(Node, Kernel, Args, Opts, Mode);
+        false -> {error, {remote_buffer, Buffer}}
+    end.
+
+local(Kernel, Args, Opts, async) -> erlcuda:launch(Kernel, Args, Opts);
+local(Kernel, Args, Opts, sync) -> erlcuda:launch_sync(Kernel, Args, Opts).
+
+%% Where a launch runs: here, on a node of the cluster (with the device `{node, any}'
+%% chose), or nowhere.
+target(any, Args, Opts) ->
+    case buffers(Args) of
+        [] ->
+            case device_option(Opts) of
+                Want when Want =:= any; is_integer(Want), Want >= 0 ->
+                    case erlcuda_cluster:pick(Want) of
+                        none -> local;
+                        {Node, Device} when Node =:= node() -> {local, Device};
+                        {Node, Device} -> {remote, Node, Device}
+                    end;
+                _ ->
+                    %% A bad device: the local check answers it.
+                    local
+            end;
+        [{erlcuda_buffer, Node, _, _, _, _, _} = B | Rest] ->
+            case [Other || {erlcuda_buffer, N, _, _, _, _, _} = Other <- Rest, N =/= Node] of
+                [Other | _] -> {error, {remote_buffer, Other}};
+                [] when Node =:= node() -> local;
+                [] ->
+                    case erlcuda_cluster:is_member(Node) of
+                        true -> {remote, Node, undefined};
+                        false -> {error, {remote_buffer, B}}
+                    end
+            end
+    end;
+target(Node, Args, _) when is_atom(Node) ->
+    case [B || {erlcuda_buffer, N, _, _, _, _, _} = B <- buffers(Args), N =/= Node] of
+        [B | _] ->
+            {error, {remote_buffer, B}};
+        [] when Node =:= node() ->
+            local;
+        [] ->
+            case erlcuda_cluster:is_member(Node) of
+                true -> {remote, Node, undefined};
+                false -> {error, {bad_node, Node}}
+            end
+    end;
+target(Node, _, _) ->
+    {error, {bad_option, {node, Node}}}.
+
+buffers(Args) when is_list(Args) ->
+    try [A || A <- Args, erlcuda_job:is_buffer(A)]
+    catch error:_ -> []
+    end;
+buffers(_) ->
+    [].
+
+%% For `{node, any}': the device asked for, `any' by default (every device of every node).
+device_option(Opts) when is_map(Opts) -> maps:get(device, Opts, any);
+device_option(Opts) -> proplists:get_value(device, lists:reverse(Opts), any).
+
+with_device(Opts, Device) when is_map(Opts) -> Opts#{device => Device};
+with_device(Opts, Device) -> Opts ++ [{device, Device}].
+
+%% @doc Options without their node option.
+-spec without_node(erlcuda:options()) -> erlcuda:options().
+without_node(Opts) when is_map(Opts) -> maps:remove(node, Opts);
+without_node(Opts) -> [O || O <- Opts, not is_node_option(O)].
+
+is_node_option({node, _}) -> true;
+is_node_option(_) -> false.
+
+%% The caller's side of a remote job.
+remote(Node, Kernel, Args, Opts, Mode) ->
+    case sync_options(Opts) of
+        {error, _} = Error ->
+            Error;
+        {ok, Timeout, Keeps} ->
+            Id = erlcuda_jobs:next_id(),
+            Alias = alias([reply]),
+            Key = {Node, Id},
+            Sync = Mode =:= sync,
+            true = ets:insert(?RECORDS, {Key, Alias, 0}),
+            %% Checked after the record is in: the agent forgets a node that went down
+            %% before it answers the node's records, so either it answers this one or
+            %% this caller sees the node gone and takes its record back.
+            Sent = erlcuda_cluster:is_member(Node)
+                andalso spawn_job(Node, [Id, Alias, self(), Sync, Kernel, Args, Opts]),
+            Taken = case Sent of
+                        true -> false;
+                        false -> ets:take(?RECORDS, Key) =/= []
+                    end,
+            if
+                Taken -> unalias(Alias), {error, {bad_node, Node}};
+                Sync -> await(Key, Alias, Timeout, Keeps);
+                true -> {ok, Id}
+            end
+    end.
+
+spawn_job(Node, Args) ->
+    try erlang:spawn_request(Node, ?MODULE, execute, Args, [{reply, no}]) of
+        _ -> true
+    catch error:_ -> false
+    end.
+
+%% What the caller needs of the options: launch_sync's timeout, and whether results stay
+%% on the device (their buffers are freed if the wait ends first). The rest is checked on
+%% the executing node.
+sync_options(Opts) when is_map(Opts) ->
+    sync_options(maps:to_list(Opts));
+sync_options(Opts) ->
+    Timeout = proplists:get_value(timeout, lists:reverse(Opts), 5000),
+    Keeps = proplists:get_value(keep, lists:reverse(Opts), false) =:= true,
+    case Timeout of
+        infinity -> {ok, Timeout, Keeps};
+        T when is_integer(T), T >= 0, T =< ?MAX_TIMEOUT -> {ok, Timeout, Keeps};
+        _ -> {error, {bad_option, {timeout, Timeout}}}
+    end.
+
+%% launch_sync's wait, as for a local job; the record goes once the reply is here.
+await({Node, Id} = Key, Alias, Timeout, Keeps) ->
+    receive
+        {erlcuda, Id, {f32, Bin}} -> done(Key), erlcuda_protocol:f32_list(Bin);
+        {erlcuda, Id, {deferred, Raw}} -> done(Key), erlcuda_protocol:finish(Raw, list);
+        {erlcuda, Id, Result} -> done(Key), Result;
+        {erlcuda, Id, {Tag, Value}, Stamps} -> done(Key), {Tag, Value, Stamps}
+    after Timeout ->
+        %% As for a local job: a job that was to keep buffers is taken back if it is still
+        %% registered there; one already answered has its reply on the way, and the
+        %% buffers in it are freed.
+        Late = case Keeps andalso cancel(Node, Id) of
+                   false when Keeps -> ?CALL_TIMEOUT;
+                   _ -> 0
+               end,
+        receive
+            {erlcuda, Id, R} -> free_found(R);
+            {erlcuda, Id, R, _} -> free_found(R)
+        after Late -> ok
+        end,
+        unalias(Alias),
+        receive
+            {erlcuda, Id, _} -> ok;
+            {erlcuda, Id, _, _} -> ok
+        after 0 -> ok
+        end,
+        done(Key),
+        {error, timeout}
+    end.
+
+%% (The table goes with the application: a caller may outlive it.)
+done(Key) ->
+    try ets:delete(?RECORDS, Key) of
+        true -> ok
+    catch error:badarg -> ok
+    end.
+
+cancel(Node, Id) ->
+    try erpc:call(Node, erlcuda_jobs, cancel_remote, [node(), Id], ?CALL_TIMEOUT)
+    catch _:_ -> false
+    end.
+
+free_found(Term) when is_tuple(Term) ->
+    case erlcuda_job:is_buffer(Term) of
+        true ->
+            _ = case remote_node(Term) of
+                    local -> erlcuda_buffers:free(Term);
+                    {remote, Node} -> free(Node, Term)
+                end,
+            ok;
+        false -> free_found(tuple_to_list(Term))
+    end;
+free_found(List) when is_list(List) ->
+    lists:foreach(fun free_found/1, List);
+free_found(_) ->
+    ok.
+
+%% @doc The submitter, on the executing node: the same validate and submit as a local
+%% caller's; a job refused here is answered through the alias, as its one reply.
+-spec execute(erlcuda:job_id(), reference(), pid(), boolean(), term(), term(), term()) -> ok.
+execute(Id, Alias, Caller, Sync, Kernel, Args, Opts) ->
+    Result = try erlcuda_job:validate(Kernel, Args, Opts) of
+                 {ok, Job} ->
+                     erlcuda_submit:submit(deadline(Job, Sync),
+                                           {erlcuda_remote, Alias, Id, Sync, Caller});
+                 {error, _} = Error ->
+                     Error
+             catch
+                 Class:Why ->
+                     {error, {internal, iolist_to_binary(
+                                          io_lib:format("~0P", [{Class, Why}, 20]))}}
+             end,
+    case Result of
+        {ok, _} -> ok;
+        {error, _} = E -> Alias ! {erlcuda, Id, E}, ok
+    end.
+
+deadline(#{timeout := T} = Job, true) when is_integer(T) ->
+    Job#{deadline => erlang:monotonic_time(millisecond) + T};
+deadline(Job, _) ->
+    Job.
+
+%% The agent's side.
+
+%% @doc `Node' went down: every job recorded for it is answered `{error, {node_down,
+%% Node}}', through its alias.
+-spec node_down(node()) -> ok.
+node_down(Node) ->
+    Keys = ets:select(?RECORDS, [{{{Node, '_'}, '_', '_'}, [], [{element, 1, '$_'}]}]),
+    lists:foreach(fun({_, Id} = Key) ->
+                          case ets:take(?RECORDS, Key) of
+                              [{_, Alias, _}] -> Alias ! {erlcuda, Id, {error, {node_down, Node}}};
+                              [] -> ok
+                          end
+                  end, Keys).
+
+%% @doc The nodes this node has jobs recorded for.
+-spec recorded_nodes() -> [node()].
+recorded_nodes() ->
+    try recorded(ets:first(?RECORDS), [])
+    catch error:badarg -> []
+    end.
+
+%% Keys are {Node, Id}, Id an integer: {Node, []} sorts after every key of Node.
+recorded('$end_of_table', Acc) -> lists:reverse(Acc);
+recorded({Node, _}, Acc) -> recorded(ets:next(?RECORDS, {Node, []}), [Node | Acc]).
+
+%% @doc `Ids' are this node's jobs still in flight on `Node': a record not among them is
+%% marked, and dropped when it is found so the next time too (its reply, sent before the
+%% first answer left that node, has long arrived).
+-spec reconcile(node(), [erlcuda:job_id()]) -> ok.
+reconcile(Node, Ids) ->
+    InFlight = maps:from_keys(Ids, true),
+    Rows = ets:select(?RECORDS, [{{{Node, '_'}, '_', '_'}, [], ['$_']}]),
+    lists:foreach(fun({{_, Id} = Key, _, Mark}) ->
+                          case {is_map_key(Id, InFlight), Mark} of
+                              {true, 0} -> ok;
+                              {true, _} -> _ = ets:update_element(?RECORDS, Key, {3, 0});
+                              {false, 0} -> _ = ets:update_element(?RECORDS, Key, {3, 1});
+                              {false, _} -> true = ets:delete(?RECORDS, Key)
+                          end
+                  end, Rows).
+
+%% Buffers of other nodes.
+
+%% @doc `{remote, Node}' for a buffer of another node of the cluster; `local' for anything
+%% else (a buffer of this node, of a node outside the cluster, or no buffer), which the
+%% local checks answer.
+-spec remote_node(term()) -> local | {remote, node()}.
+remote_node({erlcuda_buffer, Node, _, _, _, _, _} = Buffer) when Node =/= node() ->
+    case erlcuda_job:is_buffer(Buffer) andalso erlcuda_cluster:is_member(Node) of
+        true -> {remote, Node};
+        false -> local
+    end;
+remote_node(_) ->
+    local.
+
+%% @doc Free a buffer of `Node', as the caller (its owner).
+-spec free(node(), term()) -> ok | {error, erlcuda:reason()}.
+free(Node, Buffer) ->
+    call(Node, erlcuda_buffers, free, [Buffer, self()]).
+
+%% @doc Hand a buffer of `Node' to `Pid', as the caller (its owner).
+-spec give(node(), term(), term()) -> ok | {error, erlcuda:reason()}.
+give(Node, Buffer, Pid) ->
+    call(Node, erlcuda_buffers, give, [Buffer, Pid, self()]).
+
+%% @doc What `Node' knows of one of its buffers.
+-spec buffer_info(node(), term()) -> map() | {error, erlcuda:reason()}.
+buffer_info(Node, Buffer) ->
+    call(Node, erlcuda_buffers, info, [Buffer]).
+
+call(Node, M, F, A) ->
+    try erpc:call(Node, M, F, A, ?CALL_TIMEOUT)
+    catch
+        error:{erpc, noconnection} -> {error, {node_down, Node}};
+        error:{erpc, timeout} -> {error, timeout};
+        error:undef -> {error, {bad_node, Node}};
+        Class:Why -> {error, {internal, iolist_to_binary(io_lib:format("~0P", [{Class, Why}, 20]))}}
+    end.

@@ -1,0 +1,447 @@
+%% Clustering on the CPU backend: three peer nodes (OTP `peer'), two virtual devices each,
+%% with this node, made distributed here, as the caller (it runs erlcuda too). The peers
+%% are started with `connect_all' off so that they connect to this node only: a partition
+%% of one of them stays a partition of one.
+-module(erlcuda_cluster_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+-define(ENV, [{backend, cpu}, {cpu_devices, 2}, {test_hooks, true}]).
+-define(CLUSTER_KEYS, [cluster_exclude, cluster_prefer]).
+
+cluster_test_() ->
+    {timeout, 110,
+     {setup, fun start/0, fun stop/1,
+      fun(Ctx) ->
+              [{Name, {timeout, 60, fun() -> Test(Ctx) end}}
+               || {Name, Test} <- [{"routing by node, and errors as replies", fun routing/1},
+                                   {"1000 callers spread over the six devices", fun spread/1},
+                                   {"exclude and prefer", fun exclude_prefer/1},
+                                   {"buffers of other nodes, transfer", fun buffers/1},
+                                   {"launch_sync's timeout, no stray message", fun timeouts/1},
+                                   {"a partition and a reconnect", fun partition/1},
+                                   {"SIGKILL of a node under load", fun kill/1},
+                                   {"a node that joins later takes work", fun join/1},
+                                   {"the README's cluster example", fun readme/1}]]
+      end}}.
+
+%% Set-up.
+
+start() ->
+    Distributed = distribute(),
+    Saved = [{K, application:get_env(erlcuda, K)} || {K, _} <- ?ENV],
+    _ = application:stop(erlcuda),
+    _ = application:load(erlcuda),
+    [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?ENV],
+    [ok = application:unset_env(erlcuda, K) || K <- ?CLUSTER_KEYS],
+    {ok, _} = application:ensure_all_started(erlcuda),
+    Peers = parallel([fun start_peer/0 || _ <- lists:seq(1, 3)]),
+    ok = wait_cluster([N || {_, N} <- Peers]),
+    #{peers => Peers, distributed => Distributed, saved => Saved}.
+
+stop(#{peers := Peers, distributed := Distributed, saved := Saved}) ->
+    _ = [catch peer:stop(P) || {P, _} <- Peers],
+    _ = application:stop(erlcuda),
+    [ok = application:unset_env(erlcuda, K) || K <- ?CLUSTER_KEYS],
+    [case V of
+         {ok, Value} -> ok = application:set_env(erlcuda, K, Value);
+         undefined -> ok = application:unset_env(erlcuda, K)
+     end || {K, V} <- Saved],
+    _ = [net_kernel:stop() || Distributed],
+    ok.
+
+%% This node, distributed (epmd started where it is not running): `true' if made so here.
+distribute() ->
+    case node() of
+        nonode@nohost ->
+            Epmd = case os:find_executable("epmd") of
+                       false -> filename:join([code:root_dir(),
+                                               "erts-" ++ erlang:system_info(version),
+                                               "bin", "epmd"]);
+                       Path -> Path
+                   end,
+            _ = os:cmd(Epmd ++ " -daemon"),
+            {ok, _} = start_dist(list_to_atom("erlcuda_eunit_" ++ os:getpid() ++ "@127.0.0.1"),
+                                 40),
+            true;
+        _ ->
+            false
+    end.
+
+start_dist(Name, Tries) ->
+    case net_kernel:start(Name, #{name_domain => longnames}) of
+        {ok, _} = Ok -> Ok;
+        %% epmd may take a moment to listen
+        {error, _} when Tries > 0 -> timer:sleep(250), start_dist(Name, Tries - 1);
+        Error -> Error
+    end.
+
+%% A peer node with erlcuda's code and this node's erlcuda env, erlcuda started, connected.
+start_peer() ->
+    [_, Host] = string:split(atom_to_list(node()), "@"),
+    Ebin = filename:dirname(code:which(erlcuda)),
+    {ok, Peer, Node} =
+        peer:start(#{name => peer:random_name(erlcuda_peer), host => Host,
+                     longnames => net_kernel:longnames(), connection => standard_io,
+                     wait_boot => 60000,
+                     args => ["-setcookie", atom_to_list(erlang:get_cookie()),
+                              "-kernel", "connect_all", "false",
+                              "-kernel", "prevent_overlapping_partitions", "false",
+                              "-pa", Ebin]}),
+    _ = peer:call(Peer, application, load, [erlcuda]),
+    [ok = peer:call(Peer, application, set_env, [erlcuda, K, V])
+     || {K, V} <- application:get_all_env(erlcuda)],
+    {ok, _} = peer:call(Peer, application, ensure_all_started, [erlcuda], 60000),
+    true = net_kernel:connect_node(Node),
+    {Peer, Node}.
+
+parallel(Funs) ->
+    Self = self(),
+    Pids = [spawn_link(fun() -> Self ! {parallel, self(), F()} end) || F <- Funs],
+    [receive {parallel, P, R} -> R end || P <- Pids].
+
+%% Every node up in this node's view of the cluster, with its two devices.
+wait_cluster(Nodes) ->
+    erlcuda_test_util:wait_until(
+      fun() ->
+              Info = erlcuda:info(cluster),
+              lists:all(fun(N) ->
+                                case Info of
+                                    #{N := #{status := up, devices := 2}} -> true;
+                                    #{} -> false
+                                end
+                        end, Nodes)
+      end, 300).
+
+%% Jobs run on each device of a peer, as its worker counts them.
+jobs(Peer) ->
+    #{device_info := Devices} = peer:call(Peer, erlcuda, info, []),
+    [maps:get(jobs, D) || D <- Devices].
+
+local_jobs() ->
+    #{device_info := Devices} = erlcuda:info(),
+    lists:sum([maps:get(jobs, D) || D <- Devices]).
+
+%% Keep a device of a node busy for Ms.
+stall(Node, Device, Ms) ->
+    ok = erpc:cast(Node, erlcuda_worker, call, [stall, [Device, Ms], Ms + 5000]).
+
+receive_reply(Id) ->
+    receive {erlcuda, Id, R} -> R after 10000 -> no_reply end.
+
+records_gone() ->
+    ok = erlcuda_test_util:wait_until(fun() -> ets:info(erlcuda_remote, size) =:= 0 end, 100).
+
+%% The tests.
+
+routing(#{peers := [{P1, N1} | _] = Peers}) ->
+    Info = erlcuda:info(cluster),
+    [?assertMatch(#{devices := 2, depths := [_, _], backend := cpu, status := up,
+                    age_ms := _}, maps:get(N, Info))
+     || N <- [node() | [N || {_, N} <- Peers]]],
+    [J0, J1] = jobs(P1),
+    ?assertEqual({ok, [4.0, 6.0]},
+                 erlcuda:launch_sync(vector_add, [[1, 2], [3, 4]], [{node, N1}, {device, 0}])),
+    ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]], #{node => N1,
+                                                                         device => 1})),
+    ?assertEqual([J0 + 1, J1 + 1], jobs(P1)),
+    {ok, Id} = erlcuda:launch(dot_product, [[1.0, 2.0], [3.0, 4.0]], [{node, N1}]),
+    ?assertEqual({ok, 11.0}, receive_reply(Id)),
+    Bin = <<1.0:32/float-little, 2.0:32/float-little>>,
+    {ok, Id2} = erlcuda:launch(vector_add, [Bin, Bin], [{node, N1}, {format, binary}]),
+    ?assertEqual({ok, <<2.0:32/float-little, 4.0:32/float-little>>}, receive_reply(Id2)),
+    ?assertEqual({ok, [2.0, 4.0]}, erlcuda:launch_sync(vector_add, [Bin, Bin], [{node, N1}])),
+    ?assertEqual({ok, [1, 2]}, erlcuda:launch_sync(copy, [[1, 2]], [{node, N1}, {type, i32}])),
+    ?assertMatch({ok, 3.0, #{<<"forward">> := _}},
+                 erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{node, N1}, {trace, true}])),
+    %% this node, by name
+    ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{node, node()}])),
+    %% refused at once: a node outside the cluster, a node option that names none
+    ?assertEqual({error, {bad_node, 'nobody@127.0.0.1'}},
+                 erlcuda:launch(reduce, [[1.0]], [{node, 'nobody@127.0.0.1'}])),
+    ?assertEqual({error, {bad_node, 'nobody@127.0.0.1'}},
+                 erlcuda:launch_sync(reduce, [[1.0]], [{node, 'nobody@127.0.0.1'}])),
+    ?assertEqual({error, {bad_option, {node, 42}}},
+                 erlcuda:launch_sync(reduce, [[1.0]], [{node, 42}])),
+    %% what the executing node checks arrives as the job's one reply
+    {ok, Id3} = erlcuda:launch(fft, [[1.0]], [{node, N1}]),
+    ?assertEqual({error, {unknown_kernel, fft}}, receive_reply(Id3)),
+    {ok, Id4} = erlcuda:launch(reduce, [[1.0]], [{node, N1}, {device, 7}]),
+    ?assertEqual({error, {bad_device, 7}}, receive_reply(Id4)),
+    ?assertMatch({error, {bad_args, _}},
+                 erlcuda:launch_sync(vector_add, [[1.0], [1.0, 2.0]], [{node, N1}])),
+    ?assertEqual({error, {bad_option, {format, csv}}},
+                 erlcuda:launch_sync(reduce, [[1.0]], [{node, N1}, {format, csv}])),
+    timer:sleep(100),
+    erlcuda_test_util:no_message(),
+    %% launch_sync's records go with their replies, launch's within two reconciliations
+    records_gone().
+
+%% 1000 callers, by node and by `any' (this node excluded), over the peers' six devices.
+spread(#{peers := Peers}) ->
+    Nodes = [N || {_, N} <- Peers],
+    ok = application:set_env(erlcuda, cluster_exclude, [node()]),
+    try
+        Local = local_jobs(),
+        Before = [jobs(P) || {P, _} <- Peers],
+        ByNode = callers(1000, 2, fun(C, I) -> [{node, lists:nth(1 + (C + I) rem 3, Nodes)},
+                                                {device, any}] end),
+        ?assertEqual(lists:duplicate(2000, right), ByNode),
+        Mid = [jobs(P) || {P, _} <- Peers],
+        NodeShares = lists:append([[A - B || {A, B} <- lists:zip(M, Bf)]
+                                   || {M, Bf} <- lists:zip(Mid, Before)]),
+        ?debugFmt("by node: jobs per device ~w", [NodeShares]),
+        ?assertEqual(2000, lists:sum(NodeShares)),
+        [?assert(S > 100) || S <- NodeShares],
+        ByAny = callers(1000, 3, fun(_, _) -> [{node, any}] end),
+        ?assertEqual(lists:duplicate(3000, right), ByAny),
+        After = [jobs(P) || {P, _} <- Peers],
+        AnyShares = lists:append([[A - B || {A, B} <- lists:zip(Af, M)]
+                                  || {Af, M} <- lists:zip(After, Mid)]),
+        ?debugFmt("by any: jobs per device ~w", [AnyShares]),
+        ?assertEqual(3000, lists:sum(AnyShares)),
+        [?assert(S > 150) || S <- AnyShares],
+        %% an excluded node is never chosen by `any'
+        ?assertEqual(Local, local_jobs()),
+        records_gone()
+    after
+        application:unset_env(erlcuda, cluster_exclude)
+    end.
+
+%% N callers, each running Jobs launch_sync's with the options Opts(Caller, Job) gives;
+%% every result checked.
+callers(N, Jobs, Opts) ->
+    lists:append(parallel([fun() -> [job(C, I, Opts(C, I)) || I <- lists:seq(1, Jobs)] end
+                           || C <- lists:seq(1, N)])).
+
+job(C, I, Opts) ->
+    V = [float(C), float(I)],
+    case erlcuda:launch_sync(vector_add, [V, V], [{timeout, 30000} | Opts]) of
+        {ok, [X, Y]} when X == 2 * C, Y == 2 * I -> right;
+        Other -> {wrong, Other}
+    end.
+
+exclude_prefer(#{peers := [{_, N1}, {P2, N2}, {_, N3}]}) ->
+    try
+        ok = application:set_env(erlcuda, cluster_prefer, [N2]),
+        Before = lists:sum(jobs(P2)),
+        [?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{node, any}]))
+         || _ <- lists:seq(1, 50)],
+        ?assertEqual(Before + 50, lists:sum(jobs(P2))),
+        ok = application:set_env(erlcuda, cluster_exclude, [N3]),
+        ok = erlcuda_test_util:wait_until(fun() -> not maps:is_key(N3, erlcuda:info(cluster))
+                                          end, 50),
+        ?assertEqual({error, {bad_node, N3}},
+                     erlcuda:launch_sync(reduce, [[1.0]], [{node, N3}])),
+        ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{node, N1}])),
+        ok = application:unset_env(erlcuda, cluster_exclude),
+        ok = wait_cluster([N3]),
+        ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{node, N3}]))
+    after
+        [application:unset_env(erlcuda, K) || K <- ?CLUSTER_KEYS]
+    end.
+
+buffers(#{peers := [{P1, N1}, {P2, N2} | _]}) ->
+    Self = self(),
+    Base1 = peer:call(P1, erlcuda_buffers, count, []),
+    Base2 = peer:call(P2, erlcuda_buffers, count, []),
+    {ok, B} = erlcuda:upload([1.0, 2.0, 3.0], [{node, N1}, {type, f64}]),
+    ?assertMatch({erlcuda_buffer, N1, _, 0, _, f64, 3}, B),
+    ?assertMatch(#{node := N1, owner := Self, elements := 3, bytes := 24},
+                 erlcuda:buffer_info(B)),
+    %% a launch with it runs where it lives, by default or by `any'
+    ?assertEqual({ok, 6.0}, erlcuda:launch_sync(reduce, [B])),
+    ?assertEqual({ok, 6.0}, erlcuda:launch_sync(reduce, [B], [{node, any}])),
+    {ok, Id} = erlcuda:launch(vector_add, [B, B]),
+    ?assertEqual({ok, [2.0, 4.0, 6.0]}, receive_reply(Id)),
+    %% anywhere else it is an error at once
+    ?assertEqual({error, {remote_buffer, B}}, erlcuda:launch_sync(reduce, [B], [{node, N2}])),
+    ?assertEqual({error, {remote_buffer, B}}, erlcuda:launch(reduce, [B], [{node, node()}])),
+    {ok, Z} = erlcuda:zeros(f64, 3, [{node, N2}]),
+    ?assertEqual({error, {remote_buffer, Z}}, erlcuda:launch_sync(vector_add, [B, Z])),
+    %% kept results stay there, owned by this process
+    {ok, C} = erlcuda:launch_sync(vector_add, [B, B], [{keep, true}]),
+    ?assertMatch({erlcuda_buffer, N1, _, 0, _, f64, 3}, C),
+    ?assertMatch(#{owner := Self}, erlcuda:buffer_info(C)),
+    ?assertEqual({ok, [2.0, 4.0, 6.0]}, erlcuda:download(C)),
+    %% transfer: to another node, to this one, to a device of the same node
+    {ok, T} = erlcuda:transfer(C, N2),
+    ?assertMatch({erlcuda_buffer, N2, _, 0, _, f64, 3}, T),
+    ?assertEqual({ok, [2.0, 4.0, 6.0]}, erlcuda:download(T)),
+    ?assertEqual({ok, [2.0, 4.0, 6.0]}, erlcuda:launch_sync(vector_add, [T, Z], [])),
+    {ok, L} = erlcuda:transfer(C, node()),
+    ?assertEqual(node(), element(2, L)),
+    ?assertEqual({ok, [2.0, 4.0, 6.0]}, erlcuda:download(L)),
+    {ok, L1} = erlcuda:transfer(L, N1, [{device, 1}]),
+    ?assertMatch({erlcuda_buffer, N1, _, 1, _, f64, 3}, L1),
+    {ok, Copy} = erlcuda:transfer(C, N1),
+    ?assertEqual({ok, [2.0, 4.0, 6.0]}, erlcuda:download(Copy)),
+    ?assertEqual({error, {bad_node, 'nobody@127.0.0.1'}},
+                 erlcuda:transfer(C, 'nobody@127.0.0.1')),
+    ?assertMatch({error, {bad_args, _}}, erlcuda:transfer(not_a_buffer, N1)),
+    %% only the owner frees or gives; give hands it over
+    Other = spawn(fun() ->
+                          receive {free, Buf} -> Self ! {freed, erlcuda:free(Buf)} end
+                  end),
+    spawn(fun() -> Self ! {other_free, erlcuda:free(C), erlcuda:give(C, self())} end),
+    receive {other_free, R1, R2} -> ?assertEqual({not_owner, not_owner},
+                                                 {element(2, R1), element(2, R2)})
+    after 5000 -> error(no_answer) end,
+    ?assertEqual(ok, erlcuda:free(B)),
+    ?assertEqual(ok, erlcuda:free(B)),
+    ?assertEqual({error, {buffer_lost, B}}, erlcuda:launch_sync(reduce, [B])),
+    ?assertEqual(ok, erlcuda:give(C, Other)),
+    ?assertMatch(#{owner := Other}, erlcuda:buffer_info(C)),
+    ?assertEqual({error, not_owner}, erlcuda:free(C)),
+    Other ! {free, C},
+    receive {freed, F} -> ?assertEqual(ok, F) after 5000 -> error(no_free) end,
+    [ok = erlcuda:free(X) || X <- [T, Z, L, L1, Copy]],
+    %% an owner's exit frees what it held on other nodes
+    {Pid, Ref} = spawn_monitor(fun() ->
+                                       {ok, _} = erlcuda:upload([1.0], [{node, N2}]),
+                                       {ok, _} = erlcuda:launch_sync(copy, [[1.0]],
+                                                                     [{node, N1},
+                                                                      {keep, true}])
+                               end),
+    receive {'DOWN', Ref, process, Pid, normal} -> ok end,
+    ok = erlcuda_test_util:wait_until(fun() -> peer:call(P1, erlcuda_buffers, count, []) =:= Base1
+                                      end, 50),
+    ok = erlcuda_test_util:wait_until(fun() -> peer:call(P2, erlcuda_buffers, count, []) =:= Base2
+                                      end, 50),
+    erlcuda_test_util:no_message().
+
+timeouts(#{peers := [{P1, N1} | _]}) ->
+    Base = peer:call(P1, erlcuda_buffers, count, []),
+    stall(N1, 0, 1500),
+    timer:sleep(100),
+    ?assertEqual({error, timeout}, erlcuda:launch_sync(reduce, [[1.0]], [{node, N1},
+                                                                         {device, 0},
+                                                                         {timeout, 200}])),
+    %% a job that was to keep its result is taken back there
+    ?assertEqual({error, timeout}, erlcuda:launch_sync(copy, [[1.0, 2.0]],
+                                                       [{node, N1}, {device, 0}, {keep, true},
+                                                        {timeout, 100}])),
+    {ok, Id} = erlcuda:launch(reduce, [[2.0]], [{node, N1}, {device, 0}]),
+    ?assertEqual({ok, 2.0}, receive_reply(Id)),
+    %% the late results never arrive
+    timer:sleep(300),
+    erlcuda_test_util:no_message(),
+    ?assertEqual(Base, peer:call(P1, erlcuda_buffers, count, [])),
+    ?assertEqual({error, timeout}, erlcuda:launch_sync(reduce, [[1.0]], [{node, N1},
+                                                                         {timeout, 0}])),
+    timer:sleep(200),
+    erlcuda_test_util:no_message(),
+    records_gone().
+
+partition(#{peers := [_, {P2, N2} | _]}) ->
+    Base = peer:call(P2, erlcuda_buffers, count, []),
+    {ok, Held} = erlcuda:upload([1.0], [{node, N2}, {device, 1}]),
+    ?assertEqual(Base + 1, peer:call(P2, erlcuda_buffers, count, [])),
+    stall(N2, 0, 2000),
+    timer:sleep(100),
+    Ids = [begin {ok, Id} = erlcuda:launch(reduce, [[1.0]], [{node, N2}, {device, 0}]), Id end
+           || _ <- lists:seq(1, 20)],
+    timer:sleep(200),
+    true = erlang:disconnect_node(N2),
+    %% every job there answers node_down, once
+    ?assertEqual(#{{error, {node_down, N2}} => 20}, count([receive_reply(Id) || Id <- Ids])),
+    ?assertNot(maps:is_key(N2, erlcuda:info(cluster))),
+    %% a buffer owned across the lost connection is freed there
+    ok = erlcuda_test_util:wait_until(fun() -> peer:call(P2, erlcuda_buffers, count, []) =:= Base
+                                      end, 50),
+    %% its results, sent once the stall ends, never arrive (they reconnect the node to go)
+    timer:sleep(2500),
+    erlcuda_test_util:no_message(),
+    %% back in the cluster, it takes work again
+    true = net_kernel:connect_node(N2),
+    ok = wait_cluster([N2]),
+    ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{node, N2}])),
+    ?assertEqual({error, {buffer_lost, Held}}, erlcuda:launch_sync(reduce, [Held])),
+    records_gone().
+
+%% 300 callers keep jobs in flight over the cluster (`any', this node excluded); one peer's
+%% BEAM is killed part-way: every job gets one reply, its right result or node_down.
+kill(#{peers := [{P1, N1}, {P2, N2}, {P3, N3}]}) ->
+    ok = application:set_env(erlcuda, cluster_exclude, [node()]),
+    try
+        OsPid = peer:call(P3, os, getpid, []),
+        T0 = erlang:monotonic_time(millisecond),
+        Killer = spawn(fun() -> timer:sleep(300), _ = os:cmd("kill -9 " ++ OsPid) end),
+        Results = lists:append(parallel([fun() -> async_caller(C, 40) end
+                                         || C <- lists:seq(1, 300)])),
+        Ms = erlang:monotonic_time(millisecond) - T0,
+        exit(Killer, kill),
+        Count = count(Results),
+        ?debugFmt("kill under load: ~p in ~b ms", [Count, Ms]),
+        ?assertEqual(12000, length(Results)),
+        ?assertEqual([], maps:keys(maps:without([right, {node_down, N3}], Count))),
+        ?assert(Ms < 300 orelse maps:get({node_down, N3}, Count, 0) > 0),
+        %% the rest of the cluster serves; the dead node is gone from it
+        ok = erlcuda_test_util:wait_until(fun() -> not maps:is_key(N3, erlcuda:info(cluster))
+                                          end, 50),
+        ?assertEqual({error, {bad_node, N3}}, erlcuda:launch(reduce, [[1.0]], [{node, N3}])),
+        [?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{node, N}]))
+         || N <- [N1, N2]],
+        _ = [jobs(P) || P <- [P1, P2]],
+        records_gone()
+    after
+        application:unset_env(erlcuda, cluster_exclude)
+    end.
+
+%% Jobs launched with at most 4 in flight; each one's outcome: `right', `{wrong, R}',
+%% an error, `lost' (no reply) or `duplicated' (a second reply).
+async_caller(C, Jobs) ->
+    Outcomes = async(C, 1, Jobs, #{}, []),
+    receive {erlcuda, _, _} -> [duplicated | Outcomes] after 200 -> Outcomes end.
+
+async(_, I, Jobs, InFlight, Acc) when I > Jobs, map_size(InFlight) =:= 0 ->
+    Acc;
+async(C, I, Jobs, InFlight, Acc) when I =< Jobs, map_size(InFlight) < 4 ->
+    V = [float(C), float(I)],
+    case erlcuda:launch(vector_add, [V, V], [{node, any}]) of
+        {ok, Id} -> async(C, I + 1, Jobs, InFlight#{Id => {C, I}}, Acc);
+        {error, E} -> async(C, I + 1, Jobs, InFlight, [E | Acc])
+    end;
+async(C, I, Jobs, InFlight, Acc) ->
+    receive
+        {erlcuda, Id, R} when is_map_key(Id, InFlight) ->
+            {C, J} = maps:get(Id, InFlight),
+            Outcome = case R of
+                          {ok, [X, Y]} when X == 2 * C, Y == 2 * J -> right;
+                          {ok, _} -> {wrong, R};
+                          {error, E} -> E
+                      end,
+            async(C, I, Jobs, maps:remove(Id, InFlight), [Outcome | Acc]);
+        {erlcuda, _, _} ->
+            async(C, I, Jobs, InFlight, [duplicated | Acc])
+    after 30000 ->
+            Acc ++ [lost || _ <- maps:keys(InFlight)]
+    end.
+
+join(#{peers := [{_, N1}, {_, N2} | _]}) ->
+    {P4, N4} = start_peer(),
+    ok = application:set_env(erlcuda, cluster_exclude, [node()]),
+    try
+        ok = wait_cluster([N4]),
+        ?assertEqual([0, 0], jobs(P4)),
+        ?assertEqual(lists:duplicate(600, right),
+                     callers(200, 3, fun(_, _) -> [{node, any}] end)),
+        Shares = jobs(P4),
+        ?debugFmt("the new node's devices took ~w of 600 jobs", [Shares]),
+        [?assert(S > 0) || S <- Shares],
+        ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{node, N4}])),
+        [?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{node, N}]))
+         || N <- [N1, N2]]
+    after
+        application:unset_env(erlcuda, cluster_exclude),
+        catch peer:stop(P4)
+    end.
+
+count(List) ->
+    lists:foldl(fun(R, Acc) -> maps:update_with(R, fun(X) -> X + 1 end, 1, Acc) end, #{},
+                List).
+
+readme(_) ->
+    Examples = [E || {_, cluster, _} = E <- erlcuda_readme_tests:examples()],
+    ?assert(length(Examples) >= 1),
+    [(erlcuda_readme_tests:run(Code))() || {_, _, Code} <- Examples].
