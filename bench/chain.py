@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -55,36 +53,10 @@ Json = dict[str, Any]
 
 
 def run_node(backend: str, size: int, reps: int) -> tuple[Json, list[Json]]:
-    ebin = stack_bench.app_ebin()
-    BUILD.mkdir(parents=True, exist_ok=True)
-    stack_bench.run_quiet(["erlc", "-Wall", "-o", str(BUILD), "-pa", str(ebin),
-                           str(ROOT / "bench" / "erlcuda_chain.erl")],
-                          "erlc of bench/erlcuda_chain.erl")
-    cfg = BUILD / "chain.eterm"
     term = {"backend": backend, "size": size, "reps": reps,
             "python": stack_bench.ErlString(sys.executable),
             "user_kernels": backend == "cuda"}
-    cfg.write_text(stack_bench.erl_term(term) + ".\n")
-    cmd = ["erl", "-noshell", "-noinput", "-pa", str(ebin), "-pa", str(BUILD),
-           "-eval", f'erlcuda_chain:main("{cfg}")']
-    env = {**os.environ, "ERLCUDA_PYTHON": sys.executable}
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
-    info: Json = {}
-    results: list[Json] = []
-    for line in done.stdout.splitlines():
-        event = stack_bench.parse_event(line)
-        if event is None:
-            continue
-        if event.get("event") == "error":
-            raise SystemExit(f"chain: the Erlang node failed: {event.get('text')}")
-        if event.get("event") == "info":
-            info = event
-        elif event.get("event") in ("result", "memory"):
-            results.append(event)
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr[-4000:])
-        raise SystemExit(f"chain: the Erlang node exited {done.returncode}")
-    return info, results
+    return stack_bench.run_bench_module("erlcuda_chain", term)
 
 
 def run_cupy(size: int, reps: int) -> list[Json]:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -40,38 +38,11 @@ Json = dict[str, Any]
 
 
 def run_node(args: argparse.Namespace) -> tuple[Json, list[Json]]:
-    ebin = stack_bench.app_ebin()
-    BUILD.mkdir(parents=True, exist_ok=True)
-    stack_bench.run_quiet(["erlc", "-Wall", "-o", str(BUILD), "-pa", str(ebin),
-                           str(ROOT / "bench" / "erlcuda_cluster_bench.erl")],
-                          "erlc of bench/erlcuda_cluster_bench.erl")
-    cfg = BUILD / "cluster.eterm"
     term = {"backend": args.backend, "peers": args.peers, "gpus": args.gpus,
             "sizes": [1000, 1_000_000], "reps": args.reps, "callers": 1000,
             "seconds": args.seconds, "cpu_devices": 1,
             "python": stack_bench.ErlString(sys.executable)}
-    cfg.write_text(stack_bench.erl_term(term) + ".\n")
-    cmd = ["erl", "-sname", f"erlcuda_bench_{os.getpid()}", "-noshell", "-noinput",
-           "-pa", str(ebin), "-pa", str(BUILD),
-           "-eval", f'erlcuda_cluster_bench:main("{cfg}")']
-    env = {**os.environ, "ERLCUDA_PYTHON": sys.executable}
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
-    info: Json = {}
-    events: list[Json] = []
-    for line in done.stdout.splitlines():
-        event = stack_bench.parse_event(line)
-        if event is None:
-            continue
-        if event.get("event") == "error":
-            raise SystemExit(f"cluster: the Erlang node failed: {event.get('text')}")
-        if event.get("event") == "info":
-            info = event
-        elif event.get("event") in ("result", "spread"):
-            events.append(event)
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr[-4000:])
-        raise SystemExit(f"cluster: the Erlang node exited {done.returncode}")
-    return info, events
+    return stack_bench.run_bench_module("erlcuda_cluster_bench", term, distributed=True)
 
 
 def pct(ns: list[int], q: float) -> float:

@@ -24,17 +24,7 @@
 
 -spec main(file:filename()) -> no_return().
 main(ConfigFile) ->
-    try
-        {ok, [Config]} = file:consult(ConfigFile),
-        run(Config),
-        emit(#{event => done}),
-        halt(0)
-    catch
-        Class:Why:Stack ->
-            emit(#{event => error,
-                   text => iolist_to_binary(io_lib:format("~0p", [{Class, Why, Stack}]))}),
-            halt(1)
-    end.
+    erlcuda_bench_io:main(ConfigFile, fun run/1).
 
 run(#{backend := Backend, size := Size, reps := Reps, python := Python} = Config) ->
     logger:set_primary_config(level, error),
@@ -44,7 +34,7 @@ run(#{backend := Backend, size := Size, reps := Reps, python := Python} = Config
     {ok, _} = application:ensure_all_started(erlcuda),
     ok = wait_up(200),
     Info = erlcuda:info(),
-    emit(#{event => info, backend => maps:get(backend, Info),
+    erlcuda_bench_io:emit(#{event => info, backend => maps:get(backend, Info),
            devices => maps:get(devices, Info)}),
     A = floats(Size, 1),
     B = floats(Size, 2),
@@ -68,7 +58,7 @@ run(#{backend := Backend, size := Size, reps := Reps, python := Python} = Config
     saxpy(HA, HB, Size, Reps, maps:get(user_kernels, Config, true)),
     ok = erlcuda:free(HA),
     ok = erlcuda:free(HB),
-    emit(#{event => memory, devices => device_memory()}).
+    erlcuda_bench_io:emit(#{event => memory, devices => device_memory()}).
 
 chain_buffers(HA, HB) ->
     lists:foldl(fun(I, X) ->
@@ -129,7 +119,7 @@ time_case(Name, Size, Reps, Fun) ->
                    Fun(),
                    erlang:monotonic_time(nanosecond) - T0
                end || _ <- lists:seq(1, Reps)],
-    emit(#{event => result, 'case' => Name, size => Size, samples_ns => Samples}).
+    erlcuda_bench_io:emit(#{event => result, 'case' => Name, size => Size, samples_ns => Samples}).
 
 opts(Extra) ->
     Extra ++ [{timeout, ?TIMEOUT}].
@@ -162,14 +152,3 @@ wait_up(N) ->
         _ -> timer:sleep(50), wait_up(N - 1)
     end.
 
-emit(Map) ->
-    io:put_chars([json(Map), $\n]).
-
-json(M) when is_map(M) ->
-    ["{", lists:join(",", [[json(atom_to_binary(K)), ":", json(V)] || {K, V} <- maps:to_list(M)]),
-     "}"];
-json(L) when is_list(L) -> ["[", lists:join(",", [json(X) || X <- L]), "]"];
-json(B) when is_binary(B) -> io_lib:format("~p", [binary_to_list(B)]);
-json(A) when is_atom(A) -> json(atom_to_binary(A));
-json(N) when is_integer(N) -> integer_to_list(N);
-json(F) when is_float(F) -> float_to_list(F, [short]).

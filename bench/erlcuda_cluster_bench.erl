@@ -20,17 +20,7 @@
 
 -spec main(file:filename()) -> no_return().
 main(ConfigFile) ->
-    try
-        {ok, [Config]} = file:consult(ConfigFile),
-        run(Config),
-        emit(#{event => done}),
-        halt(0)
-    catch
-        Class:Why:Stack ->
-            emit(#{event => error,
-                   text => iolist_to_binary(io_lib:format("~0p", [{Class, Why, Stack}]))}),
-            halt(1)
-    end.
+    erlcuda_bench_io:main(ConfigFile, fun run/1).
 
 run(#{backend := Backend, peers := NPeers, sizes := Sizes, reps := Reps, callers := Callers,
       seconds := Seconds, python := Python, gpus := Gpus} = Config) ->
@@ -41,7 +31,7 @@ run(#{backend := Backend, peers := NPeers, sizes := Sizes, reps := Reps, callers
     Peers = [start_peer(K, Env, Gpus) || K <- lists:seq(1, NPeers)],
     Nodes = [node() | [N || {_, N} <- Peers]],
     ok = wait_cluster(Nodes, 200),
-    emit(#{event => info, nodes => [atom_to_binary(N) || N <- Nodes],
+    erlcuda_bench_io:emit(#{event => info, nodes => [atom_to_binary(N) || N <- Nodes],
            backend => maps:get(backend, erlcuda:info()),
            devices => [rpc_devices(N) || N <- Nodes]}),
     [_, Remote | _] = Nodes,
@@ -53,7 +43,7 @@ run(#{backend := Backend, peers := NPeers, sizes := Sizes, reps := Reps, callers
           end,
     throughput(local, Callers, Seconds, fun() -> Job([]) end),
     throughput(cluster, Callers, Seconds, fun() -> Job([{node, any}]) end),
-    emit(#{event => spread, jobs => [#{node => atom_to_binary(N), jobs => node_jobs(N)}
+    erlcuda_bench_io:emit(#{event => spread, jobs => [#{node => atom_to_binary(N), jobs => node_jobs(N)}
                                      || N <- Nodes]}),
     [peer:stop(P) || {P, _} <- Peers],
     ok.
@@ -127,7 +117,7 @@ latency(Size, Reps, Remote) ->
                        Call(W),
                        erlang:monotonic_time(nanosecond) - T0
                    end} || W <- Order],
-    emit(#{event => result, section => latency, size => Size,
+    erlcuda_bench_io:emit(#{event => result, section => latency, size => Size,
            local_ns => [T || {local, T} <- Samples],
            remote_ns => [T || {remote, T} <- Samples]}).
 
@@ -140,7 +130,7 @@ throughput(Mode, Callers, Seconds, Job) ->
             || _ <- lists:seq(1, Callers)],
     Jobs = lists:sum([receive {done, P, N} -> N end || P <- Pids]),
     Wall = erlang:monotonic_time(nanosecond) - T0,
-    emit(#{event => result, section => throughput, mode => Mode, callers => Callers,
+    erlcuda_bench_io:emit(#{event => result, section => throughput, mode => Mode, callers => Callers,
            jobs => Jobs, wall_ns => Wall}).
 
 loop(Job, Deadline, N) ->
@@ -155,20 +145,3 @@ floats(Size) ->
 shuffle(L) ->
     [X || {_, X} <- lists:sort([{rand:uniform(), X} || X <- L])].
 
-emit(Map) ->
-    io:put_chars([json(Map), $\n]).
-
-json(M) when is_map(M) ->
-    ["{", lists:join(",", [[json(key(K)), ":", json(V)] || {K, V} <- maps:to_list(M)]), "}"];
-json(L) when is_list(L) -> ["[", lists:join(",", [json(X) || X <- L]), "]"];
-json(B) when is_binary(B) -> [$", escape(B), $"];
-json(A) when is_atom(A) -> json(atom_to_binary(A));
-json(N) when is_integer(N) -> integer_to_list(N);
-json(F) when is_float(F) -> float_to_list(F, [short]).
-
-key(K) when is_atom(K) -> atom_to_binary(K);
-key(K) -> K.
-
-escape(B) ->
-    << <<(case C of $" -> <<"\\\"">>; $\\ -> <<"\\\\">>; $\n -> <<"\\n">>;
-                    _ when C < 32 -> <<"?">>; _ -> <<C>> end)/binary>> || <<C>> <= B >>.

@@ -205,6 +205,41 @@ def app_ebin() -> Path:
     return ebin
 
 
+def run_bench_module(module: str, term: Json, *, distributed: bool = False) -> tuple[
+        Json, list[Json]]:
+    """Compile ``bench/<module>.erl``, run its ``main/1`` on ``term`` (its config) in a node
+    of its own, and return its info event and its other events (``bench/chain``,
+    ``bench/cluster``); the node's error event or exit status ends the run."""
+    ebin = app_ebin()
+    BUILD.mkdir(parents=True, exist_ok=True)
+    run_quiet(["erlc", "-Wall", "-o", str(BUILD), "-pa", str(ebin),
+               str(ROOT / "bench" / f"{module}.erl"), str(ROOT / "bench" / "erlcuda_bench_io.erl")],
+              f"erlc of bench/{module}.erl")
+    cfg = BUILD / f"{module}.eterm"
+    cfg.write_text(erl_term(term) + ".\n")
+    name = ["-sname", f"{module}_{os.getpid()}"] if distributed else []
+    cmd = ["erl", *name, "-noshell", "-noinput", "-pa", str(ebin), "-pa", str(BUILD),
+           "-eval", f'{module}:main("{cfg}")']
+    env = {**os.environ, "ERLCUDA_PYTHON": sys.executable}
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
+    info: Json = {}
+    events: list[Json] = []
+    for line in done.stdout.splitlines():
+        event = parse_event(line)
+        if event is None:
+            continue
+        if event.get("event") == "error":
+            raise SystemExit(f"bench: {module} failed: {event.get('text')}")
+        if event.get("event") == "info":
+            info = event
+        elif event.get("event") != "done":
+            events.append(event)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"bench: {module} exited {done.returncode}")
+    return info, events
+
+
 def compile_bench(ebin: Path) -> None:
     BUILD.mkdir(parents=True, exist_ok=True)
     run_quiet(["erlc", "-Wall", "-o", str(BUILD), "-pa", str(ebin),
