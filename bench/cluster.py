@@ -40,7 +40,7 @@ Json = dict[str, Any]
 def run_node(args: argparse.Namespace) -> tuple[Json, list[Json]]:
     term = {"backend": args.backend, "peers": args.peers, "gpus": args.gpus,
             "sizes": [1000, 1_000_000], "reps": args.reps, "callers": 1000,
-            "seconds": args.seconds, "cpu_devices": 1,
+            "seconds": args.seconds, "cpu_devices": 1, "matmul": args.matmul,
             "python": stack_bench.ErlString(sys.executable)}
     return stack_bench.run_bench_module("erlcuda_cluster_bench", term, distributed=True)
 
@@ -74,18 +74,22 @@ def report(info: Json, events: list[Json], args: argparse.Namespace, wall: float
         lines.append(f"| {row['size']:,} | {row['n']} | {lp50:,.0f} | {row['local_p99_us']:,.0f}"
                      f" | {rp50:,.0f} | {row['remote_p99_us']:,.0f} | "
                      f"{row['overhead_p50_us']:,.0f} |")
-    lines += ["", "## 1000 callers on the first node, vector_add 1000", "",
-              "| routing | jobs | jobs/s |", "| --- | ---: | ---: |"]
+    lines += ["", "## 1000 callers on the first node", "",
+              "vector_add of 1000 elements (the trip bounds the rate) and matmul "
+              f"{args.matmul}x{args.matmul} (the device does): this node alone, then "
+              f"`{{node, any}}` over {len(nodes)} nodes.", "",
+              "| job | routing | jobs | jobs/s | cluster ÷ alone |",
+              "| --- | --- | ---: | ---: | ---: |"]
     for e in events:
         if e.get("section") == "throughput":
+            kernel = e.get("kernel", "vector_add")
             rate = e["jobs"] / (e["wall_ns"] / 1e9)
-            summary["throughput"][e["mode"]] = rate
-            what = ("this node alone" if e["mode"] == "local"
-                    else f"`{{node, any}}` over {len(nodes)} nodes")
-            lines.append(f"| {what} | {e['jobs']:,} | {rate:,.0f} |")
-    tp = summary["throughput"]
-    if tp.get("local"):
-        lines += ["", f"Cluster ÷ alone: {tp.get('cluster', 0) / tp['local']:.2f}x."]
+            rates = summary["throughput"].setdefault(kernel, {})
+            rates[e["mode"]] = rate
+            what = "alone" if e["mode"] == "local" else "`{node, any}`"
+            ratio = (f"{rate / rates['local']:.2f}x" if e["mode"] != "local"
+                     and rates.get("local") else "")
+            lines.append(f"| {kernel} | {what} | {e['jobs']:,} | {rate:,.0f} | {ratio} |")
     spread = next((e for e in events if e.get("event") == "spread"), None)
     if spread:
         lines += ["", "Jobs run per node over the whole run: " + ", ".join(
@@ -100,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=0)
     parser.add_argument("--reps", type=int, default=300)
     parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--matmul", type=int, default=256, help="the side of the matmul jobs")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     t0 = time.monotonic()

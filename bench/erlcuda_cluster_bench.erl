@@ -41,8 +41,18 @@ run(#{backend := Backend, peers := NPeers, sizes := Sizes, reps := Reps, callers
                                                      [{format, binary}, {timeout, ?TIMEOUT}
                                                       | Opts])
           end,
-    throughput(local, Callers, Seconds, fun() -> Job([]) end),
-    throughput(cluster, Callers, Seconds, fun() -> Job([{node, any}]) end),
+    throughput(local, vector_add, Callers, Seconds, fun() -> Job([]) end),
+    throughput(cluster, vector_add, Callers, Seconds, fun() -> Job([{node, any}]) end),
+    %% A job whose device time outweighs its trip: there the devices, not this node, bound
+    %% the rate, and the other nodes' devices can add to it.
+    M = maps:get(matmul, Config, 256),
+    Square = floats(M * M),
+    Mm = fun(Opts) -> {ok, _} = erlcuda:launch_sync(matmul, [Square, Square, M, M, M],
+                                                    [{format, binary}, {timeout, ?TIMEOUT}
+                                                     | Opts])
+         end,
+    throughput(local, matmul, Callers, Seconds, fun() -> Mm([]) end),
+    throughput(cluster, matmul, Callers, Seconds, fun() -> Mm([{node, any}]) end),
     erlcuda_bench_io:emit(#{event => spread, jobs => [#{node => atom_to_binary(N), jobs => node_jobs(N)}
                                      || N <- Nodes]}),
     [peer:stop(P) || {P, _} <- Peers],
@@ -121,7 +131,7 @@ latency(Size, Reps, Remote) ->
            local_ns => [T || {local, T} <- Samples],
            remote_ns => [T || {remote, T} <- Samples]}).
 
-throughput(Mode, Callers, Seconds, Job) ->
+throughput(Mode, Kernel, Callers, Seconds, Job) ->
     Job(),
     Parent = self(),
     Deadline = erlang:monotonic_time(millisecond) + Seconds * 1000,
@@ -130,7 +140,7 @@ throughput(Mode, Callers, Seconds, Job) ->
             || _ <- lists:seq(1, Callers)],
     Jobs = lists:sum([receive {done, P, N} -> N end || P <- Pids]),
     Wall = erlang:monotonic_time(nanosecond) - T0,
-    erlcuda_bench_io:emit(#{event => result, section => throughput, mode => Mode, callers => Callers,
+    erlcuda_bench_io:emit(#{event => result, section => throughput, mode => Mode, kernel => Kernel, callers => Callers,
            jobs => Jobs, wall_ns => Wall}).
 
 loop(Job, Deadline, N) ->
