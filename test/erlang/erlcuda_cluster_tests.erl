@@ -375,7 +375,10 @@ kill(#{peers := [{P1, N1}, {P2, N2}, {P3, N3}]}) ->
         ?debugFmt("kill under load: ~p in ~b ms", [Count, Ms]),
         ?assertEqual(12000, length(Results)),
         ?assertEqual([], maps:keys(maps:without([right, {node_down, N3}], Count))),
-        ?assert(Ms < 300 orelse maps:get({node_down, N3}, Count, 0) > 0),
+        %% A load that ran well past the kill (at 300 ms) had jobs on the killed node: at
+        %% least one of them answers node_down. (A load ending near the kill may have had
+        %% none left there: that made this check fail now and then.)
+        ?assert(Ms < 600 orelse maps:get({node_down, N3}, Count, 0) > 0),
         %% the rest of the cluster serves; the dead node is gone from it
         ok = erlcuda_test_util:wait_until(fun() -> not maps:is_key(N3, erlcuda:info(cluster))
                                           end, 50),
