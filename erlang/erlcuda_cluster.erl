@@ -202,11 +202,17 @@ handle_info({nodedown, Node}, #state{members = Members} = State) ->
     %% and takes its record back itself (erlcuda_remote).
     forget(Node),
     ok = erlcuda_remote:node_down(Node),
+    ok = erlcuda_remote:forget_finished(Node),
     {noreply, State#state{members = maps:filter(fun(_, N) -> N =/= Node end, Members)}};
 handle_info({erlcuda_in_flight, From, Ref}, State) when is_pid(From) ->
-    %% Another node asks which of its jobs are still in flight here.
-    _ = erlang:send(From, {erlcuda_in_flight_ids, node(), Ref,
-                           erlcuda_jobs:in_flight_remote(node(From))}, [nosuspend]),
+    %% Another node asks which of its jobs were finished here since it last asked.
+    Caller = node(From),
+    Ids = erlcuda_remote:take_finished(Caller),
+    case erlang:send(From, {erlcuda_in_flight_ids, node(), Ref, Ids}, [nosuspend]) of
+        ok -> ok;
+        %% Not sent (a busy connection): they are told next time.
+        _ -> lists:foreach(fun(Id) -> erlcuda_remote:finished(Caller, Id) end, Ids)
+    end,
     {noreply, State};
 handle_info({erlcuda_in_flight_ids, Node, _Ref, Ids}, State) when is_list(Ids) ->
     ok = erlcuda_remote:reconcile(Node, Ids),

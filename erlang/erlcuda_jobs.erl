@@ -154,6 +154,7 @@ reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace, ctx = Ct
     kept(Ctx, Result),
     count(Job, Result, Dequeue),
     ok = Send(ReplyTo, Message),
+    _ = Remote =:= none orelse erlcuda_remote:finished(node(ReplyTo), ReplyId),
     #job{kernel = Kernel, device = Device, started = Started} = Job,
     erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, Result).
 
@@ -205,7 +206,10 @@ drop(Id) ->
 discard(Id, Counter, Delta, Why) ->
     case ets:take(?TAB, Id) of
         [#job{queues = Queues, device = Device, kernel = Kernel, started = Started,
-              files = Files, ctx = Ctx}] ->
+              files = Files, ctx = Ctx, reply_to = ReplyTo, remote = Remote}] ->
+            %% A remote job's caller hears of it no more: its record may go.
+            _ = Remote =:= none orelse erlcuda_remote:finished(node(ReplyTo),
+                                                               element(1, Remote)),
             erlcuda_shm:delete(Files),
             kept(Ctx, {error, Why}),
             erlcuda_status:dequeue(Queues, Device),

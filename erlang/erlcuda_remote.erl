@@ -20,15 +20,20 @@
 %%
 %% A record is taken out by whoever answers through it (the agent, with `ets:take/2'), by
 %% `launch_sync' once its reply came, or by the reconciliation: every two seconds or so
-%% the agent asks each node which of this node's jobs are still in flight there, and a
-%% record found not in flight twice in a row (its reply long delivered) is dropped
-%% (`reconcile/2'). The table stays bounded without a message per job.
+%% the agent asks each node which of this node's jobs it has finished since (answered, or
+%% refused by its submitter), and those records are dropped (`reconcile/2'). Only a job
+%% the other node reports finished goes: one still on its way there, or not yet
+%% registered, keeps its record, so a node_down can still reach it. The table stays
+%% bounded without a message per job.
 -module(erlcuda_remote).
 
 -export([create/0, node_option/1, launch/5, follow/5, execute/7, node_down/1, recorded_nodes/0,
-         reconcile/2, remote_node/1, free/2, give/3, buffer_info/2, without_node/1]).
+         reconcile/2, finished/2, take_finished/1, forget_finished/1, remote_node/1, free/2, give/3, buffer_info/2, without_node/1]).
 
 -define(RECORDS, erlcuda_remote).
+%% On the executing node: `{CallerNode, ReplyId}' of the jobs of other nodes it finished
+%% since that node last asked.
+-define(FINISHED, erlcuda_remote_finished).
 %% What `receive ... after' accepts.
 -define(MAX_TIMEOUT, 4294967295).
 %% Calls to another node about buffers, and the wait for a kept result after a timeout.
@@ -45,6 +50,31 @@
 create() ->
     ?RECORDS = ets:new(?RECORDS, [ordered_set, public, named_table,
                                   {write_concurrency, true}]),
+    ?FINISHED = ets:new(?FINISHED, [duplicate_bag, public, named_table,
+                                    {write_concurrency, true}]),
+    ok.
+
+%% @doc On the executing node: the job `ReplyId' of `CallerNode' is answered (or was
+%% refused), so its caller may drop its record.
+-spec finished(node(), erlcuda:job_id()) -> ok.
+finished(CallerNode, ReplyId) ->
+    try ets:insert(?FINISHED, {CallerNode, ReplyId}) of
+        true -> ok
+    catch error:badarg -> ok
+    end.
+
+%% @doc The ids of `CallerNode''s jobs finished here since the last call.
+-spec take_finished(node()) -> [erlcuda:job_id()].
+take_finished(CallerNode) ->
+    try ets:take(?FINISHED, CallerNode) of
+        Rows -> [Id || {_, Id} <- Rows]
+    catch error:badarg -> []
+    end.
+
+%% @doc `CallerNode' went down: nobody will ask for its finished jobs.
+-spec forget_finished(node()) -> ok.
+forget_finished(CallerNode) ->
+    _ = (catch ets:delete(?FINISHED, CallerNode)),
     ok.
 
 %% @doc A launch's node option (the last one given, as for every option), or `none': the
@@ -281,7 +311,7 @@ execute(Id, Alias, Caller, Sync, Kernel, Args, Opts) ->
              end,
     case Result of
         {ok, _} -> ok;
-        {error, _} = E -> Alias ! {erlcuda, Id, E}, ok
+        {error, _} = E -> Alias ! {erlcuda, Id, E}, finished(node(Caller), Id)
     end.
 
 deadline(#{timeout := T} = Job, true) when is_integer(T) ->
@@ -314,21 +344,11 @@ recorded_nodes() ->
 recorded('$end_of_table', Acc) -> lists:reverse(Acc);
 recorded({Node, _}, Acc) -> recorded(ets:next(?RECORDS, {Node, []}), [Node | Acc]).
 
-%% @doc `Ids' are this node's jobs still in flight on `Node': a record not among them is
-%% marked, and dropped when it is found so the next time too (its reply, sent before the
-%% first answer left that node, has long arrived).
+%% @doc `Ids' are this node's jobs that `Node' finished since it was last asked: their
+%% records go.
 -spec reconcile(node(), [erlcuda:job_id()]) -> ok.
 reconcile(Node, Ids) ->
-    InFlight = maps:from_keys(Ids, true),
-    Rows = ets:select(?RECORDS, [{{{Node, '_'}, '_', '_'}, [], ['$_']}]),
-    lists:foreach(fun({{_, Id} = Key, _, Mark}) ->
-                          case {is_map_key(Id, InFlight), Mark} of
-                              {true, 0} -> ok;
-                              {true, _} -> _ = ets:update_element(?RECORDS, Key, {3, 0});
-                              {false, 0} -> _ = ets:update_element(?RECORDS, Key, {3, 1});
-                              {false, _} -> true = ets:delete(?RECORDS, Key)
-                          end
-                  end, Rows).
+    lists:foreach(fun(Id) -> ets:delete(?RECORDS, {Node, Id}) end, Ids).
 
 %% Buffers of other nodes.
 

@@ -19,6 +19,8 @@ cluster_test_() ->
                                    {"exclude and prefer", fun exclude_prefer/1},
                                    {"buffers of other nodes, transfer", fun buffers/1},
                                    {"launch_sync's timeout, no stray message", fun timeouts/1},
+                                   {"a record goes only once its job is reported finished",
+                                    fun slow_registration/1},
                                    {"a partition and a reconnect", fun partition/1},
                                    {"SIGKILL of a node under load", fun kill/1},
                                    {"a node that joins later takes work", fun join/1},
@@ -128,6 +130,30 @@ stall(Node, Device, Ms) ->
 
 receive_reply(Id) ->
     receive {erlcuda, Id, R} -> R after 10000 -> no_reply end.
+
+%% Found by a hostile review: a record was dropped once two reconciliations (about 4 s)
+%% found its job not in flight on its node, which a job still on its way there (large
+%% operands) or not yet registered also is; that node's death then left the job without
+%% a reply. Now a record goes only when its node reports the job finished. Here a job
+%% waits on a stalled device while answers that report nothing come in: its record stays,
+%% the node dies, and the job's one reply is node_down.
+slow_registration(#{peers := Peers}) ->
+    {_, N} = lists:last(Peers),
+    stall(N, 0, 2000),
+    timer:sleep(100),
+    {ok, Id} = erlcuda:launch(reduce, [[1.0]], [{node, N}, {device, 0}]),
+    [ok = erlcuda_remote:reconcile(N, []) || _ <- lists:seq(1, 3)],
+    ?assertEqual(1, length(ets:select(erlcuda_remote, [{{{N, Id}, '_', '_'}, [], [true]}]))),
+    true = erlang:disconnect_node(N),
+    receive
+        {erlcuda, Id, Reply} -> ?assertEqual({error, {node_down, N}}, Reply)
+    after 10000 -> error(no_reply)
+    end,
+    true = net_kernel:connect_node(N),
+    ok = wait_cluster([N]),
+    timer:sleep(2000),  % the stalled job ends there; its late result reaches nobody
+    erlcuda_test_util:no_message(),
+    records_gone().
 
 records_gone() ->
     ok = erlcuda_test_util:wait_until(fun() -> ets:info(erlcuda_remote, size) =:= 0 end, 100).
