@@ -6,8 +6,7 @@
 -module(erlcuda_jobs).
 
 -export([create/0, next_id/0, register/1, complete/2, withdraw/1, cancel/1, fail_all/1,
-         sweep_dead_callers/0, size/0, counters/0, owner/1, in_flight_remote/1,
-         cancel_remote/2]).
+         sweep_dead_callers/0, size/0, counters/0, owner/1, cancel_remote/2]).
 
 -export_type([entry/0, reply_to/0]).
 
@@ -86,12 +85,6 @@ register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
 -spec owner(reply_to()) -> pid().
 owner({erlcuda_remote, _, _, _, Owner}) -> Owner;
 owner(_) -> self().
-
-%% @doc The ids (theirs) of the jobs of `Node''s callers still registered here.
--spec in_flight_remote(node()) -> [erlcuda:job_id()].
-in_flight_remote(Node) ->
-    ets:select(?TAB, [{pattern([{#job.reply_to, '$1'}, {#job.remote, {'$2', '_'}}]),
-                       [{'=:=', {node, '$1'}, Node}], ['$2']}]).
 
 %% @doc Drop the job of `Node''s caller with its id `ReplyId' (launch_sync's timeout on
 %% that node), as `cancel/1' does; `false' when it is not registered here (answered, or
