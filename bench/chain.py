@@ -22,7 +22,6 @@ p50, p90 and p99 and the bytes the kernels touch per second. Writes ``report.md`
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from datetime import datetime, timezone
@@ -179,14 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             cupy_note = "not installed"
     summary = summarize(results)
     memory = next((r["devices"] for r in results if r.get("event") == "memory"), [])
-    out = args.out or BUILD / f"chain-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(
-        {"info": info, "summary": summary, "memory": memory, "results": results}, indent=1))
     text = report(info, summary, memory, args, time.monotonic() - t0, cupy_note)
-    (out / "report.md").write_text(text)
-    print(text)
-    print(f"chain: wrote {out}/report.md and results.json")
+    stack_bench.write_tool_outputs("chain", args.out, {"info": info, "summary": summary,
+                                                  "memory": memory, "results": results}, text)
     return 0
 
 

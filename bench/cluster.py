@@ -20,7 +20,6 @@ Writes ``report.md`` and ``results.json`` to ``--out`` (default: a new folder un
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from datetime import datetime, timezone
@@ -110,13 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     info, events = run_node(args)
     text, summary = report(info, events, args, time.monotonic() - t0)
-    out = args.out or BUILD / f"cluster-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(
-        {"info": info, "summary": summary, "events": events}, indent=1))
-    (out / "report.md").write_text(text)
-    print(text)
-    print(f"cluster: wrote {out}/report.md and results.json")
+    stack_bench.write_tool_outputs("cluster", args.out,
+                              {"info": info, "summary": summary, "events": events}, text)
     return 0
 
 

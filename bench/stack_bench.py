@@ -240,6 +240,18 @@ def run_bench_module(module: str, term: Json, *, distributed: bool = False) -> t
     return info, events
 
 
+def write_tool_outputs(tool: str, out: Path | None, results: Json, text: str) -> None:
+    """``report.md`` and ``results.json`` of ``bench/chain`` or ``bench/cluster`` into
+    ``out``, else a new folder ``_build/bench/<tool>-<UTC date>-<time>``; the report is
+    printed too."""
+    folder = out or BUILD / f"{tool}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(json.dumps(results, indent=1))
+    (folder / "report.md").write_text(text)
+    print(text)
+    print(f"{tool}: wrote {folder}/report.md and results.json")
+
+
 def compile_bench(ebin: Path) -> None:
     BUILD.mkdir(parents=True, exist_ok=True)
     run_quiet(["erlc", "-Wall", "-o", str(BUILD), "-pa", str(ebin),
