@@ -10,8 +10,9 @@ one machine per GPU). It measures, from the first node:
 - latency: ``launch_sync`` of vector_add on the node itself and on a peer (``{node,
   Peer}``), shuffled job by job, at 1000 and 1e6 elements; the remote overhead is the
   difference of the medians;
-- throughput: 1000 callers looping ``launch_sync`` of vector_add 1000 on the node alone,
-  then with ``{node, any}`` over every node.
+- throughput: 1000 callers looping ``launch_sync`` on the node alone, then with ``{node,
+  any}`` over every node: vector_add 1000 and matmul (their trip bounds the rate) and, on
+  GPUs, a user kernel that spins on each element (the device bounds it).
 
 Writes ``report.md`` and ``results.json`` to ``--out`` (default: a new folder under
 ``_build/bench/``).
@@ -40,6 +41,7 @@ def run_node(args: argparse.Namespace) -> tuple[Json, list[Json]]:
     term = {"backend": args.backend, "peers": args.peers, "gpus": args.gpus,
             "sizes": [1000, 1_000_000], "reps": args.reps, "callers": 1000,
             "seconds": args.seconds, "cpu_devices": 1, "matmul": args.matmul,
+            "spin_iters": args.spin_iters,
             "python": stack_bench.ErlString(sys.executable)}
     return stack_bench.run_bench_module("erlcuda_cluster_bench", term, distributed=True)
 
@@ -73,12 +75,22 @@ def report(info: Json, events: list[Json], args: argparse.Namespace, wall: float
         lines.append(f"| {row['size']:,} | {row['n']} | {lp50:,.0f} | {row['local_p99_us']:,.0f}"
                      f" | {rp50:,.0f} | {row['remote_p99_us']:,.0f} | "
                      f"{row['overhead_p50_us']:,.0f} |")
+    spin = next((e for e in events if e.get("event") == "spin"), None)
     lines += ["", "## 1000 callers on the first node", "",
-              "vector_add of 1000 elements (the trip bounds the rate) and matmul "
-              f"{args.matmul}x{args.matmul} (the device does): this node alone, then "
-              f"`{{node, any}}` over {len(nodes)} nodes.", "",
-              "| job | routing | jobs | jobs/s | cluster ÷ alone |",
-              "| --- | --- | ---: | ---: | ---: |"]
+              f"Each job alone on that node, then with `{{node, any}}` over {len(nodes)} nodes:",
+              "",
+              "- vector_add of 1000 elements: the trip bounds the rate;",
+              f"- matmul {args.matmul}x{args.matmul}: "
+              f"{2 * 4 * args.matmul ** 2 / 2**20:.0f} MiB of operands a job, whose trip "
+              "bounds the rate;"]
+    if spin:
+        lines.append(f"- spin: a user kernel that runs {spin['spin_iters']:,} dependent "
+                     f"multiply-adds on each of {spin['spin_elements']:,} elements (0.4 MB "
+                     f"a job): the device bounds the rate. One job alone took "
+                     f"{spin['spin_lone_ns'] / 1e6:.2f} ms (the mean of 20 `launch_sync`).")
+    lines += ["", "| job | routing | jobs | jobs/s | cluster ÷ alone | jobs per node |",
+              "| --- | --- | ---: | ---: | ---: | --- |"]
+    summary["spread"] = {}
     for e in events:
         if e.get("section") == "throughput":
             kernel = e.get("kernel", "vector_add")
@@ -88,11 +100,12 @@ def report(info: Json, events: list[Json], args: argparse.Namespace, wall: float
             what = "alone" if e["mode"] == "local" else "`{node, any}`"
             ratio = (f"{rate / rates['local']:.2f}x" if e["mode"] != "local"
                      and rates.get("local") else "")
-            lines.append(f"| {kernel} | {what} | {e['jobs']:,} | {rate:,.0f} | {ratio} |")
-    spread = next((e for e in events if e.get("event") == "spread"), None)
-    if spread:
-        lines += ["", "Jobs run per node over the whole run: " + ", ".join(
-            f"{s['node']} {s['jobs']:,}" for s in spread["jobs"]) + "."]
+            spread = e.get("spread", [])
+            summary["spread"].setdefault(kernel, {})[e["mode"]] = spread
+            per_node = " / ".join(f"{s['jobs']:,}" for s in spread)
+            lines.append(f"| {kernel} | {what} | {e['jobs']:,} | {rate:,.0f} | {ratio} | "
+                         f"{per_node} |")
+    lines += ["", "Jobs per node: as each node's devices counted them, first node first."]
     return "\n".join(lines) + "\n", summary
 
 
@@ -104,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=300)
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--matmul", type=int, default=256, help="the side of the matmul jobs")
+    parser.add_argument("--spin-iters", type=int, default=200_000,
+                        help="the spin kernel's loop (GPUs only; 0: no spin jobs)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     t0 = time.monotonic()

@@ -10,8 +10,9 @@
 %%   latency     `launch_sync' of vector_add on this node and on a peer (`{node, Peer}'),
 %%               job by job in one shuffled order, for each size: the remote overhead is the
 %%               difference of the two;
-%%   throughput  1000 callers on this node looping `launch_sync' of vector_add 1000 for a
-%%               fixed time: local only, then `{node, any}' over every node.
+%%   throughput  1000 callers on this node looping `launch_sync' for a fixed time, local
+%%               only, then `{node, any}' over every node: vector_add 1000, matmul, and
+%%               on GPUs a user kernel that spins on each element (`spin_iters').
 -module(erlcuda_cluster_bench).
 
 -export([main/1]).
@@ -41,22 +42,61 @@ run(#{backend := Backend, peers := NPeers, sizes := Sizes, reps := Reps, callers
                                                      [{format, binary}, {timeout, ?TIMEOUT}
                                                       | Opts])
           end,
-    throughput(local, vector_add, Callers, Seconds, fun() -> Job([]) end),
-    throughput(cluster, vector_add, Callers, Seconds, fun() -> Job([{node, any}]) end),
-    %% A job whose device time outweighs its trip: there the devices, not this node, bound
-    %% the rate, and the other nodes' devices can add to it.
+    Pair = fun(Kernel, F) ->
+                   throughput(local, Kernel, Callers, Seconds, [node()], fun() -> F([]) end),
+                   throughput(cluster, Kernel, Callers, Seconds, Nodes,
+                              fun() -> F([{node, any}]) end)
+           end,
+    Pair(vector_add, Job),
+    %% 8 MiB of operands a job at 1024: their trip bounds the rate.
     M = maps:get(matmul, Config, 256),
     Square = floats(M * M),
-    Mm = fun(Opts) -> {ok, _} = erlcuda:launch_sync(matmul, [Square, Square, M, M, M],
-                                                    [{format, binary}, {timeout, ?TIMEOUT}
-                                                     | Opts])
-         end,
-    throughput(local, matmul, Callers, Seconds, fun() -> Mm([]) end),
-    throughput(cluster, matmul, Callers, Seconds, fun() -> Mm([{node, any}]) end),
-    erlcuda_bench_io:emit(#{event => spread, jobs => [#{node => atom_to_binary(N), jobs => node_jobs(N)}
-                                     || N <- Nodes]}),
+    Pair(matmul, fun(Opts) ->
+                         {ok, _} = erlcuda:launch_sync(matmul, [Square, Square, M, M, M],
+                                                       [{format, binary}, {timeout, ?TIMEOUT}
+                                                        | Opts])
+                 end),
+    %% A job whose device time outweighs its trip (a user kernel, so GPUs only): there
+    %% the devices bound the rate, and the other nodes' devices can add to it.
+    case maps:get(spin_iters, Config, 0) of
+        Iters when Iters > 0 ->
+            case maps:get(backend, erlcuda:info()) of
+                cuda -> spin(Nodes, Iters, Pair);
+                _ -> ok
+            end;
+        _ -> ok
+    end,
     [peer:stop(P) || {P, _} <- Peers],
     ok.
+
+-define(SPIN_SOURCE,
+        <<"extern \"C\" __global__ void spin(float *x, int iters, long long n) {\n"
+          "  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
+          "  if (i >= n) return;\n"
+          "  float v = x[i];\n"
+          "  for (int k = 0; k < iters; ++k) v = v * 0.999f + 0.001f;\n"
+          "  x[i] = v;\n"
+          "}\n">>).
+-define(SPIN_ELEMENTS, 100000).
+
+spin(Nodes, Iters, Pair) ->
+    Loaded = erpc:multicall(Nodes, erlcuda, load,
+                            [bench_spin, ?SPIN_SOURCE,
+                             [{spin, [{inout, f32}, {scalar, i32}, {scalar, i64}]}]], 120000),
+    [{ok, ok}] = lists:usort(Loaded),
+    X = floats(?SPIN_ELEMENTS),
+    Spin = fun(Opts) ->
+                   {ok, _} = erlcuda:launch_sync(spin, [X, Iters, ?SPIN_ELEMENTS],
+                                                 [{format, binary}, {timeout, ?TIMEOUT}
+                                                  | Opts])
+           end,
+    %% One job alone: what the device takes for it, beside its trip.
+    Spin([]),
+    T0 = erlang:monotonic_time(nanosecond),
+    [Spin([]) || _ <- lists:seq(1, 20)],
+    erlcuda_bench_io:emit(#{event => spin, spin_iters => Iters, spin_elements => ?SPIN_ELEMENTS,
+                            spin_lone_ns => (erlang:monotonic_time(nanosecond) - T0) div 20}),
+    Pair(spin, Spin).
 
 start_local(Env, Gpus) ->
     Gpus > 1 andalso os:putenv("CUDA_VISIBLE_DEVICES", "0"),
@@ -131,8 +171,9 @@ latency(Size, Reps, Remote) ->
            local_ns => [T || {local, T} <- Samples],
            remote_ns => [T || {remote, T} <- Samples]}).
 
-throughput(Mode, Kernel, Callers, Seconds, Job) ->
+throughput(Mode, Kernel, Callers, Seconds, Nodes, Job) ->
     Job(),
+    Before = [node_jobs(N) || N <- Nodes],
     Parent = self(),
     Deadline = erlang:monotonic_time(millisecond) + Seconds * 1000,
     T0 = erlang:monotonic_time(nanosecond),
@@ -140,8 +181,11 @@ throughput(Mode, Kernel, Callers, Seconds, Job) ->
             || _ <- lists:seq(1, Callers)],
     Jobs = lists:sum([receive {done, P, N} -> N end || P <- Pids]),
     Wall = erlang:monotonic_time(nanosecond) - T0,
-    erlcuda_bench_io:emit(#{event => result, section => throughput, mode => Mode, kernel => Kernel, callers => Callers,
-           jobs => Jobs, wall_ns => Wall}).
+    Spread = [#{node => atom_to_binary(N), jobs => node_jobs(N) - B}
+              || {N, B} <- lists:zip(Nodes, Before)],
+    erlcuda_bench_io:emit(#{event => result, section => throughput, mode => Mode,
+                            kernel => Kernel, callers => Callers, jobs => Jobs,
+                            wall_ns => Wall, spread => Spread}).
 
 loop(Job, Deadline, N) ->
     case erlang:monotonic_time(millisecond) >= Deadline of

@@ -304,12 +304,23 @@ not_a_buffer(Term) ->
     {error, {bad_args, iolist_to_binary(io_lib:format("not a buffer: ~0P", [Term, 8]))}}.
 
 %% @doc Free a buffer now (only its owner may: `{error, not_owner}' for others). A buffer
-%% already freed, or lost with its worker, is `ok'.
+%% already freed, lost with its worker, or of a node this one is no longer connected to
+%% (which freed it when the connection dropped) is `ok'.
 -spec free(Buffer :: buffer()) -> ok | {error, reason()}.
 free(Buffer) ->
     case erlcuda_remote:remote_node(Buffer) of
-        local -> erlcuda_buffers:free(Buffer);
-        {remote, Node} -> erlcuda_remote:free(Node, Buffer)
+        local ->
+            case Buffer of
+                {erlcuda_buffer, Node, _, _, _, _, _} when Node =/= node() ->
+                    case lists:member(Node, nodes()) orelse not erlcuda_job:is_buffer(Buffer) of
+                        true -> erlcuda_buffers:free(Buffer);
+                        false -> ok
+                    end;
+                _ ->
+                    erlcuda_buffers:free(Buffer)
+            end;
+        {remote, Node} ->
+            erlcuda_remote:free(Node, Buffer)
     end.
 
 %% @doc Hand a buffer to another process, which owns it from now on: the buffer is freed

@@ -15,8 +15,9 @@
 %%
 %% Remote jobs (erlcuda_remote): on a nodedown the agent answers every job recorded for
 %% that node `{error, {node_down, Node}}' through the job's one-shot alias, and every
-%% ?RECONCILE_TICKS ticks it asks each node's agent which of this node's jobs are still in
-%% flight there, dropping the records of the others (see erlcuda_remote).
+%% ?RECONCILE_TICKS ticks it asks each node's agent which of this node's jobs it finished
+%% since, dropping their records, and acknowledges the answers it took in (see
+%% erlcuda_remote).
 -module(erlcuda_cluster).
 -behaviour(gen_server).
 
@@ -32,6 +33,8 @@
 -define(GROUP, erlcuda).
 -define(LOADS, erlcuda_cluster_load).
 -define(TICK_MS, 200).
+%% `{node, any}' passes over a node whose last figure is older than this (five ticks).
+-define(STALE_MS, 1000).
 %% Records of remote jobs are reconciled every ?RECONCILE_TICKS ticks (about 2 s).
 -define(RECONCILE_TICKS, 10).
 
@@ -45,7 +48,10 @@
                 ticks = 0 :: non_neg_integer(),
                 %% the worker generation whose backend is known, and whether one is asked
                 epoch = 0 :: non_neg_integer(),
-                asking = false :: boolean()}).
+                asking = false :: boolean(),
+                %% the answers of each node about this node's finished jobs taken in since
+                %% that node was last asked, to acknowledge (erlcuda_remote:acked/2)
+                acks = #{} :: #{node() => [reference()]}}).
 
 %% @doc The table of figures; created by the application's process so that it outlives
 %% the agent. The table of remote jobs' records too (erlcuda_remote).
@@ -76,8 +82,9 @@ nodes_up() ->
 %% @doc The least-loaded `{Node, Device}' of the cluster for a `{node, any}' launch that
 %% asks for `Want' (`any': any device; N: device N of a node that has it), this node
 %% included: its depths are exact, the others' published plus what this node sent there
-%% since. `cluster_exclude' nodes are never chosen; `cluster_prefer' nodes are chosen
-%% while one of their devices has room. `none' when no node is up.
+%% since. `cluster_exclude' nodes are never chosen, nor nodes whose last figure is more
+%% than ?STALE_MS old; `cluster_prefer' nodes are chosen while one of their devices has
+%% room. `none' when no node is up.
 -spec pick(erlcuda:device()) -> {node(), non_neg_integer()} | none.
 pick(Want) ->
     Exclude = env(cluster_exclude),
@@ -86,7 +93,10 @@ pick(Want) ->
                 false -> local_candidates(Want)
             end,
     Rows = try ets:tab2list(?LOADS) catch error:badarg -> [] end,
-    Loads = maps:from_list([{N, L} || {N, L, _} <- Rows, is_atom(N)]),
+    %% A node whose figure is late (its agent or the connection to it is busy) is not
+    %% chosen until one comes.
+    Fresh = now_ms() - ?STALE_MS,
+    Loads = maps:from_list([{N, L} || {N, L, At} <- Rows, is_atom(N), At >= Fresh]),
     Remote = [{N, D, Depth + Sent, max_queue(L)}
               || {{N, D}, Depth, Sent} <- Rows, #{status := up} = L <- [maps:get(N, Loads, #{})],
                  Want =:= any orelse Want =:= D, not lists:member(N, Exclude)],
@@ -171,11 +181,11 @@ handle_info(tick, #state{ticks = T} = State0) ->
     State = status_change(State0),
     publish(State),
     purge_excluded(),
-    case (T + 1) rem ?RECONCILE_TICKS of
-        0 -> reconcile(State);
-        _ -> ok
-    end,
-    {noreply, State#state{ticks = T + 1}};
+    State1 = case (T + 1) rem ?RECONCILE_TICKS of
+                 0 -> erlcuda_remote:sweep(), reconcile(State);
+                 _ -> State
+             end,
+    {noreply, State1#state{ticks = T + 1}};
 handle_info({erlcuda_cluster, status}, State0) ->
     %% The worker's status or device count changed: tell the others now.
     State = status_change(State0),
@@ -203,20 +213,29 @@ handle_info({nodedown, Node}, #state{members = Members} = State) ->
     forget(Node),
     ok = erlcuda_remote:node_down(Node),
     ok = erlcuda_remote:forget_finished(Node),
-    {noreply, State#state{members = maps:filter(fun(_, N) -> N =/= Node end, Members)}};
-handle_info({erlcuda_in_flight, From, Ref}, State) when is_pid(From) ->
-    %% Another node asks which of its jobs were finished here since it last asked.
+    {noreply, State#state{members = maps:filter(fun(_, N) -> N =/= Node end, Members),
+                          acks = maps:remove(Node, State#state.acks)}};
+handle_info({erlcuda_in_flight, From, Ref, Acks}, State) when is_pid(From), is_list(Acks) ->
+    %% Another node asks which of its jobs were finished here since it last asked, and
+    %% says which answers it took in.
     Caller = node(From),
-    Ids = erlcuda_remote:take_finished(Caller),
-    case erlang:send(From, {erlcuda_in_flight_ids, node(), Ref, Ids}, [nosuspend]) of
+    ok = erlcuda_remote:acked(Caller, Acks),
+    Rows = erlcuda_remote:report(Caller, Ref),
+    Answer = {erlcuda_in_flight_ids, node(), Ref, [Id || {_, Id, _} <- Rows],
+              lists:any(fun({_, _, Sync}) -> Sync end, Rows)},
+    case erlang:send(From, Answer, [nosuspend]) of
         ok -> ok;
         %% Not sent (a busy connection): they are told next time.
-        _ -> lists:foreach(fun(Id) -> erlcuda_remote:finished(Caller, Id) end, Ids)
+        _ -> erlcuda_remote:unreport(Caller, Ref, Rows)
     end,
     {noreply, State};
-handle_info({erlcuda_in_flight_ids, Node, _Ref, Ids}, State) when is_list(Ids) ->
+handle_info({erlcuda_in_flight_ids, Node, Ref, Ids, Ack}, #state{acks = Acks} = State)
+  when is_list(Ids) ->
     ok = erlcuda_remote:reconcile(Node, Ids),
-    {noreply, State};
+    case Ack andalso lists:member(Node, maps:values(State#state.members)) of
+        true -> {noreply, State#state{acks = Acks#{Node => [Ref | maps:get(Node, Acks, [])]}}};
+        false -> {noreply, State}
+    end;
 handle_info({backend, Epoch, Backend}, State) when Backend =:= cpu; Backend =:= cuda ->
     case persistent_term:get({?MODULE, backend}, undefined) of
         Backend -> ok;
@@ -240,7 +259,8 @@ welcome(Pid, Node) ->
                                                     backend => undefined,
                                                     status => unknown}, now_ms()})
     end,
-    send(Pid, {erlcuda_load, node(), local_load()}).
+    _ = send(Pid, {erlcuda_load, node(), local_load()}),
+    ok.
 
 forget(Node) ->
     ets:match_delete(?LOADS, {Node, '_', '_'}),
@@ -261,12 +281,11 @@ publish(#state{members = Members}) when map_size(Members) =:= 0 ->
     ok;
 publish(#state{members = Members}) ->
     Message = {erlcuda_load, node(), local_load()},
-    maps:foreach(fun(Pid, _) -> send(Pid, Message) end, Members).
+    maps:foreach(fun(Pid, _) -> _ = send(Pid, Message) end, Members).
 
-%% Never suspended on a busy connection, never connecting.
+%% Never suspended on a busy connection, never connecting: whether it was sent.
 send(Pid, Message) ->
-    _ = erlang:send(Pid, Message, [nosuspend, noconnect]),
-    ok.
+    erlang:send(Pid, Message, [nosuspend, noconnect]) =:= ok.
 
 %% A new worker: learn its backend (from its hello) without waiting on it here.
 status_change(#state{asking = true} = State) ->
@@ -293,17 +312,26 @@ purge_excluded() ->
         Exclude -> _ = [forget(N) || N <- Exclude, N =/= node(), is_member(N)], ok
     end.
 
-%% Ask each node that has jobs of this node recorded which are still in flight there; a
-%% node without an agent has none.
-reconcile(#state{members = Members}) ->
+%% Ask each node that has jobs of this node recorded which of them it finished since, and
+%% acknowledge the answers taken in; a node without an agent has none.
+reconcile(#state{members = Members, acks = Acks} = State) ->
     Agents = maps:fold(fun(P, N, Acc) -> Acc#{N => P} end, #{}, Members),
-    lists:foreach(fun(Node) ->
-                          case Agents of
-                              #{Node := Pid} -> send(Pid, {erlcuda_in_flight, self(),
-                                                           make_ref()});
-                              #{} -> erlcuda_remote:reconcile(Node, [])
-                          end
-                  end, erlcuda_remote:recorded_nodes()).
+    Nodes = lists:usort(erlcuda_remote:recorded_nodes() ++ maps:keys(Acks)),
+    Left = lists:foldl(
+             fun(Node, Acc) ->
+                     case Agents of
+                         #{Node := Pid} ->
+                             Sent = send(Pid, {erlcuda_in_flight, self(), make_ref(),
+                                               maps:get(Node, Acc, [])}),
+                             case Sent of
+                                 true -> maps:remove(Node, Acc);
+                                 false -> Acc
+                             end;
+                         #{} ->
+                             maps:remove(Node, Acc)
+                     end
+             end, Acks, Nodes),
+    State#state{acks = Left}.
 
 local_candidates(Want) ->
     case erlcuda_status:status() of

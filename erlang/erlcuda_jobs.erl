@@ -87,15 +87,21 @@ owner({erlcuda_remote, _, _, _, Owner}) -> Owner;
 owner(_) -> self().
 
 %% @doc Drop the job of `Node''s caller with its id `ReplyId' (launch_sync's timeout on
-%% that node), as `cancel/1' does; `false' when it is not registered here (answered, or
-%% not yet submitted).
--spec cancel_remote(node(), erlcuda:job_id()) -> boolean().
+%% that node), as `cancel/1' does: `cancelled', `answered' when the port owner took it
+%% first, `absent' when it is not registered here (answered, or not yet submitted:
+%% erlcuda_remote:cancel_here/2 tells which).
+-spec cancel_remote(node(), erlcuda:job_id()) -> cancelled | answered | absent.
 cancel_remote(Node, ReplyId) ->
     case ets:select(?TAB, [{pattern([{#job.id, '$1'}, {#job.reply_to, '$2'},
                                      {#job.remote, {ReplyId, '_'}}]),
                             [{'=:=', {node, '$2'}, Node}], ['$1']}]) of
-        [Id | _] -> cancel(Id);
-        [] -> false
+        [Id | _] ->
+            case cancel(Id) of
+                true -> cancelled;
+                false -> answered
+            end;
+        [] ->
+            absent
     end.
 
 %% @doc Deliver the job's reply (its record from the worker, or an error decided here) to
@@ -147,7 +153,7 @@ reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace, ctx = Ct
     kept(Ctx, Result),
     count(Job, Result, Dequeue),
     ok = Send(ReplyTo, Message),
-    _ = Remote =:= none orelse erlcuda_remote:finished(node(ReplyTo), ReplyId),
+    _ = Remote =:= none orelse erlcuda_remote:finished(node(ReplyTo), ReplyId, Sync),
     #job{kernel = Kernel, device = Device, started = Started} = Job,
     erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, Result).
 
@@ -201,8 +207,10 @@ discard(Id, Counter, Delta, Why) ->
         [#job{queues = Queues, device = Device, kernel = Kernel, started = Started,
               files = Files, ctx = Ctx, reply_to = ReplyTo, remote = Remote}] ->
             %% A remote job's caller hears of it no more: its record may go.
-            _ = Remote =:= none orelse erlcuda_remote:finished(node(ReplyTo),
-                                                               element(1, Remote)),
+            _ = case Remote of
+                    none -> ok;
+                    {ReplyId, Sync} -> erlcuda_remote:finished(node(ReplyTo), ReplyId, Sync)
+                end,
             erlcuda_shm:delete(Files),
             kept(Ctx, {error, Why}),
             erlcuda_status:dequeue(Queues, Device),

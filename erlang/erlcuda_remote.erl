@@ -25,15 +25,41 @@
 %% the other node reports finished goes: one still on its way there, or not yet
 %% registered, keeps its record, so a node_down can still reach it. The table stays
 %% bounded without a message per job.
+%%
+%% launch_sync's timeout: a job that was to keep buffers is taken back on its node
+%% (`cancel_here/2'). One not registered there yet is either answered (its reply is on the
+%% way: wait for it and free what it kept) or not come yet: then a tombstone makes its
+%% submitter submit nothing, and the caller goes at once. To tell the two apart, the
+%% executing node keeps a claim for each launch_sync job of another node from its
+%% submitter's start until the caller has acknowledged the answer that reported it
+%% finished; by then the caller's record of it is gone, so a caller that still has its
+%% record and finds no claim knows the job never came.
 -module(erlcuda_remote).
 
 -export([create/0, node_option/1, launch/5, follow/5, execute/7, node_down/1, recorded_nodes/0,
-         reconcile/2, finished/2, take_finished/1, forget_finished/1, remote_node/1, free/2, give/3, buffer_info/2, without_node/1]).
+         reconcile/2, finished/3, report/2, unreport/3, acked/2, cancel_here/2, sweep/0,
+         forget_finished/1, remote_node/1, free/2, give/3, buffer_info/2, without_node/1]).
 
 -define(RECORDS, erlcuda_remote).
-%% On the executing node: `{CallerNode, ReplyId}' of the jobs of other nodes it finished
-%% since that node last asked.
+%% On the executing node: `{CallerNode, ReplyId, Sync}' of the jobs of other nodes it
+%% finished since that node last asked.
 -define(FINISHED, erlcuda_remote_finished).
+%% On the executing node, for the launch_sync jobs of other nodes (the ones a caller may
+%% cancel): `{{CallerNode, ReplyId}, State}', State `submitting' while its submitter
+%% checks it, `registering', then `submitted'; or `{cancelled, Since}' when the caller
+%% gave up before the submitter registered it (a tombstone: the submitter finds it and
+%% submits nothing). A
+%% submitted row stays until the caller has taken in that the job is finished (below), so
+%% a row that is missing means "never came" to whoever's record of the job is still there.
+-define(CLAIMS, erlcuda_remote_claims).
+%% On the executing node: `{{CallerNode, Ref}, SyncIds, Since}', the launch_sync jobs
+%% reported finished in answer `Ref', whose claims go when the caller acknowledges it.
+-define(REPORTED, erlcuda_remote_reported).
+%% Tombstones and unacknowledged reports older than this go (a submitter that never came,
+%% an agent that restarted before it acknowledged).
+-define(CLAIM_TTL_MS, 60000).
+%% How long cancel_here/2 waits for a submitter between its claim and its registration.
+-define(CLAIM_WAITS, 1000).
 %% What `receive ... after' accepts.
 -define(MAX_TIMEOUT, 4294967295).
 %% Calls to another node about buffers, and the wait for a kept result after a timeout.
@@ -52,30 +78,149 @@ create() ->
                                   {write_concurrency, true}]),
     ?FINISHED = ets:new(?FINISHED, [duplicate_bag, public, named_table,
                                     {write_concurrency, true}]),
+    ?CLAIMS = ets:new(?CLAIMS, [set, public, named_table, {write_concurrency, true}]),
+    ?REPORTED = ets:new(?REPORTED, [set, public, named_table]),
     ok.
 
 %% @doc On the executing node: the job `ReplyId' of `CallerNode' is answered (or was
 %% refused), so its caller may drop its record.
--spec finished(node(), erlcuda:job_id()) -> ok.
-finished(CallerNode, ReplyId) ->
-    try ets:insert(?FINISHED, {CallerNode, ReplyId}) of
+-spec finished(node(), erlcuda:job_id(), boolean()) -> ok.
+finished(CallerNode, ReplyId, Sync) ->
+    try ets:insert(?FINISHED, {CallerNode, ReplyId, Sync}) of
         true -> ok
     catch error:badarg -> ok
     end.
 
-%% @doc The ids of `CallerNode''s jobs finished here since the last call.
--spec take_finished(node()) -> [erlcuda:job_id()].
-take_finished(CallerNode) ->
+%% @doc The ids of `CallerNode''s jobs finished here since the last call, reported in the
+%% answer `Ref'; the claims of the launch_sync ones stay until `Ref' is acknowledged.
+-spec report(node(), reference()) -> [{node(), erlcuda:job_id(), boolean()}].
+report(CallerNode, Ref) ->
     try ets:take(?FINISHED, CallerNode) of
-        Rows -> [Id || {_, Id} <- Rows]
+        Rows ->
+            case [Id || {_, Id, true} <- Rows] of
+                [] -> ok;
+                Sync -> true = ets:insert(?REPORTED, {{CallerNode, Ref}, Sync, now_ms()})
+            end,
+            Rows
     catch error:badarg -> []
     end.
 
-%% @doc `CallerNode' went down: nobody will ask for its finished jobs.
+%% @doc The answer `Ref' could not be sent: its jobs are reported next time.
+-spec unreport(node(), reference(), [{node(), erlcuda:job_id(), boolean()}]) -> ok.
+unreport(CallerNode, Ref, Rows) ->
+    try
+        true = ets:delete(?REPORTED, {CallerNode, Ref}),
+        true = ets:insert(?FINISHED, Rows),
+        ok
+    catch error:badarg -> ok
+    end.
+
+%% @doc `CallerNode' took in the answers `Refs': the claims of the jobs in them go.
+-spec acked(node(), [reference()]) -> ok.
+acked(CallerNode, Refs) ->
+    lists:foreach(fun(Ref) ->
+                          case catch ets:take(?REPORTED, {CallerNode, Ref}) of
+                              [{_, Ids, _}] -> drop_claims(CallerNode, Ids);
+                              _ -> ok
+                          end
+                  end, Refs).
+
+drop_claims(CallerNode, Ids) ->
+    lists:foreach(fun(Id) -> ets:delete(?CLAIMS, {CallerNode, Id}) end, Ids).
+
+%% @doc Tombstones and reports older than a minute go.
+-spec sweep() -> ok.
+sweep() ->
+    Old = now_ms() - ?CLAIM_TTL_MS,
+    try
+        _ = ets:select_delete(?CLAIMS, [{{'_', {cancelled, '$1'}}, [{'<', '$1', Old}], [true]}]),
+        Stale = ets:select(?REPORTED, [{{'$1', '$2', '$3'}, [{'<', '$3', Old}],
+                                        [{{'$1', '$2'}}]}]),
+        lists:foreach(fun({{CallerNode, _} = Key, Ids}) ->
+                              ets:delete(?REPORTED, Key),
+                              drop_claims(CallerNode, Ids)
+                      end, Stale)
+    catch error:badarg -> ok
+    end.
+
+%% @doc `CallerNode' went down: nobody will ask for its finished jobs, nor cancel one.
 -spec forget_finished(node()) -> ok.
 forget_finished(CallerNode) ->
     _ = (catch ets:delete(?FINISHED, CallerNode)),
+    _ = (catch ets:match_delete(?CLAIMS, {{CallerNode, '_'}, '_'})),
+    _ = (catch ets:match_delete(?REPORTED, {{CallerNode, '_'}, '_', '_'})),
     ok.
+
+%% @doc On the executing node, for a caller of `CallerNode' whose launch_sync of job
+%% `ReplyId' timed out: the job is taken back if registered (`cancelled'); `answered' when
+%% it was answered already (its reply is on the way); `pending' when its submitter has not
+%% come yet: a tombstone makes it submit nothing; `unknown' when its submitter did not
+%% register it in time.
+-spec cancel_here(node(), erlcuda:job_id()) -> cancelled | answered | pending | unknown.
+cancel_here(CallerNode, ReplyId) ->
+    cancel_here(CallerNode, ReplyId, ?CLAIM_WAITS).
+
+cancel_here(CallerNode, ReplyId, Waits) ->
+    Key = {CallerNode, ReplyId},
+    case erlcuda_jobs:cancel_remote(CallerNode, ReplyId) of
+        absent ->
+            case ets:lookup(?CLAIMS, Key) of
+                %% Registered once, not now: answered.
+                [{_, submitted}] -> answered;
+                [{_, {cancelled, _}}] -> pending;
+                [{_, State}] when Waits > 0 ->
+                    %% Its submitter is checking the launch (it then finds the tombstone),
+                    %% or registering it (a moment).
+                    Tombstone = {cancelled, now_ms()},
+                    case State =:= submitting andalso replace(Key, submitting, Tombstone) of
+                        true -> pending;
+                        false -> timer:sleep(1), cancel_here(CallerNode, ReplyId, Waits - 1)
+                    end;
+                [_] -> unknown;
+                [] ->
+                    case ets:insert_new(?CLAIMS, {Key, {cancelled, now_ms()}}) of
+                        true -> pending;
+                        %% Its submitter claimed it meanwhile.
+                        false when Waits > 0 -> cancel_here(CallerNode, ReplyId, Waits - 1);
+                        false -> unknown
+                    end
+            end;
+        Done ->
+            Done
+    end.
+
+%% The submitter's side: `ok' to check the launch, `cancelled' when the caller gave up
+%% first.
+claim(_, false) ->
+    ok;
+claim(Key, true) ->
+    try ets:insert_new(?CLAIMS, {Key, submitting}) of
+        true -> ok;
+        false -> ets:delete(?CLAIMS, Key), cancelled
+    catch error:badarg -> ok
+    end.
+
+%% Checked: register it, unless the caller gave up meanwhile.
+proceed(_, false) ->
+    true;
+proceed(Key, true) ->
+    try replace(Key, submitting, registering)
+    catch error:badarg -> true
+    end.
+
+%% Registered (or answered with an error).
+claimed(_, false) ->
+    ok;
+claimed(Key, true) ->
+    _ = (catch ets:update_element(?CLAIMS, Key, {2, submitted})),
+    ok.
+
+%% Atomically: the claim of `Key' goes from `From' to `To'.
+replace(Key, From, To) ->
+    ets:select_replace(?CLAIMS, [{{Key, From}, [], [{{{const, Key}, {const, To}}}]}]) =:= 1.
+
+now_ms() ->
+    erlang:monotonic_time(millisecond).
 
 %% @doc A launch's node option (the last one given, as for every option), or `none': the
 %% one check a local launch pays.
@@ -249,8 +394,16 @@ await({Node, Id} = Key, Alias, Timeout, Keeps) ->
         %% registered there; one already answered has its reply on the way, and the
         %% buffers in it are freed.
         Late = case Keeps andalso cancel(Node, Id) of
-                   false when Keeps -> ?CALL_TIMEOUT;
-                   _ -> 0
+                   false -> 0;
+                   cancelled -> 0;
+                   %% Its submitter will submit nothing, unless it came and went long
+                   %% ago: then this node was told the job finished, and its record is
+                   %% gone.
+                   pending -> case is_recorded(Key) of
+                                  true -> 0;
+                                  false -> ?CALL_TIMEOUT
+                              end;
+                   _ -> ?CALL_TIMEOUT
                end,
         receive
             {erlcuda, Id, R} -> free_found(R);
@@ -274,9 +427,14 @@ done(Key) ->
     catch error:badarg -> ok
     end.
 
+is_recorded(Key) ->
+    try ets:member(?RECORDS, Key)
+    catch error:badarg -> false
+    end.
+
 cancel(Node, Id) ->
-    try erpc:call(Node, erlcuda_jobs, cancel_remote, [node(), Id], ?CALL_TIMEOUT)
-    catch _:_ -> false
+    try erpc:call(Node, ?MODULE, cancel_here, [node(), Id], ?CALL_TIMEOUT)
+    catch _:_ -> unknown
     end.
 
 free_found(Term) when is_tuple(Term) ->
@@ -298,10 +456,21 @@ free_found(_) ->
 %% caller's; a job refused here is answered through the alias, as its one reply.
 -spec execute(erlcuda:job_id(), reference(), pid(), boolean(), term(), term(), term()) -> ok.
 execute(Id, Alias, Caller, Sync, Kernel, Args, Opts) ->
+    Key = {node(Caller), Id},
+    case claim(Key, Sync) of
+        ok -> submit(Key, Alias, Caller, Sync, Kernel, Args, Opts);
+        cancelled -> ok
+    end.
+
+submit({_, Id} = Key, Alias, Caller, Sync, Kernel, Args, Opts) ->
     Result = try erlcuda_job:validate(Kernel, Args, Opts) of
                  {ok, Job} ->
-                     erlcuda_submit:submit(deadline(Job, Sync),
-                                           {erlcuda_remote, Alias, Id, Sync, Caller});
+                     case proceed(Key, Sync) of
+                         true -> erlcuda_submit:submit(deadline(Job, Sync),
+                                                       {erlcuda_remote, Alias, Id, Sync,
+                                                        Caller});
+                         false -> cancelled
+                     end;
                  {error, _} = Error ->
                      Error
              catch
@@ -310,8 +479,12 @@ execute(Id, Alias, Caller, Sync, Kernel, Args, Opts) ->
                                           io_lib:format("~0P", [{Class, Why}, 20]))}}
              end,
     case Result of
-        {ok, _} -> ok;
-        {error, _} = E -> Alias ! {erlcuda, Id, E}, finished(node(Caller), Id)
+        {ok, _} -> claimed(Key, Sync);
+        cancelled -> _ = (catch ets:delete(?CLAIMS, Key)), ok;
+        {error, _} = E ->
+            Alias ! {erlcuda, Id, E},
+            finished(node(Caller), Id, Sync),
+            claimed(Key, Sync)
     end.
 
 deadline(#{timeout := T} = Job, true) when is_integer(T) ->
@@ -367,7 +540,11 @@ remote_node(_) ->
 %% @doc Free a buffer of `Node', as the caller (its owner).
 -spec free(node(), term()) -> ok | {error, erlcuda:reason()}.
 free(Node, Buffer) ->
-    call(Node, erlcuda_buffers, free, [Buffer, self()]).
+    case call(Node, erlcuda_buffers, free, [Buffer, self()]) of
+        %% The connection dropped: that node freed it then, as its owner's.
+        {error, {node_down, Node}} -> ok;
+        Result -> Result
+    end.
 
 %% @doc Hand a buffer of `Node' to `Pid', as the caller (its owner).
 -spec give(node(), term(), term()) -> ok | {error, erlcuda:reason()}.

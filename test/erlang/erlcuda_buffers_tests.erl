@@ -193,7 +193,8 @@ bad_handles() ->
     Remote = {erlcuda_buffer, 'elsewhere@nowhere', Epoch, Dev, Id, Type, N},
     ?assertEqual({error, {remote_buffer, Remote}}, erlcuda:launch_sync(reduce, [Remote])),
     ?assertEqual({error, {remote_buffer, Remote}}, erlcuda:download(Remote)),
-    ?assertEqual({error, {remote_buffer, Remote}}, erlcuda:free(Remote)),
+    %% freed there when the connection to it dropped, if it ever was connected
+    ?assertEqual(ok, erlcuda:free(Remote)),
     ?assertEqual({error, {remote_buffer, Remote}}, erlcuda:give(Remote, self())),
     ?assertMatch(#{node := 'elsewhere@nowhere', owner := undefined}, erlcuda:buffer_info(Remote)),
     %% a handle of an earlier worker

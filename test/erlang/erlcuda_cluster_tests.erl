@@ -17,10 +17,14 @@ cluster_test_() ->
                || {Name, Test} <- [{"routing by node, and errors as replies", fun routing/1},
                                    {"1000 callers spread over the six devices", fun spread/1},
                                    {"exclude and prefer", fun exclude_prefer/1},
+                                   {"a node whose figure is late is passed over",
+                                    fun stale/1},
                                    {"buffers of other nodes, transfer", fun buffers/1},
                                    {"launch_sync's timeout, no stray message", fun timeouts/1},
                                    {"a record goes only once its job is reported finished",
                                     fun slow_registration/1},
+                                   {"a launch_sync that times out before its job came",
+                                    fun cancel_early/1},
                                    {"a partition and a reconnect", fun partition/1},
                                    {"SIGKILL of a node under load", fun kill/1},
                                    {"a node that joins later takes work", fun join/1},
@@ -155,6 +159,57 @@ slow_registration(#{peers := Peers}) ->
     erlcuda_test_util:no_message(),
     records_gone().
 
+%% Found by a hostile review: a remote launch_sync with `{keep, true}' that timed out
+%% before the other node registered its job could not tell "not come yet" from "answered":
+%% it waited 5 s more, and the job, registered later, kept a buffer nobody owned. Now a
+%% tombstone stops the late submitter, and a claim tells an answered job apart.
+cancel_early(#{peers := [{P1, N1} | _]}) ->
+    Base = peer:call(P1, erlcuda_buffers, count, []),
+    Keep = [[1.0, 2.0]],
+    %% Through the API: timeouts of 0, so the cancel comes while the other node still
+    %% checks the launch (a list of a million numbers to pack) or races it; none waits
+    %% 5 s more, nor until the stalled device there would have answered.
+    Big = [[float(I) || I <- lists:seq(1, 1000000)]],
+    stall(N1, 0, 3000),
+    timer:sleep(100),
+    T0 = erlang:monotonic_time(millisecond),
+    Replies = [erlcuda:launch_sync(copy, Args, [{node, N1}, {device, 0}, {keep, true},
+                                                {timeout, 0}])
+               || Args <- lists:duplicate(3, Big) ++ lists:duplicate(20, Keep)],
+    ?assert(erlang:monotonic_time(millisecond) - T0 < 2000),
+    ?assertEqual([{error, timeout}], lists:usort(Replies)),
+    timer:sleep(300),
+    erlcuda_test_util:no_message(),
+    ok = erlcuda_test_util:wait_until(
+           fun() -> peer:call(P1, erlcuda_buffers, count, []) =:= Base end, 50),
+    timer:sleep(3000),  % the stall ends
+    %% Each outcome of the cancel, driven by hand: the submitter after the cancel...
+    Id1 = erlcuda_jobs:next_id(),
+    ?assertEqual(pending, erpc:call(N1, erlcuda_remote, cancel_here, [node(), Id1])),
+    A1 = alias([reply]),
+    ok = erpc:call(N1, erlcuda_remote, execute, [Id1, A1, self(), true, copy, Keep,
+                                                 [{keep, true}]]),
+    ?assertEqual([], erpc:call(N1, ets, lookup, [erlcuda_remote_claims, {node(), Id1}])),
+    %% ...a job answered already...
+    Id2 = erlcuda_jobs:next_id(),
+    A2 = alias([reply]),
+    ok = erpc:call(N1, erlcuda_remote, execute, [Id2, A2, self(), true, reduce, [[3.0]], []]),
+    ?assertEqual({ok, 3.0}, receive_reply(Id2)),
+    ?assertEqual(answered, erpc:call(N1, erlcuda_remote, cancel_here, [node(), Id2])),
+    %% ...and one registered, waiting on a stalled device.
+    stall(N1, 0, 1000),
+    timer:sleep(100),
+    Id3 = erlcuda_jobs:next_id(),
+    A3 = alias([reply]),
+    ok = erpc:call(N1, erlcuda_remote, execute, [Id3, A3, self(), true, copy, Keep,
+                                                 [{keep, true}, {device, 0}]]),
+    ?assertEqual(cancelled, erpc:call(N1, erlcuda_remote, cancel_here, [node(), Id3])),
+    timer:sleep(1200),
+    _ = [unalias(A) || A <- [A1, A3]],
+    erlcuda_test_util:no_message(),
+    ?assertEqual(Base, peer:call(P1, erlcuda_buffers, count, [])),
+    records_gone().
+
 records_gone() ->
     ok = erlcuda_test_util:wait_until(fun() -> ets:info(erlcuda_remote, size) =:= 0 end, 100).
 
@@ -264,6 +319,32 @@ exclude_prefer(#{peers := [{_, N1}, {P2, N2}, {_, N3}]}) ->
         ok = wait_cluster([N3]),
         ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{node, N3}]))
     after
+        [application:unset_env(erlcuda, K) || K <- ?CLUSTER_KEYS]
+    end.
+
+%% Found by a hostile review: `{node, any}' trusted a node's last figure however old.
+%% Here the preferred node's agent stops publishing: once its figure is over a second
+%% old, no job goes there; when figures come again, jobs do.
+stale(#{peers := [_, {P2, N2} | _]}) ->
+    Any = fun() -> [{ok, 1.0} = erlcuda:launch_sync(reduce, [[1.0]], [{node, any}])
+                    || _ <- lists:seq(1, 30)]
+          end,
+    try
+        ok = application:set_env(erlcuda, cluster_prefer, [N2]),
+        Before = lists:sum(jobs(P2)),
+        Any(),
+        ?assertEqual(Before + 30, lists:sum(jobs(P2))),
+        ok = peer:call(P2, sys, suspend, [erlcuda_cluster]),
+        timer:sleep(1300),
+        Any(),
+        ?assertEqual(Before + 30, lists:sum(jobs(P2))),
+        ok = peer:call(P2, sys, resume, [erlcuda_cluster]),
+        ok = erlcuda_test_util:wait_until(
+               fun() -> maps:get(age_ms, maps:get(N2, erlcuda:info(cluster))) < 500 end, 50),
+        Any(),
+        ?assertEqual(Before + 60, lists:sum(jobs(P2)))
+    after
+        _ = (catch peer:call(P2, sys, resume, [erlcuda_cluster])),
         [application:unset_env(erlcuda, K) || K <- ?CLUSTER_KEYS]
     end.
 
@@ -391,6 +472,7 @@ kill(#{peers := [{P1, N1}, {P2, N2}, {P3, N3}]}) ->
     ok = application:set_env(erlcuda, cluster_exclude, [node()]),
     try
         OsPid = peer:call(P3, os, getpid, []),
+        {ok, B3} = erlcuda:upload([1.0], [{node, N3}]),
         T0 = erlang:monotonic_time(millisecond),
         Killer = spawn(fun() -> timer:sleep(300), _ = os:cmd("kill -9 " ++ OsPid) end),
         Results = lists:append(parallel([fun() -> async_caller(C, 40) end
@@ -409,6 +491,9 @@ kill(#{peers := [{P1, N1}, {P2, N2}, {P3, N3}]}) ->
         ok = erlcuda_test_util:wait_until(fun() -> not maps:is_key(N3, erlcuda:info(cluster))
                                           end, 50),
         ?assertEqual({error, {bad_node, N3}}, erlcuda:launch(reduce, [[1.0]], [{node, N3}])),
+        %% a buffer of the dead node went with it: freeing it is ok, as for a lost one
+        %% (found by a hostile review: it was `remote_buffer')
+        ?assertEqual(ok, erlcuda:free(B3)),
         [?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{node, N}]))
          || N <- [N1, N2]],
         _ = [jobs(P) || P <- [P1, P2]],
