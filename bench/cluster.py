@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=300)
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--matmul", type=int, default=256, help="the side of the matmul jobs")
-    parser.add_argument("--spin-iters", type=int, default=200_000,
+    parser.add_argument("--spin-iters", type=int, default=1_000_000,
                         help="the spin kernel's loop (GPUs only; 0: no spin jobs)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)

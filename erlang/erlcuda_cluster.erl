@@ -35,13 +35,20 @@
 -define(TICK_MS, 200).
 %% `{node, any}' passes over a node whose last figure is older than this (five ticks).
 -define(STALE_MS, 1000).
+%% This node's rate, in the table of figures: `{?LOCAL_RATE, JobsPerSecond}' (a pair,
+%% which no pattern for figures' rows matches).
+-define(LOCAL_RATE, local_rate).
+%% The weight of each new measure of the rate.
+-define(RATE_ALPHA, 0.3).
+%% After this many ticks without a job in flight, the rate is not known any more.
+-define(IDLE_TICKS, 5).
 %% Records of remote jobs are reconciled every ?RECONCILE_TICKS ticks (about 2 s).
 -define(RECONCILE_TICKS, 10).
 
 -type load() :: #{devices := non_neg_integer(), depths := [integer()],
                   backend := cpu | cuda | undefined,
                   status := up | {down, term()} | {unavailable, binary()} | unknown,
-                  max_queue => pos_integer()}.
+                  max_queue => pos_integer(), rate => float()}.
 
 -record(state, {ref :: reference(),
                 members = #{} :: #{pid() => node()},
@@ -51,7 +58,12 @@
                 asking = false :: boolean(),
                 %% the answers of each node about this node's finished jobs taken in since
                 %% that node was last asked, to acknowledge (erlcuda_remote:acked/2)
-                acks = #{} :: #{node() => [reference()]}}).
+                acks = #{} :: #{node() => [reference()]},
+                %% jobs answered by the last tick, when, and whether some were in flight
+                done = 0 :: non_neg_integer(),
+                done_at = 0 :: integer(),
+                busy = false :: boolean(),
+                idle = 0 :: non_neg_integer()}).
 
 %% @doc The table of figures; created by the application's process so that it outlives
 %% the agent. The table of remote jobs' records too (erlcuda_remote).
@@ -79,32 +91,37 @@ nodes_up() ->
     catch error:badarg -> []
     end.
 
-%% @doc The least-loaded `{Node, Device}' of the cluster for a `{node, any}' launch that
-%% asks for `Want' (`any': any device; N: device N of a node that has it), this node
-%% included: its depths are exact, the others' published plus what this node sent there
-%% since. `cluster_exclude' nodes are never chosen, nor nodes whose last figure is more
+%% @doc The `{Node, Device}' of the cluster with the least expected wait for a
+%% `{node, any}' launch that asks for `Want' (`any': any device; N: device N of a node
+%% that has it), this node included: (depth + 1) / rate, where a node's depths are exact
+%% for this one, the others' published plus what this node sent there since, and its rate
+%% is the jobs it answers a second while busy, shared by its devices. `cluster_exclude' nodes are never chosen, nor nodes whose last figure is more
 %% than ?STALE_MS old; `cluster_prefer' nodes are chosen while one of their devices has
 %% room. `none' when no node is up.
 -spec pick(erlcuda:device()) -> {node(), non_neg_integer()} | none.
 pick(Want) ->
     Exclude = env(cluster_exclude),
-    Local = case lists:member(node(), Exclude) of
-                true -> [];
-                false -> local_candidates(Want)
-            end,
     Rows = try ets:tab2list(?LOADS) catch error:badarg -> [] end,
     %% A node whose figure is late (its agent or the connection to it is busy) is not
     %% chosen until one comes.
     Fresh = now_ms() - ?STALE_MS,
     Loads = maps:from_list([{N, L} || {N, L, At} <- Rows, is_atom(N), At >= Fresh]),
-    Remote = [{N, D, Depth + Sent, max_queue(L)}
+    LocalRate = case lists:keyfind(?LOCAL_RATE, 1, Rows) of
+                    {_, R} -> R;
+                    false -> 0.0
+                end,
+    Local = case lists:member(node(), Exclude) of
+                true -> [];
+                false -> local_candidates(Want, LocalRate)
+            end,
+    Remote = [{N, D, Depth + Sent, max_queue(L), device_rate(L)}
               || {{N, D}, Depth, Sent} <- Rows, #{status := up} = L <- [maps:get(N, Loads, #{})],
                  Want =:= any orelse Want =:= D, not lists:member(N, Exclude)],
-    All = Local ++ Remote,
+    All = with_rates(Local ++ Remote),
     Candidates = case env(cluster_prefer) of
                      [] -> All;
                      Prefer ->
-                         case [C || {N, _, Depth, Max} = C <- All, Depth < Max,
+                         case [C || {N, _, Depth, Max, _} = C <- All, Depth < Max,
                                     lists:member(N, Prefer)] of
                              [] -> All;
                              Preferred -> Preferred
@@ -121,17 +138,18 @@ sent(Node, Device) ->
     end.
 
 %% @doc Every node of the cluster, this one included: its devices, their queue depths, the
-%% backend, the worker's status and the age of the figure in milliseconds.
+%% backend, the worker's status, the jobs it answers a second while busy (0.0 until
+%% measured) and the age of the figure in milliseconds.
 -spec info() -> #{node() => #{devices := non_neg_integer(), depths := [integer()],
                               backend := cpu | cuda | undefined, status := term(),
-                              age_ms := non_neg_integer()}}.
+                              age_ms := non_neg_integer(), rate => float()}}.
 info() ->
     Now = now_ms(),
     Rows = try ets:tab2list(?LOADS) catch error:badarg -> [] end,
     Remote = maps:from_list(
-               [{N, (maps:with([devices, depths, backend, status], L))#{age_ms => Now - At}}
+               [{N, (maps:with([devices, depths, backend, status, rate], L))#{age_ms => Now - At}}
                 || {N, L, At} <- Rows, is_atom(N)]),
-    Remote#{node() => (maps:with([devices, depths, backend, status], local_load()))#{
+    Remote#{node() => (maps:with([devices, depths, backend, status, rate], local_load()))#{
                          age_ms => 0}}.
 
 %% @doc This node's figure.
@@ -141,7 +159,7 @@ local_load() ->
     case erlcuda_status:status() of
         #{status := up, devices := N, queues := Q, max_queue := Max} ->
             #{devices => N, depths => [erlcuda_status:in_flight(Q, I) || I <- seq(N)],
-              backend => Backend, status => up, max_queue => Max};
+              backend => Backend, status => up, max_queue => Max, rate => local_rate()};
         #{status := Status} ->
             #{devices => 0, depths => [], backend => Backend, status => Status}
     end.
@@ -178,7 +196,7 @@ handle_cast(_, State) ->
 -spec handle_info(term(), #state{}) -> {noreply, #state{}}.
 handle_info(tick, #state{ticks = T} = State0) ->
     erlang:send_after(?TICK_MS, self(), tick),
-    State = status_change(State0),
+    State = measure(status_change(State0)),
     publish(State),
     purge_excluded(),
     State1 = case (T + 1) rem ?RECONCILE_TICKS of
@@ -306,6 +324,42 @@ status_change(#state{epoch = Known} = State) ->
             State
     end.
 
+%% This node's rate: jobs answered a second, measured only over ticks with jobs in flight
+%% at both ends (an idle node's rate says how much it was given, not what it can do), and
+%% smoothed.
+measure(#state{done = Done0, done_at = At0, busy = Busy0, idle = Idle0} = State) ->
+    #{ok := Ok, error := Error} = erlcuda_jobs:counters(),
+    Done = Ok + Error,
+    Now = now_ms(),
+    Busy = lists:sum(maps:get(depths, local_load(), [])) > 0,
+    Idle = case Busy0 orelse Busy of
+               true -> 0;
+               false -> Idle0 + 1
+           end,
+    if
+        Busy0, Busy, Now > At0 ->
+            Seen = (Done - Done0) * 1000 / (Now - At0),
+            Rate = case local_rate() of
+                       Old when Old > 0 -> Old + ?RATE_ALPHA * (Seen - Old);
+                       _ -> Seen
+                   end,
+            true = ets:insert(?LOADS, {?LOCAL_RATE, float(Rate)});
+        Idle =:= ?IDLE_TICKS ->
+            %% Idle a while: the rate was of other jobs, maybe, and a low one would keep
+            %% work from coming here to measure it again.
+            true = ets:delete(?LOADS, ?LOCAL_RATE);
+        true ->
+            ok
+    end,
+    State#state{done = Done, done_at = Now, busy = Busy, idle = Idle}.
+
+local_rate() ->
+    try ets:lookup(?LOADS, ?LOCAL_RATE) of
+        [{_, Rate}] -> Rate;
+        [] -> 0.0
+    catch error:badarg -> 0.0
+    end.
+
 purge_excluded() ->
     case env(cluster_exclude) of
         [] -> ok;
@@ -333,35 +387,60 @@ reconcile(#state{members = Members, acks = Acks} = State) ->
              end, Acks, Nodes),
     State#state{acks = Left}.
 
-local_candidates(Want) ->
+local_candidates(Want, Rate) ->
     case erlcuda_status:status() of
         #{status := up, devices := N, queues := Q, max_queue := Max} when N > 0 ->
-            [{node(), D, erlcuda_status:in_flight(Q, D), Max}
+            [{node(), D, erlcuda_status:in_flight(Q, D), Max, Rate / N}
              || D <- seq(N), Want =:= any orelse Want =:= D];
         _ ->
             []
     end.
 
+%% A device's rate: its node's, shared by its devices; 0.0 while not measured.
+device_rate(#{rate := Rate, devices := N}) when is_float(Rate), Rate > 0, is_integer(N),
+                                               N > 0 ->
+    Rate / N;
+device_rate(_) ->
+    0.0.
+
+%% A device whose rate is not measured yet is taken to be as fast as the average of those
+%% that are (as fast as each other when none is).
+with_rates(Candidates) ->
+    Known = [R || {_, _, _, _, R} <- Candidates, R > 0],
+    Default = case Known of
+                  [] -> 1.0;
+                  _ -> lists:sum(Known) / length(Known)
+              end,
+    [case C of
+         {N, D, Depth, Max, R} when R == 0 -> {N, D, Depth, Max, Default};
+         _ -> C
+     end || C <- Candidates].
+
 max_queue(#{max_queue := Max}) when is_integer(Max) -> Max;
 max_queue(_) -> 10000.
 
-%% The least depth; ties broken at random, so equal devices share a burst.
+%% The least expected wait, (depth + 1) / rate: a device that runs jobs twice as fast
+%% takes twice the queue. Ties broken at random, so equal devices share a burst.
 least([]) ->
     none;
-least([{N, D, Depth, _} | Rest]) ->
-    least(Rest, {N, D}, Depth, 1).
+least([{N, D, _, _, _} = C | Rest]) ->
+    least(Rest, {N, D}, wait(C), 1).
 
 least([], Best, _, _) ->
     Best;
-least([{N, D, Depth, _} | Rest], _, BestDepth, _) when Depth < BestDepth ->
-    least(Rest, {N, D}, Depth, 1);
-least([{N, D, Depth, _} | Rest], Best, Depth, Ties) ->
-    case rand:uniform(Ties + 1) of
-        1 -> least(Rest, {N, D}, Depth, Ties + 1);
-        _ -> least(Rest, Best, Depth, Ties + 1)
-    end;
-least([_ | Rest], Best, BestDepth, Ties) ->
-    least(Rest, Best, BestDepth, Ties).
+least([{N, D, _, _, _} = C | Rest], Best, BestWait, Ties) ->
+    case wait(C) of
+        W when W < BestWait -> least(Rest, {N, D}, W, 1);
+        W when W == BestWait ->
+            case rand:uniform(Ties + 1) of
+                1 -> least(Rest, {N, D}, W, Ties + 1);
+                _ -> least(Rest, Best, W, Ties + 1)
+            end;
+        _ -> least(Rest, Best, BestWait, Ties)
+    end.
+
+wait({_, _, Depth, _, Rate}) ->
+    (Depth + 1) / Rate.
 
 env(Key) ->
     case application:get_env(erlcuda, Key, []) of

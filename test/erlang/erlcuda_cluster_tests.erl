@@ -19,6 +19,8 @@ cluster_test_() ->
                                    {"exclude and prefer", fun exclude_prefer/1},
                                    {"a node whose figure is late is passed over",
                                     fun stale/1},
+                                   {"a busy node's rate is measured and published",
+                                    fun rate/1},
                                    {"buffers of other nodes, transfer", fun buffers/1},
                                    {"launch_sync's timeout, no stray message", fun timeouts/1},
                                    {"a record goes only once its job is reported finished",
@@ -347,6 +349,22 @@ stale(#{peers := [_, {P2, N2} | _]}) ->
         _ = (catch peer:call(P2, sys, resume, [erlcuda_cluster])),
         [application:unset_env(erlcuda, K) || K <- ?CLUSTER_KEYS]
     end.
+
+%% A node measures the jobs it answers a second over ticks where it has some in flight,
+%% and publishes it with its figure: `{node, any}' weighs queues by it.
+rate(#{peers := [{_, N1} | _]}) ->
+    Deadline = erlang:monotonic_time(millisecond) + 1000,
+    Loop = fun Loop(N) ->
+                   case erlang:monotonic_time(millisecond) < Deadline of
+                       true -> {ok, 1.0} = erlcuda:launch_sync(reduce, [[1.0]], [{node, N1}]),
+                               Loop(N + 1);
+                       false -> N
+                   end
+           end,
+    Jobs = lists:sum(parallel([fun() -> Loop(0) end || _ <- lists:seq(1, 50)])),
+    Rate = maps:get(rate, maps:get(N1, erlcuda:info(cluster))),
+    ?debugFmt("~b jobs in 1 s; the node's rate: ~.1f jobs/s", [Jobs, Rate]),
+    ?assert(Rate > Jobs / 4 andalso Rate < Jobs * 4).
 
 buffers(#{peers := [{P1, N1}, {P2, N2} | _]}) ->
     Self = self(),
