@@ -57,7 +57,8 @@ def report(info: Json, events: list[Json], args: argparse.Namespace, wall: float
         f"# erlcuda on {len(nodes)} BEAM nodes of one host ({info.get('backend')} backend)",
         "",
         f"- Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; wall time {wall:.0f} s; "
-        f"`bench/cluster --backend {args.backend} --peers {args.peers} --gpus {args.gpus}`",
+        f"`bench/cluster --backend {args.backend} --peers {args.peers} --gpus {args.gpus} "
+        f"--matmul {args.matmul} --spin-iters {args.spin_iters}`",
         f"- erlcuda {stack_bench.git_version()}; {stack_bench.cpu_model()}; devices per node "
         f"{info.get('devices')}", "",
         "## Remote launch against local (µs, `launch_sync` of vector_add, shuffled job by job)",
