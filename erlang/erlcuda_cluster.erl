@@ -5,9 +5,11 @@
 %%
 %% Load: every ?TICK_MS (and at once when this node's worker changes status or device
 %% count) the agent sends its node's figure, `{erlcuda_load, Node, #{devices, depths,
-%% backend, status, max_queue}}', to every other member. Receivers keep the figures in a
-%% public table that callers read without a process hop:
+%% backend, status, max_queue, rate}}', to every other member (rate: the jobs it answers
+%% a second while busy). Receivers keep the figures in a public table that callers read
+%% without a process hop:
 %%   `{Node, Load, ReceivedAt}'            one row per node of the cluster (its membership)
+%%   `{local_rate, JobsPerSecond}'         this node's rate, as the agent measures it
 %%   `{{Node, Device}, Depth, Sent}'       the published depth, and what this node sent
 %%                                         there since (so a burst of `{node, any}'
 %%                                         launches does not all go to one stale minimum)
@@ -80,7 +82,9 @@ start_link() ->
 %% @doc Whether `Node' is a node of the cluster (runs erlcuda, is connected, not excluded).
 -spec is_member(node()) -> boolean().
 is_member(Node) ->
-    try ets:member(?LOADS, Node)
+    try ets:lookup(?LOADS, Node) of
+        [{_, _, _}] -> true;
+        _ -> false
     catch error:badarg -> false
     end.
 
@@ -233,11 +237,12 @@ handle_info({nodedown, Node}, #state{members = Members} = State) ->
     ok = erlcuda_remote:forget_finished(Node),
     {noreply, State#state{members = maps:filter(fun(_, N) -> N =/= Node end, Members),
                           acks = maps:remove(Node, State#state.acks)}};
-handle_info({erlcuda_in_flight, From, Ref, Acks}, State) when is_pid(From), is_list(Acks) ->
+handle_info({erlcuda_in_flight, From, Ref, Acks}, State) when is_pid(From), is_reference(Ref),
+                                                              is_list(Acks) ->
     %% Another node asks which of its jobs were finished here since it last asked, and
     %% says which answers it took in.
     Caller = node(From),
-    ok = erlcuda_remote:acked(Caller, Acks),
+    ok = erlcuda_remote:acked(Caller, proper(Acks)),
     Rows = erlcuda_remote:report(Caller, Ref),
     Answer = {erlcuda_in_flight_ids, node(), Ref, [Id || {_, Id, _} <- Rows],
               lists:any(fun({_, _, Sync}) -> Sync end, Rows)},
@@ -248,8 +253,8 @@ handle_info({erlcuda_in_flight, From, Ref, Acks}, State) when is_pid(From), is_l
     end,
     {noreply, State};
 handle_info({erlcuda_in_flight_ids, Node, Ref, Ids, Ack}, #state{acks = Acks} = State)
-  when is_list(Ids) ->
-    ok = erlcuda_remote:reconcile(Node, Ids),
+  when is_atom(Node), is_reference(Ref), is_list(Ids), is_boolean(Ack) ->
+    ok = erlcuda_remote:reconcile(Node, proper(Ids)),
     case Ack andalso lists:member(Node, maps:values(State#state.members)) of
         true -> {noreply, State#state{acks = Acks#{Node => [Ref | maps:get(Node, Acks, [])]}}};
         false -> {noreply, State}
@@ -366,11 +371,14 @@ purge_excluded() ->
         Exclude -> _ = [forget(N) || N <- Exclude, N =/= node(), is_member(N)], ok
     end.
 
-%% Ask each node that has jobs of this node recorded which of them it finished since, and
-%% acknowledge the answers taken in; a node without an agent has none.
+%% Ask each node which of this node's jobs it finished since, and acknowledge the answers
+%% taken in; a node without an agent has none. Every member is asked, whether or not jobs
+%% are recorded for it: a launch_sync's record goes with its reply, while the node keeps
+%% the job's claim and its finished row until it is asked.
 reconcile(#state{members = Members, acks = Acks} = State) ->
     Agents = maps:fold(fun(P, N, Acc) -> Acc#{N => P} end, #{}, Members),
-    Nodes = lists:usort(erlcuda_remote:recorded_nodes() ++ maps:keys(Acks)),
+    Nodes = lists:usort(maps:keys(Agents) ++ erlcuda_remote:recorded_nodes()
+                        ++ maps:keys(Acks)),
     Left = lists:foldl(
              fun(Node, Acc) ->
                      case Agents of
@@ -415,6 +423,10 @@ with_rates(Candidates) ->
          {N, D, Depth, Max, R} when R == 0 -> {N, D, Depth, Max, Default};
          _ -> C
      end || C <- Candidates].
+
+%% A list from another node, cut at any improper tail.
+proper([H | T]) -> [H | proper(T)];
+proper(_) -> [].
 
 max_queue(#{max_queue := Max}) when is_integer(Max) -> Max;
 max_queue(_) -> 10000.

@@ -165,8 +165,13 @@ cancel_here(CallerNode, ReplyId, Waits) ->
     case erlcuda_jobs:cancel_remote(CallerNode, ReplyId) of
         absent ->
             case ets:lookup(?CLAIMS, Key) of
-                %% Registered once, not now: answered.
-                [{_, submitted}] -> answered;
+                %% Registered once: answered, unless it was registered just after the
+                %% first look.
+                [{_, submitted}] ->
+                    case erlcuda_jobs:cancel_remote(CallerNode, ReplyId) of
+                        absent -> answered;
+                        Done -> Done
+                    end;
                 [{_, {cancelled, _}}] -> pending;
                 [{_, State}] when Waits > 0 ->
                     %% Its submitter is checking the launch (it then finds the tombstone),
@@ -463,16 +468,21 @@ execute(Id, Alias, Caller, Sync, Kernel, Args, Opts) ->
     end.
 
 submit({_, Id} = Key, Alias, Caller, Sync, Kernel, Args, Opts) ->
-    Result = try erlcuda_job:validate(Kernel, Args, Opts) of
-                 {ok, Job} ->
-                     case proceed(Key, Sync) of
-                         true -> erlcuda_submit:submit(deadline(Job, Sync),
-                                                       {erlcuda_remote, Alias, Id, Sync,
-                                                        Caller});
-                         false -> cancelled
-                     end;
-                 {error, _} = Error ->
-                     Error
+    %% The submit is inside the try too: a submitter that raised would leave its claim
+    %% and its caller without an answer (a second answer, were the job registered, is
+    %% dropped by the one-shot alias).
+    Result = try
+                 case erlcuda_job:validate(Kernel, Args, Opts) of
+                     {ok, Job} ->
+                         case proceed(Key, Sync) of
+                             true -> erlcuda_submit:submit(deadline(Job, Sync),
+                                                           {erlcuda_remote, Alias, Id, Sync,
+                                                            Caller});
+                             false -> cancelled
+                         end;
+                     {error, _} = Error ->
+                         Error
+                 end
              catch
                  Class:Why ->
                      {error, {internal, iolist_to_binary(

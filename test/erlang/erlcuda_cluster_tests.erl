@@ -27,6 +27,8 @@ cluster_test_() ->
                                     fun slow_registration/1},
                                    {"a launch_sync that times out before its job came",
                                     fun cancel_early/1},
+                                   {"the executing node forgets finished jobs; bad reports",
+                                    fun drain/1},
                                    {"a partition and a reconnect", fun partition/1},
                                    {"SIGKILL of a node under load", fun kill/1},
                                    {"a node that joins later takes work", fun join/1},
@@ -211,6 +213,27 @@ cancel_early(#{peers := [{P1, N1} | _]}) ->
     erlcuda_test_util:no_message(),
     ?assertEqual(Base, peer:call(P1, erlcuda_buffers, count, [])),
     records_gone().
+
+%% Found by a hostile review: launch_sync jobs took their records with their replies, so
+%% their node was never asked about them, and kept their claims and finished rows for
+%% ever. Every member is asked now. And reports that are not well formed are dropped
+%% (one with a non-boolean flag, or an improper list, restarted the agent).
+drain(#{peers := [{_, N1} | _]}) ->
+    Rows = fun() -> [erpc:call(N1, ets, info, [T, size])
+                     || T <- [erlcuda_remote_claims, erlcuda_remote_finished]]
+           end,
+    [{ok, 1.0} = erlcuda:launch_sync(reduce, [[1.0]], [{node, N1}]) || _ <- lists:seq(1, 100)],
+    ?assertMatch([C, F] when C >= 100 andalso F >= 100, Rows()),
+    Agent = whereis(erlcuda_cluster),
+    Ref = make_ref(),
+    [Agent ! M || M <- [{erlcuda_in_flight_ids, N1, Ref, [], yes},
+                        {erlcuda_in_flight_ids, N1, Ref, [1 | 2], false},
+                        {erlcuda_in_flight, self(), Ref, [a | b]},
+                        {erlcuda_in_flight, self(), Ref}]],
+    ok = erlcuda_test_util:wait_until(fun() -> Rows() =:= [0, 0] end, 100),
+    ?assertEqual(Agent, whereis(erlcuda_cluster)),
+    %% the one well-formed ask got its answer
+    receive {erlcuda_in_flight_ids, _, Ref, [], false} -> ok after 1000 -> error(no_answer) end.
 
 records_gone() ->
     ok = erlcuda_test_util:wait_until(fun() -> ets:info(erlcuda_remote, size) =:= 0 end, 100).
