@@ -86,10 +86,12 @@
                          type := element_type(), elements := non_neg_integer(),
                          bytes := non_neg_integer(), owner := pid() | undefined}.
 %% Every node of the cluster, this one included (`age_ms' 0): its devices, the jobs in
-%% flight on each (`depths'), its backend, its worker's status, and how old the figure is.
+%% flight on each (`depths'), its backend, its worker's status (`unknown' until a new
+%% node's first figure comes), the jobs it answers a second while busy (`rate', 0.0 until
+%% measured), and how old the figure is.
 -type cluster_info() :: #{node() => #{devices := non_neg_integer(), depths := [integer()],
                                       backend := cpu | cuda | undefined, status := term(),
-                                      age_ms := non_neg_integer()}}.
+                                      age_ms := non_neg_integer(), rate => float()}}.
 -type reason() :: {unknown_kernel, term()}
                 | {bad_device, term()}
                 | {bad_args, binary()}
@@ -350,7 +352,7 @@ transfer(Buffer, Node) ->
 
 %% @doc A copy of `Buffer' on `Node' (a node of the cluster, or this one), owned by the
 %% caller; the buffer stays as it is. It is downloaded from its node and uploaded to
-%% `Node' (a copy on the device where `Node' is its own). Options: `{device, N}' on `Node'
+%% `Node' (when `Node' is the buffer's own node, copied on the device instead). Options: `{device, N}' on `Node'
 %% (default 0), `{timeout, Ms}' for each step (default 5000).
 -spec transfer(Buffer :: buffer(), Node :: node(), Opts :: options()) ->
     {ok, buffer()} | {error, reason()}.

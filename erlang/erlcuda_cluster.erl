@@ -42,6 +42,8 @@
 -define(LOCAL_RATE, local_rate).
 %% The weight of each new measure of the rate.
 -define(RATE_ALPHA, 0.3).
+%% The least rate a busy node is measured at (jobs a second).
+-define(MIN_RATE, 0.01).
 %% After this many ticks without a job in flight, the rate is not known any more.
 -define(IDLE_TICKS, 5).
 %% Records of remote jobs are reconciled every ?RECONCILE_TICKS ticks (about 2 s).
@@ -348,7 +350,8 @@ measure(#state{done = Done0, done_at = At0, busy = Busy0, idle = Idle0} = State)
                        Old when Old > 0 -> Old + ?RATE_ALPHA * (Seen - Old);
                        _ -> Seen
                    end,
-            true = ets:insert(?LOADS, {?LOCAL_RATE, float(Rate)});
+            %% Busy and answering nothing (a stalled device) is slow, not unmeasured.
+            true = ets:insert(?LOADS, {?LOCAL_RATE, max(?MIN_RATE, float(Rate))});
         Idle =:= ?IDLE_TICKS ->
             %% Idle a while: the rate was of other jobs, maybe, and a low one would keep
             %% work from coming here to measure it again.
@@ -411,14 +414,11 @@ device_rate(#{rate := Rate, devices := N}) when is_float(Rate), Rate > 0, is_int
 device_rate(_) ->
     0.0.
 
-%% A device whose rate is not measured yet is taken to be as fast as the average of those
-%% that are (as fast as each other when none is).
+%% A device whose rate is not measured yet is taken to be as fast as the fastest of those
+%% that are, and at least a job a second: so it is tried, and measured, before a slow or
+%% stalled one (as fast as each other when none is measured).
 with_rates(Candidates) ->
-    Known = [R || {_, _, _, _, R} <- Candidates, R > 0],
-    Default = case Known of
-                  [] -> 1.0;
-                  _ -> lists:sum(Known) / length(Known)
-              end,
+    Default = lists:max([1.0 | [R || {_, _, _, _, R} <- Candidates, R > 0]]),
     [case C of
          {N, D, Depth, Max, R} when R == 0 -> {N, D, Depth, Max, Default};
          _ -> C

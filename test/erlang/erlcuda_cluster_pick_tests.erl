@@ -47,7 +47,8 @@ rate_weighs() ->
     [ok = erlcuda_cluster:sent(slow, 0) || _ <- lists:seq(1, 3)],
     ?assertEqual({fast, 0}, erlcuda_cluster:pick(any)).
 
-%% A node whose rate is not measured yet is taken to be as fast as the others' average.
+%% A node whose rate is not measured yet is taken to be as fast as the fastest measured
+%% one, and at least a job a second.
 unmeasured() ->
     clear(),
     figure(known, 5, 1000.0, now_ms()),
@@ -55,6 +56,12 @@ unmeasured() ->
     ?assertEqual({new, 0}, erlcuda_cluster:pick(any)),
     figure(new, 7, undefined, now_ms()),
     ?assertEqual({known, 0}, erlcuda_cluster:pick(any)),
+    %% Found by a hostile review: a stalled node (busy, answering nothing) was measured at
+    %% 0.0, read as "not measured", and taken for an average one.
+    clear(),
+    figure(stalled, 1, 0.01, now_ms()),
+    figure(new, 3, undefined, now_ms()),
+    ?assertEqual({new, 0}, erlcuda_cluster:pick(any)),
     %% none measured: the shortest queue
     clear(),
     figure(a, 4, undefined, now_ms()),
