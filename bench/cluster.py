@@ -82,7 +82,7 @@ def report(info: Json, events: list[Json], args: argparse.Namespace, wall: float
               "",
               "- vector_add of 1000 elements: the trip bounds the rate;",
               f"- matmul {args.matmul}x{args.matmul}: "
-              f"{2 * 4 * args.matmul ** 2 / 2**20:.0f} MiB of operands a job, whose trip "
+              f"{2 * 4 * args.matmul ** 2 / 2**20:.1f} MiB of operands a job, whose trip "
               "bounds the rate;"]
     if spin:
         lines.append(f"- spin: a user kernel that runs {spin['spin_iters']:,} dependent "
