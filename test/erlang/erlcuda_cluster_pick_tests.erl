@@ -69,6 +69,13 @@ unmeasured() ->
     ?assertEqual({b, 0}, erlcuda_cluster:pick(any)).
 
 stale_and_down() ->
+    %% the row of this node's rate in the same table is no node
+    clear(),
+    true = ets:insert(?LOADS, {local_rate, 5.0}),
+    figure(fast, 0, 1000.0, now_ms()),
+    ?assertNot(erlcuda_cluster:is_member(local_rate)),
+    ?assert(erlcuda_cluster:is_member(fast)),
+    ?assertNot(erlcuda_cluster:is_member(elsewhere)),
     clear(),
     figure(old, 0, 1000.0, now_ms() - 5000),
     figure(busy, 50, 1000.0, now_ms()),
