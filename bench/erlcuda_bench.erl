@@ -26,7 +26,9 @@
 %%   hold        whether a large result holds up a small job on another device: a caller
 %%               loops small reduce jobs on device 1, alone (the baseline), then while one
 %%               vector_add of `big_size' elements runs on device 0 and its result is
-%%               delivered (`repeats' times); with shared memory and with `shm_dir' none.
+%%               delivered (`repeats' times); with shared memory and with `shm_dir' none,
+%%               and for each of `calls': `launch' (`launch/3', a binary result forwarded
+%%               by the port owner) and `launch_sync' (a list result its caller makes).
 %%               Two devices: the cpu backend with `cpu_devices' 2 unless the worker has two
 %%               GPUs or more (it measures the Erlang side, the port owner, which every
 %%               backend shares);
@@ -672,31 +674,38 @@ hold(#{big_size := BigN, small_size := SmallN} = H, Cfg) ->
                           #{backend := cuda, devices := D} when D >= 2 -> {cuda, #{}};
                           _ -> {cpu, #{backend => cpu, cpu_devices => 2}}
                       end,
+    Calls = maps:get(calls, H, [launch]),
     Small = args({reduce, SmallN}),
     Big = args({vector_add, BigN}),
     lists:foreach(
       fun(Mode) ->
               ok = restart_app(Cfg, Over#{shm_dir => Mode}),
               Info = erlcuda:info(),
-              R = hold_run(Small, Big, H),
-              emit(R#{event => result, section => hold, backend => maps:get(backend, Info),
-                      devices => maps:get(devices, Info), forced_cpu => Backend =:= cpu,
-                      shm_dir => Mode, shm => shm_active(), shm_threshold => shm_threshold(),
-                      small_kernel => reduce, small_size => SmallN, small_device => 1,
-                      big_kernel => vector_add, big_size => BigN, big_device => 0,
-                      big_bytes => bytes_in(Big) + bytes_out({vector_add, BigN})}),
+              lists:foreach(
+                fun(Call) ->
+                        R = hold_run(Small, Big, Call, H),
+                        emit(R#{event => result, section => hold,
+                                backend => maps:get(backend, Info),
+                                devices => maps:get(devices, Info),
+                                forced_cpu => Backend =:= cpu, shm_dir => Mode,
+                                shm => shm_active(), shm_threshold => shm_threshold(),
+                                small_kernel => reduce, small_size => SmallN,
+                                small_device => 1, big_kernel => vector_add,
+                                big_size => BigN, big_device => 0, big_call => Call,
+                                big_bytes => bytes_in(Big) + bytes_out({vector_add, BigN})})
+                end, Calls),
               step()
       end, Modes),
     restart_app(Cfg, #{}).
 
-hold_run(Small, Big, #{baseline_ms := BaseMs} = H) ->
+hold_run(Small, Big, Call, #{baseline_ms := BaseMs} = H) ->
     Lead = maps:get(lead_ms, H, 50),
     Tail = maps:get(tail_ms, H, 100),
     Opts = [{device, 1} | ?OPTS],
     _ = [small_job(Small, Opts) || _ <- lists:seq(1, 50)],
     %% The baseline from a process of its own, as in the windows.
     Baseline = small_loop_for(Small, Opts, fun() -> timer:sleep(BaseMs) end),
-    Windows = [hold_window(Small, Big, Opts, Lead, Tail)
+    Windows = [hold_window(Small, Big, Call, Opts, Lead, Tail)
                || _ <- lists:seq(1, maps:get(repeats, H, 1))],
     T0 = hd([T || {T, _} <- Windows]),
     #{baseline_start_ns => [T - T0 || {T, _} <- Baseline],
@@ -704,23 +713,15 @@ hold_run(Small, Big, #{baseline_ms := BaseMs} = H) ->
       windows => [W || {_, W} <- Windows]}.
 
 %% One big job with the small loop around it: {its launch time, the window's figures}.
-hold_window(Small, Big, Opts, Lead, Tail) ->
+%% For `launch_sync' the launch and the return are one call.
+hold_window(Small, Big, Call, Opts, Lead, Tail) ->
     Self = self(),
-    OutBytes = byte_size(hd(Big)),
     During = small_loop_for(
                Small, Opts,
                fun() ->
                        timer:sleep(Lead),
                        T0 = now_ns(),
-                       {ok, JobId} = erlcuda:launch(vector_add, Big,
-                                                    [{device, 0}, {format, binary},
-                                                     {timeout, 120000}]),
-                       T1 = now_ns(),
-                       receive
-                           {erlcuda, JobId, {ok, Bin}} when byte_size(Bin) =:= OutBytes -> ok;
-                           {erlcuda, JobId, Other} -> error({hold_big_job, Other})
-                       after 130000 -> error(hold_big_job_timeout)
-                       end,
+                       T1 = big_job(Call, Big),
                        T2 = now_ns(),
                        timer:sleep(Tail),
                        Self ! {hold_times, T0, T1, T2}
@@ -728,6 +729,24 @@ hold_window(Small, Big, Opts, Lead, Tail) ->
     {T0, T1, T2} = receive {hold_times, A, B, C} -> {A, B, C} end,
     {T0, #{start_ns => [T - T0 || {T, _} <- During], latency_ns => [L || {_, L} <- During],
            big_launch_ns => T1 - T0, big_return_ns => T2 - T0}}.
+
+%% The big job's call; the time `launch/3' returned (for `launch_sync', its return).
+big_job(launch, Big) ->
+    OutBytes = byte_size(hd(Big)),
+    {ok, JobId} = erlcuda:launch(vector_add, Big, [{device, 0}, {format, binary},
+                                                   {timeout, 120000}]),
+    T1 = now_ns(),
+    receive
+        {erlcuda, JobId, {ok, Bin}} when byte_size(Bin) =:= OutBytes -> T1;
+        {erlcuda, JobId, Other} -> error({hold_big_job, Other})
+    after 130000 -> error(hold_big_job_timeout)
+    end;
+big_job(launch_sync, Big) ->
+    Elements = byte_size(hd(Big)) div 4,
+    case erlcuda:launch_sync(vector_add, Big, [{device, 0}, {timeout, 120000}]) of
+        {ok, L} when length(L) =:= Elements -> now_ns();
+        Other -> error({hold_big_job, Other})
+    end.
 
 small_job(Args, Opts) ->
     T0 = now_ns(),

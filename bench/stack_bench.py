@@ -110,7 +110,8 @@ def plan(mode: str) -> Json:
                            "callers": [1, 10, 100, 1000], "batching": [True, False],
                            "duration_ms": 1000, "floor_window": FLOOR_WINDOW},
             "hold": {"big_size": HOLD_SIZE, "small_size": 1_000, "baseline_ms": 500,
-                     "lead_ms": 50, "tail_ms": 100, "repeats": 1, "shm_modes": ["auto", "none"]},
+                     "lead_ms": 50, "tail_ms": 100, "repeats": 1, "shm_modes": ["auto", "none"],
+                     "calls": ["launch", "launch_sync"]},
             "erlport": {"reps": 5, "tiny_iters": 200, "vector_iters": 200, "vector_size": 1000,
                         "callers": 100, "duration_ms": 500, "large_bytes": 64 * 2**20,
                         "large_budget_s": 15, "large_timeout_s": 90},
@@ -130,7 +131,8 @@ def plan(mode: str) -> Json:
                        "callers": [1, 10, 100, 1000], "batching": [True, False],
                        "duration_ms": 2500, "floor_window": FLOOR_WINDOW},
         "hold": {"big_size": HOLD_SIZE, "small_size": 1_000, "baseline_ms": 1000,
-                 "lead_ms": 50, "tail_ms": 100, "repeats": 3, "shm_modes": ["auto", "none"]},
+                 "lead_ms": 50, "tail_ms": 100, "repeats": 3, "shm_modes": ["auto", "none"],
+                 "calls": ["launch", "launch_sync"]},
         "erlport": {"reps": 5, "tiny_iters": 1000, "vector_iters": 1000, "vector_size": 1000,
                     "callers": 100, "duration_ms": 2000, "large_bytes": 64 * 2**20,
                     "large_budget_s": 100, "large_timeout_s": 120},
@@ -693,6 +695,8 @@ def summarize_hold(results: list[Json]) -> list[Json]:
                   else (during["max"] - base["p99"]) / 1e3)
         rows.append({
             "shm_dir": r["shm_dir"], "transport": "shm" if r.get("shm") else "pipe",
+            # runs before the launch_sync case timed launch/3 alone
+            "big_call": r.get("big_call", "launch"),
             "backend": r["backend"], "devices": r["devices"],
             "forced_cpu": bool(r.get("forced_cpu")),
             "small": f"{r['small_kernel']} {r['small_size']} on device {r['small_device']}",
@@ -885,7 +889,7 @@ def targets(summary: Json) -> list[Json]:
     # shared memory's shows what shared memory is for, and is not the goal's measure.
     has_shm = any(h["transport"] == "shm" for h in hold)
     for h in hold or [None]:
-        where = f" ({TRANSPORTS[h['transport']]})" if h else ""
+        where = (f" ({TRANSPORTS[h['transport']]}){hold_call(h)}" if h else "")
         row(f"small job on another device delayed by a {sci(h['big_size'] if h else HOLD_SIZE)}"
             f"-element result{where}: max excess over the baseline p99",
             h and h["max_excess_ms"], "ms", TARGET_HOLD_EXCESS_MS, True,
@@ -1328,6 +1332,11 @@ def fms(x: float | None) -> str:
     return "-" if x is None else f"{x / 1e3:.2f}"
 
 
+def hold_call(r: Json) -> str:
+    """How a hold row's big job was called, where it was not `launch/3`."""
+    return "" if r["big_call"] == "launch" else ", through `launch_sync` (a list result)"
+
+
 def hold_lines(summary: Json) -> list[str]:
     rows = summary.get("hold") or []
     if not rows:
@@ -1346,18 +1355,21 @@ def hold_lines(summary: Json) -> list[str]:
            f"The application restarted with two devices, {where}. One caller loops "
            f"`launch_sync` of {h0['small']}, alone (the baseline), then while one vector_add "
            f"of {sci(h0['big_size'])} elements ({h0['big_bytes'] / 1e6:.0f} MB in and out, "
-           f"binaries, `{{format, binary}}`) runs on device {h0['big_device']} and its result "
-           "is delivered. In flight = the small jobs that overlapped the window from the big "
-           "launch to its return (the big job is not traced, since a traced result never "
+           f"binaries in) runs on device {h0['big_device']} and its result is delivered: "
+           "through `launch/3` with `{format, binary}` (the port owner forwards the binary), "
+           "or through `launch_sync` with a list result (its caller makes the list). In "
+           "flight = the small jobs that overlapped the window from the big launch to its "
+           "return (the big job is not traced, since a traced result never "
            "travels through shared memory, so the backend's end is not known; the window "
            "also holds the big request's transit). Excess = the in-flight max less the "
-           f"baseline p99 (target ≤ {TARGET_HOLD_EXCESS_MS:g} ms). Launch = `launch/3` of "
-           "the big job until it returned; return = from the big launch until its result "
-           "reached the caller (p50 over the windows). Times in ms.", ""]
-    out += table(["transport", "`shm_dir`", "windows", "big: launch", "big: return",
+           f"baseline p99 (target ≤ {TARGET_HOLD_EXCESS_MS:g} ms). Launch = the big job's "
+           "call until it returned (for `launch_sync`, its result); return = from the big "
+           "launch until its result reached the caller (p50 over the windows). Times in ms.", ""]
+    out += table(["transport", "`shm_dir`", "big call", "windows", "big: launch", "big: return",
                   "baseline n", "p50", "p99", "max", "in flight n", "p50", "p99", "max",
                   "max excess"],
-                 ([TRANSPORTS[r["transport"]], str(r["shm_dir"]), str(len(r["windows"])),
+                 ([TRANSPORTS[r["transport"]], str(r["shm_dir"]), f"`{r['big_call']}`",
+                   str(len(r["windows"])),
                    "-" if r["big_launch_ms_p50"] is None else f"{r['big_launch_ms_p50']:.1f}",
                    "-" if r["big_return_ms_p50"] is None else f"{r['big_return_ms_p50']:.1f}",
                    str(r["baseline_us"]["n"]), fms(r["baseline_us"]["p50"]),
@@ -1365,7 +1377,7 @@ def hold_lines(summary: Json) -> list[str]:
                    str(r["in_flight_us"]["n"]), fms(r["in_flight_us"]["p50"]),
                    fms(r["in_flight_us"]["p99"]), fms(r["in_flight_us"]["max"]),
                    "-" if r["max_excess_ms"] is None else f"**{r['max_excess_ms']:.2f}**"]
-                  for r in rows), "llrrrrrrrrrrrr")
+                  for r in rows), "lllrrrrrrrrrrrr")
     out.append("")
     # Per transport, the window that held the slowest small job: when its slowest jobs
     # started, against the big job's launch and return.
@@ -1378,7 +1390,7 @@ def hold_lines(summary: Json) -> list[str]:
             + (" (during `launch/3`)" if x["phase"] == "launch" else "")
             for x in w["worst"])
         n = f" (window {i + 1} of {len(r['windows'])})" if len(r["windows"]) > 1 else ""
-        out.append(f"> {TRANSPORTS[r['transport']]}{n}: `launch/3` returned at "
+        out.append(f"> {TRANSPORTS[r['transport']]}{hold_call(r)}{n}: the call returned at "
                    f"{w['big_launch_ms']:.0f} ms, the result at {w['big_return_ms']:.0f} ms; "
                    f"slowest small jobs in flight: {worst or 'none'}.")
     out.append("")
@@ -1717,7 +1729,8 @@ def plot_hold(plt: Any, summary: Json, tail: str) -> bool:
         ax.set_yscale("log")
         ax.set_xlabel("ms from the big launch (small job's start)")
         n = f", window {i + 1} of {len(r['windows'])}" if len(r["windows"]) > 1 else ""
-        ax.set_title(f"{TRANSPORTS[r['transport']]} (`shm_dir` {r['shm_dir']}){n}")
+        ax.set_title(f"{TRANSPORTS[r['transport']]} (`shm_dir` {r['shm_dir']}), "
+                     f"{r['big_call']}{n}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
     axes[0][0].set_ylabel("small job latency (µs)")

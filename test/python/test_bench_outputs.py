@@ -330,10 +330,11 @@ def bandwidth_event(kernel: str, size: int, shm: bool | None, full_ms: float, ec
 
 
 def hold_event(shm_dir: str, baseline_us: list[float], window: list[tuple[float, float]],
-               launch_ms: float, return_ms: float) -> dict[str, Any]:
+               launch_ms: float, return_ms: float, call: str = "launch") -> dict[str, Any]:
     """A hold result with one window: small jobs as (start ms from the big launch,
     latency µs)."""
     return {"event": "result", "section": "hold", "backend": "cpu", "devices": 2,
+            "big_call": call,
             "forced_cpu": True, "shm_dir": shm_dir, "shm": shm_dir != "none",
             "shm_threshold": MIB, "small_kernel": "reduce", "small_size": 1000,
             "small_device": 1, "big_kernel": "vector_add", "big_size": 30_000_000,
@@ -484,6 +485,22 @@ def test_targets_not_measured_without_the_sections(
     assert "## A 3e7-element result" not in report
     assert "shared memory against the pipe" not in report
     assert "reference only here" in target_row(report, "vector_add of 1.6e7")
+
+
+def test_hold_reports_the_launch_sync_case_beside_launch(
+    stack_bench: types.ModuleType, tmp_path: Path,
+) -> None:
+    results = [
+        hold_event("auto", [100.0] * 100, [(1.0, 100.0), (2.0, 600.0)], 1.0, 10.0),
+        hold_event("auto", [100.0] * 100, [(1.0, 100.0), (2.0, 90_000.0)], 10.0, 10.0,
+                   call="launch_sync"),
+    ]
+    summary, report = run_outputs(stack_bench, tmp_path, results)
+    assert [r["big_call"] for r in summary["hold"]] == ["launch", "launch_sync"]
+    holds = [t for t in summary["targets"] if t["unit"] == "ms"]
+    assert [t["status"] for t in holds] == ["met", "missed"]
+    assert "launch_sync" not in holds[0]["target"] and "launch_sync" in holds[1]["target"]
+    assert "| `launch_sync` |" in report
 
 
 def test_hold_plot_draws_each_transport(
