@@ -185,12 +185,13 @@ launch_sync1(Kernel, Args, Opts) ->
 remaining(infinity) -> infinity;
 remaining(Deadline) -> max(Deadline - erlang:monotonic_time(millisecond), 0).
 
+%% The reply names the alias (erlcuda_jobs), never a job id: nothing else can match.
 await(JobId, Alias, Timeout, Keeps) ->
     receive
-        {erlcuda, JobId, {f32, Bin}} -> unalias(Alias), erlcuda_protocol:f32_list(Bin);
-        {erlcuda, JobId, {deferred, Raw}} -> unalias(Alias), erlcuda_protocol:finish(Raw, list);
-        {erlcuda, JobId, Result} -> unalias(Alias), Result;
-        {erlcuda, JobId, {Tag, Value}, Stamps} -> unalias(Alias), {Tag, Value, Stamps}
+        {erlcuda, Alias, {f32, Bin}} -> unalias(Alias), erlcuda_protocol:f32_list(Bin);
+        {erlcuda, Alias, {deferred, Raw}} -> unalias(Alias), erlcuda_protocol:finish(Raw, list);
+        {erlcuda, Alias, Result} -> unalias(Alias), Result;
+        {erlcuda, Alias, {Tag, Value}, Stamps} -> unalias(Alias), {Tag, Value, Stamps}
     after Timeout ->
         %% Buffers the job was to keep must not outlive the wait: a job still registered
         %% is taken back (its buffers freed after it); one already answered has its reply
@@ -200,15 +201,15 @@ await(JobId, Alias, Timeout, Keeps) ->
                    _ -> 0
                end,
         receive
-            {erlcuda, JobId, R} -> _ = erlcuda_buffers:free_all(R);
-            {erlcuda, JobId, R, _} -> _ = erlcuda_buffers:free_all(R)
+            {erlcuda, Alias, R} -> _ = erlcuda_buffers:free_all(R);
+            {erlcuda, Alias, R, _} -> _ = erlcuda_buffers:free_all(R)
         after Late -> ok
         end,
         unalias(Alias),
         %% A reply that came in just before the alias was dropped.
         receive
-            {erlcuda, JobId, _} -> ok;
-            {erlcuda, JobId, _, _} -> ok
+            {erlcuda, Alias, _} -> ok;
+            {erlcuda, Alias, _, _} -> ok
         after 0 -> ok
         end,
         {error, timeout}

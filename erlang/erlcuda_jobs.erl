@@ -54,10 +54,26 @@ create() ->
     ?TAB = ets:new(?TAB, [set, public, named_table, {keypos, #job.id},
                           {write_concurrency, true}, {read_concurrency, true}]),
     persistent_term:put(?COUNTERS, counters:new(4, [write_concurrency])),
-    persistent_term:put(?IDS, atomics:new(1, [{signed, false}])),
-    ok.
+    create_ids().
 
-%% @doc A job id: unique among the jobs in flight (it travels as 64 bits).
+%% The id counter lives for the node's life, not the application's: a reply to a job of an
+%% earlier start (still in a caller's mailbox, or on its way from another node) can never
+%% carry a new job's id. It starts from the clock, in sixteenths of a microsecond, so a
+%% node restarted under the same name does not issue its earlier life's ids either (it
+%% would take sixteen jobs a microsecond, sustained, to catch up with the clock); the ids
+%% stay small integers and fit the wire's 64 bits.
+create_ids() ->
+    case persistent_term:get(?IDS, undefined) of
+        undefined ->
+            Ids = atomics:new(1, [{signed, false}]),
+            ok = atomics:put(Ids, 1, erlang:system_time(microsecond) bsl 4),
+            persistent_term:put(?IDS, Ids);
+        _ ->
+            ok
+    end.
+
+%% @doc A job id: never issued before on this node, in this life or an earlier one of the
+%% same name (it travels as 64 bits).
 -spec next_id() -> erlcuda:job_id().
 next_id() ->
     atomics:add_get(persistent_term:get(?IDS), 1, 1).
@@ -141,13 +157,19 @@ reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace, ctx = Ct
                           none -> {Id, is_reference(ReplyTo)};
                           _ -> Remote
                       end,
+    %% A launch_sync caller waits for its alias, and its reply names that alias: no other
+    %% message in its mailbox (an old reply, a forged one) can pass for it.
+    Tag = case Sync of
+              true -> ReplyTo;
+              false -> ReplyId
+          end,
     Message = case Reply of
                   %% a traced job keeps its shape: no worker stamps, this side's
                   {error, _} when Trace ->
-                      {erlcuda, ReplyId, Reply,
+                      {erlcuda, Tag, Reply,
                        #{<<"forward">> => erlang:monotonic_time(nanosecond)}};
-                  {error, _} -> {erlcuda, ReplyId, Reply};
-                  _ -> erlcuda_protocol:message(ReplyId, Reply, Format, Sync, Ctx)
+                  {error, _} -> {erlcuda, Tag, Reply};
+                  _ -> erlcuda_protocol:message(Tag, Reply, Format, Sync, Ctx)
               end,
     Result = element(3, Message),
     kept(Ctx, Result),

@@ -194,12 +194,14 @@ each_result(_, _) ->
 %% caller that waits in `launch_sync' travels as `{f32, Binary}' (or, from the general
 %% path, `{deferred, Raw}'): the caller turns it into numbers itself (`f32_list/1',
 %% `finish/2'), not this shared process.
--spec message(erlcuda:job_id(), reply(), erlcuda:format(), boolean()) -> tuple().
+-spec message(erlcuda:job_id() | reference(), reply(), erlcuda:format(), boolean()) ->
+    tuple().
 message(JobId, Reply, Format, Sync) ->
     message(JobId, Reply, Format, Sync, none).
 
 %% @doc `message/4' for a job of the general path, given what its reply needs (`ctx()').
--spec message(erlcuda:job_id(), reply(), erlcuda:format(), boolean(), ctx()) -> tuple().
+-spec message(erlcuda:job_id() | reference(), reply(), erlcuda:format(), boolean(), ctx()) ->
+    tuple().
 message(JobId, {wire, ?WIRE_TAG_TRACED, <<Tag:8, Len:32, Inner:Len/binary, Stamps/binary>>},
         Format, _Sync, Ctx) ->
     Forward = erlang:monotonic_time(nanosecond),

@@ -350,7 +350,12 @@ remote(Node, Kernel, Args, Opts, Mode) ->
             Alias = alias([reply]),
             Key = {Node, Id},
             Sync = Mode =:= sync,
-            true = ets:insert(?RECORDS, {Key, Alias, 0}),
+            %% What the reply names: a launch_sync waits for its alias, as a local one does.
+            Tag = case Sync of
+                      true -> Alias;
+                      false -> Id
+                  end,
+            true = ets:insert(?RECORDS, {Key, Alias, Tag}),
             %% Checked after the record is in: the agent forgets a node that went down
             %% before it answers the node's records, so either it answers this one or
             %% this caller sees the node gone and takes its record back.
@@ -387,13 +392,14 @@ sync_options(Opts) ->
         _ -> {error, {bad_option, {timeout, Timeout}}}
     end.
 
-%% launch_sync's wait, as for a local job; the record goes once the reply is here.
+%% launch_sync's wait, as for a local job (the reply names the alias); the record goes once
+%% the reply is here.
 await({Node, Id} = Key, Alias, Timeout, Keeps) ->
     receive
-        {erlcuda, Id, {f32, Bin}} -> done(Key), erlcuda_protocol:f32_list(Bin);
-        {erlcuda, Id, {deferred, Raw}} -> done(Key), erlcuda_protocol:finish(Raw, list);
-        {erlcuda, Id, Result} -> done(Key), Result;
-        {erlcuda, Id, {Tag, Value}, Stamps} -> done(Key), {Tag, Value, Stamps}
+        {erlcuda, Alias, {f32, Bin}} -> done(Key), erlcuda_protocol:f32_list(Bin);
+        {erlcuda, Alias, {deferred, Raw}} -> done(Key), erlcuda_protocol:finish(Raw, list);
+        {erlcuda, Alias, Result} -> done(Key), Result;
+        {erlcuda, Alias, {Tag, Value}, Stamps} -> done(Key), {Tag, Value, Stamps}
     after Timeout ->
         %% As for a local job: a job that was to keep buffers is taken back if it is still
         %% registered there; one already answered has its reply on the way, and the
@@ -411,14 +417,14 @@ await({Node, Id} = Key, Alias, Timeout, Keeps) ->
                    _ -> ?CALL_TIMEOUT
                end,
         receive
-            {erlcuda, Id, R} -> free_found(R);
-            {erlcuda, Id, R, _} -> free_found(R)
+            {erlcuda, Alias, R} -> free_found(R);
+            {erlcuda, Alias, R, _} -> free_found(R)
         after Late -> ok
         end,
         unalias(Alias),
         receive
-            {erlcuda, Id, _} -> ok;
-            {erlcuda, Id, _, _} -> ok
+            {erlcuda, Alias, _} -> ok;
+            {erlcuda, Alias, _, _} -> ok
         after 0 -> ok
         end,
         done(Key),
@@ -492,10 +498,13 @@ submit({_, Id} = Key, Alias, Caller, Sync, Kernel, Args, Opts) ->
         {ok, _} -> claimed(Key, Sync);
         cancelled -> _ = (catch ets:delete(?CLAIMS, Key)), ok;
         {error, _} = E ->
-            Alias ! {erlcuda, Id, E},
+            Alias ! {erlcuda, reply_tag(Alias, Id, Sync), E},
             finished(node(Caller), Id, Sync),
             claimed(Key, Sync)
     end.
+
+reply_tag(Alias, _, true) -> Alias;
+reply_tag(_, Id, false) -> Id.
 
 deadline(#{timeout := T} = Job, true) when is_integer(T) ->
     Job#{deadline => erlang:monotonic_time(millisecond) + T};
@@ -509,9 +518,10 @@ deadline(Job, _) ->
 -spec node_down(node()) -> ok.
 node_down(Node) ->
     Keys = ets:select(?RECORDS, [{{{Node, '_'}, '_', '_'}, [], [{element, 1, '$_'}]}]),
-    lists:foreach(fun({_, Id} = Key) ->
+    lists:foreach(fun(Key) ->
                           case ets:take(?RECORDS, Key) of
-                              [{_, Alias, _}] -> Alias ! {erlcuda, Id, {error, {node_down, Node}}};
+                              [{_, Alias, Tag}] ->
+                                  Alias ! {erlcuda, Tag, {error, {node_down, Node}}};
                               [] -> ok
                           end
                   end, Keys).

@@ -10,7 +10,7 @@
 -define(CLUSTER_KEYS, [cluster_exclude, cluster_prefer]).
 
 cluster_test_() ->
-    {timeout, 110,
+    {timeout, 240,
      {setup, fun start/0, fun stop/1,
       fun(Ctx) ->
               [{Name, {timeout, 60, fun() -> Test(Ctx) end}}
@@ -29,6 +29,8 @@ cluster_test_() ->
                                     fun cancel_early/1},
                                    {"the executing node forgets finished jobs; bad reports",
                                     fun drain/1},
+                                   {"the caller's erlcuda restarts: old jobs never meet new",
+                                    fun caller_restarts/1},
                                    {"a partition and a reconnect", fun partition/1},
                                    {"SIGKILL of a node under load", fun kill/1},
                                    {"a node that joins later takes work", fun join/1},
@@ -198,7 +200,7 @@ cancel_early(#{peers := [{P1, N1} | _]}) ->
     Id2 = erlcuda_jobs:next_id(),
     A2 = alias([reply]),
     ok = erpc:call(N1, erlcuda_remote, execute, [Id2, A2, self(), true, reduce, [[3.0]], []]),
-    ?assertEqual({ok, 3.0}, receive_reply(Id2)),
+    ?assertEqual({ok, 3.0}, receive_reply(A2)),  % a launch_sync reply names its alias
     ?assertEqual(answered, erpc:call(N1, erlcuda_remote, cancel_here, [node(), Id2])),
     %% ...and one registered, waiting on a stalled device.
     stall(N1, 0, 1000),
@@ -516,6 +518,43 @@ partition(#{peers := [_, {P2, N2} | _]}) ->
     ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{node, N2}])),
     ?assertEqual({error, {buffer_lost, Held}}, erlcuda:launch_sync(reduce, [Held])),
     records_gone().
+
+%% erlcuda restarts on this node, the caller's, while the executing nodes still hold what
+%% they know of its earlier jobs: claims of launch_sync jobs not yet acknowledged, and
+%% jobs finished there but not yet reported. The jobs of the new start are of other ids:
+%% each launch_sync is answered (none is taken for an old claim and dropped), and the
+%% records of new async jobs stay until they are answered, here by a partition.
+caller_restarts(#{peers := [{_, N1}, {_, N2} | _]}) ->
+    Sync = fun() -> [erlcuda:launch_sync(reduce, [[1.0]], [{node, N1}, {timeout, 3000}])
+                     || _ <- lists:seq(1, 300)] end,
+    Async = fun() -> [begin {ok, Id} = erlcuda:launch(reduce, [[1.0]], [{node, N2},
+                                                                       {device, 0}]), Id end
+                      || _ <- lists:seq(1, 50)] end,
+    restart_here([N1, N2]),
+    ?assertEqual(#{{ok, 1.0} => 300}, count(Sync())),
+    stall(N2, 0, 1500),
+    timer:sleep(100),
+    Old = Async(),
+    restart_here([N1, N2]),
+    ?assertEqual(#{{ok, 1.0} => 300}, count(Sync())),
+    %% The old jobs finish and are reported while the new ones wait on a stalled device.
+    ?assertEqual(#{{ok, 1.0} => 50}, count([receive_reply(Id) || Id <- Old])),
+    stall(N2, 0, 8000),
+    timer:sleep(100),
+    New = Async(),
+    ?assertEqual([], [Id || Id <- New, lists:member(Id, Old)]),
+    timer:sleep(4500),
+    true = erlang:disconnect_node(N2),
+    ?assertEqual(#{{error, {node_down, N2}} => 50}, count([receive_reply(Id) || Id <- New])),
+    true = net_kernel:connect_node(N2),
+    ok = wait_cluster([N1, N2]),
+    erlcuda_test_util:no_message(),
+    records_gone().
+
+restart_here(Peers) ->
+    ok = application:stop(erlcuda),
+    {ok, _} = application:ensure_all_started(erlcuda),
+    ok = wait_cluster(Peers).
 
 %% 300 callers keep jobs in flight over the cluster (`any', this node excluded); one peer's
 %% BEAM is killed part-way: every job gets one reply, its right result or node_down.
