@@ -3,7 +3,10 @@
 %% are framed, what the worker's frames mean, the command line that starts it, the atoms it
 %% may send and the hello that checks both sides speak the same version.
 %%
-%% Frames are `{packet, 4}' on fds 3 and 4. The hot path is binary, fixed-layout frames
+%% Frames are a 4-byte big-endian length and that many bytes, on fds 3 and 4. The port is a
+%% byte stream that `deframe/1' cuts: a frame takes the memory of the bytes that came, where
+%% a `{packet, 4}' port reserves the whole length its header names at once, never to give
+%% it back. The hot path is binary, fixed-layout frames
 %% (contract.json's `wire' section, the macros of erlcuda_contract.hrl):
 %%   to the worker:   a launch, `<<J, JobId:64, Device:16, Flags:8, KernelLen:8, Kernel,
 %%                    NArgs:8, Args>>', each argument a vector (`<<V, Type:8, Bytes:64,
@@ -22,7 +25,7 @@
 %%   from the worker: `{'r', Id, Reply}', `{'e', Id, Error}', `{'L', Level, Text}'.
 -module(erlcuda_protocol).
 
--export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, decode/1,
+-export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, deframe/1, decode/1,
          each_result/2, message/4, message/5, f32_list/1, finish/2,
          max_result_bytes/0, file_result/1, vector_reply/1,
          worker_command/2, hello_args/0, check_hello/1, load_atoms/0]).
@@ -90,10 +93,14 @@ encode_launch(JobId, Device, Kernel, Args, #{trace := Trace, result_file := Resu
                 bor case ResultFile of true -> ?WIRE_FLAG_RESULT_FILE; false -> 0 end
                 bor case Keep of none -> 0; _ -> ?WIRE_FLAG_KEEP end
                 bor case Geometry of none -> 0; _ -> ?WIRE_FLAG_GEOMETRY end,
-            {ok, [<<?WIRE_LAUNCH, JobId:64, Device:16, Flags:8, (byte_size(Name)):8,
-                    Name/binary, (length(Args)):8>>
-                  | [arg(A) || A <- Args]] ++ keep(Keep) ++ geometry(Geometry)}
+            {ok, framed([<<?WIRE_LAUNCH, JobId:64, Device:16, Flags:8, (byte_size(Name)):8,
+                           Name/binary, (length(Args)):8>>
+                         | [arg(A) || A <- Args]] ++ keep(Keep) ++ geometry(Geometry))}
     end.
+
+%% A frame: its length, then its bytes.
+framed(Body) ->
+    [<<(iolist_size(Body)):32>> | Body].
 
 payload(Bin) when is_binary(Bin) -> byte_size(Bin);
 payload({vector, _, Bin}) -> byte_size(Bin);
@@ -106,15 +113,17 @@ geometry(none) -> [];
 geometry({{GX, GY, GZ}, {BX, BY, BZ}, Shared}) ->
     [<<GX:32, GY:32, GZ:32, BX:32, BY:32, BZ:32, Shared:32>>].
 
-%% @doc Several launch frames as one batch frame, in order.
+%% @doc Several launch frames (as `encode_launch/5' made them, each with its length) as one
+%% batch frame, in order.
 -spec encode_batch([iodata()]) -> iolist().
 encode_batch(Frames) ->
-    [<<?WIRE_BATCH, (length(Frames)):32>> | [[<<(iolist_size(F)):32>>, F] || F <- Frames]].
+    framed([<<?WIRE_BATCH, (length(Frames)):32>> | Frames]).
 
-%% @doc The bytes a batch adds to each launch frame it carries, and once for itself.
+%% @doc The bytes a batch of `Count' launch frames adds to them, besides its own length:
+%% its tag and count (each launch brings its length prefix).
 -spec batch_overhead(non_neg_integer()) -> non_neg_integer().
-batch_overhead(Count) ->
-    5 + 4 * Count.
+batch_overhead(_Count) ->
+    5.
 
 %% A plain binary is an f32 vector (element type 0), as in the seed's frames.
 arg(Bin) when is_binary(Bin) -> [<<?WIRE_ARG_VECTOR, 0:8, (byte_size(Bin)):64>>, Bin];
@@ -155,9 +164,21 @@ max_result_bytes() ->
 %% @doc A control call: the worker answers `{'r', Id, Reply}' or `{'e', Id, Error}'. Id 0
 %% is no call the port owner made and waits for (a `free'): the worker sends no answer (it
 %% logs a failure), so neither pipe nor port owner carries one per free.
--spec encode_call(non_neg_integer(), atom(), list()) -> binary().
+-spec encode_call(non_neg_integer(), atom(), list()) -> iolist().
 encode_call(Id, Function, Args) ->
-    term_to_binary({'C', Id, erlcuda, Function, Args}).
+    framed([term_to_binary({'C', Id, erlcuda, Function, Args})]).
+
+%% @doc The whole frames at the start of what the worker sent (what was left of the last call
+%% followed by what came since), and the bytes after them. Nothing is reserved for a
+%% length: a frame takes the memory of the bytes that came, whatever its header says.
+-spec deframe(binary()) -> {[binary()], binary()}.
+deframe(Bytes) ->
+    deframe(Bytes, []).
+
+deframe(<<Len:32, Frame:Len/binary, Rest/binary>>, Acc) ->
+    deframe(Rest, [Frame | Acc]);
+deframe(Rest, Acc) ->
+    {lists:reverse(Acc), Rest}.
 
 %% @doc What a frame from the worker is. Terms are decoded with `[safe]': the worker can
 %% make no atom the node does not already know.

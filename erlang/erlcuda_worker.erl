@@ -52,6 +52,8 @@
                backoff = 0 :: non_neg_integer(),
                down_reason :: term(),
                last_frame = 0 :: integer(),
+               %% bytes of a frame not yet whole
+               inbuf = <<>> :: binary(),
                busy_since :: integer() | undefined,
                writer :: {pid(), erlcuda_writer:counters()} | undefined,
                shm = none :: erlcuda_shm:folder() | none,
@@ -113,8 +115,20 @@ handle_event(state_timeout, replay_timeout, replaying, #data{os_pid = OsPid} = D
     ?LOG_ERROR("erlcuda: the worker ~p did not load the user modules again in time; "
                "killing it", [OsPid]),
     kill_worker(replay_timeout, D);
-handle_event(info, {Port, {data, Frame}}, State, #data{port = Port} = D) ->
-    frame(erlcuda_protocol:decode(Frame), State, D#data{last_frame = now_ms()});
+handle_event(info, {Port, {data, Bytes}}, State, #data{port = Port, inbuf = Buf} = D0) ->
+    D = D0#data{last_frame = now_ms()},
+    case erlcuda_protocol:deframe(join(Buf, Bytes)) of
+        {[Frame], <<>>} ->
+            frame(erlcuda_protocol:decode(Frame), State, D#data{inbuf = <<>>});
+        {Frames, Rest} ->
+            {keep_state, D#data{inbuf = Rest},
+             [{next_event, internal, {frame, Port, F}} || F <- Frames]}
+    end;
+handle_event(internal, {frame, Port, Frame}, State, #data{port = Port} = D) ->
+    frame(erlcuda_protocol:decode(Frame), State, D);
+handle_event(internal, {frame, _, _}, _, _) ->
+    %% of a worker that died since
+    keep_state_and_data;
 handle_event(info, {Port, {exit_status, Status}}, _, #data{port = Port} = D) ->
     worker_died({exit_status, Status}, D);
 handle_event(info, {'EXIT', Port, Why}, _, #data{port = Port} = D) ->
@@ -301,6 +315,9 @@ up(#data{port = Port, config = Config, hello = Info} = D) ->
 ready(#data{waiting = Waiting} = D) ->
     {next_state, ready, D#data{waiting = []}, [{reply, From, ok} || From <- Waiting]}.
 
+join(<<>>, Bytes) -> Bytes;
+join(Buf, Bytes) -> <<Buf/binary, Bytes/binary>>.
+
 %% Starting and stopping the worker.
 
 start_worker(#data{config = Previous} = D0) ->
@@ -313,11 +330,12 @@ start_worker(#data{config = Previous} = D0) ->
              end,
     Epoch = erlcuda_status:next_epoch(),
     ok = erlcuda_buffers:new_epoch(Epoch),
-    D = D0#data{started = now_ms(), config = Config, shm = shm_folder(Config), epoch = Epoch},
+    D = D0#data{started = now_ms(), config = Config, shm = shm_folder(Config), epoch = Epoch,
+                inbuf = <<>>},
     #{python := Python, args := Args, env := Env} =
         erlcuda_protocol:worker_command(Config, D#data.shm),
     try open_port({spawn_executable, Python},
-                  [{args, Args}, {env, Env}, {packet, 4}, binary, exit_status, nouse_stdio,
+                  [{args, Args}, {env, Env}, stream, binary, exit_status, nouse_stdio,
                    hide]) of
         Port ->
             {os_pid, OsPid} = erlang:port_info(Port, os_pid),

@@ -68,18 +68,20 @@ bug_batch_frame_over_frame_limit_test_() ->
         %% a launch of reduce with one vector of BigN bytes, as encode_launch/5 writes it
         BigN = 4294966764,
         ?assert(BigN + 512 + 16 =< Max),           % encode_launch's own check passes
-        {ok, [Head | _]} = erlcuda_protocol:encode_launch(2, 0, reduce, [<<>>],
-                                                         #{trace => false, result_file => false}),
+        {ok, [_Length, Head | _]} =
+            erlcuda_protocol:encode_launch(2, 0, reduce, [<<>>],
+                                           #{trace => false, result_file => false}),
         Chunk = binary:copy(<<0>>, 1 bsl 24),
         Full = BigN div (1 bsl 24),
-        Big = [Head, <<86, 0, BigN:64>>, lists:duplicate(Full, Chunk),
-               binary:part(Chunk, 0, BigN - Full * (1 bsl 24))],
-        ?assert(iolist_size(Big) =< Max),
+        Body = [Head, <<86, 0, BigN:64>>, lists:duplicate(Full, Chunk),
+                binary:part(Chunk, 0, BigN - Full * (1 bsl 24))],
+        ?assert(iolist_size(Body) =< Max),
+        Big = [<<(iolist_size(Body)):32>> | Body],
         ?assert(iolist_size(erlcuda_protocol:encode_batch([Small, Big])) > Max),
         %% the port closes with epipe once the script exits: trap that
         Trap = process_flag(trap_exit, true),
         Port = open_port({spawn_executable, erlcuda_paths:python(default)},
-                         [{args, [header_reporter()]}, {packet, 4}, binary, exit_status,
+                         [{args, [header_reporter()]}, stream, binary, exit_status,
                           use_stdio]),
         {W, C} = erlcuda_writer:start_link(Port),
         unlink(W),
@@ -92,7 +94,7 @@ bug_batch_frame_over_frame_limit_test_() ->
                                     element(2, process_info(W, message_queue_len)) =:= 2
                             end, 50),
             erlang:resume_process(W),
-            First = receive {Port, {data, <<Len:32, Whole:8>>}} -> {Len, Whole}
+            First = receive {Port, {data, <<5:32, Len:32, Whole:8>>}} -> {Len, Whole}
                     after 30000 -> no_report end,
             %% the first frame the worker reads must be whole: a launch, or a batch whose
             %% launches end exactly at the frame's end
