@@ -20,6 +20,8 @@
                  timeout := timeout(),
                  trace := boolean(),
                  result_bytes := non_neg_integer(),
+                 %% what its reply must be, where the launch says (erlcuda_protocol:fits/2)
+                 expect => erlcuda_protocol:expect(),
                  general => general(),
                  %% launch_sync's: when a caller waiting on a busy writer gives up
                  deadline => integer() | infinity}.
@@ -269,9 +271,15 @@ result(#{kind := vector, length := [_ | _] = Length}, Values, Buffers, Type, Job
                         true -> N * Size;
                         false -> 0
                     end,
-            general(Job#{result_bytes => Bytes}, Buffers,
+            Expect = case Keep of
+                         true -> any;
+                         false -> {vector, Type, N}
+                     end,
+            general(Job#{result_bytes => Bytes, expect => Expect}, Buffers,
                     case Keep of true -> 1; false -> 0 end)
     end;
+result(#{kind := scalar}, _, Buffers, _, Job, _) ->
+    general(Job#{result_bytes => 0, expect => scalar}, Buffers, 0);
 result(_, _, Buffers, _, Job, _) ->
     general(Job#{result_bytes => 0}, Buffers, 0).
 

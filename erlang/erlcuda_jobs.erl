@@ -18,6 +18,8 @@
 -define(OK, 2).
 -define(ERROR, 3).
 -define(DROPPED, 4).
+-define(MISMATCH, <<"the worker's reply did not fit its job (kind, element type or length): "
+                    "the worker is restarted">>).
 
 -record(job, {id :: erlcuda:job_id(),
               reply_to :: pid() | reference(),
@@ -31,6 +33,7 @@
               files = [] :: [file:filename()],
               shm :: file:filename() | undefined,
               ctx = none :: erlcuda_protocol:ctx(),
+              expect = any :: erlcuda_protocol:expect(),
               %% a job of another node's caller (erlcuda_remote): the id it replies with,
               %% and whether the caller waits in launch_sync
               remote = none :: none | {erlcuda:job_id(), boolean()}}).
@@ -46,7 +49,7 @@
                    device := non_neg_integer(), queues := erlcuda_status:queues(),
                    kernel := atom(), format := erlcuda:format(), trace := boolean(),
                    files => [file:filename()], shm => file:filename() | undefined,
-                   ctx => erlcuda_protocol:ctx()}.
+                   ctx => erlcuda_protocol:ctx(), expect => erlcuda_protocol:expect()}.
 
 %% @doc The table, created by the application's process so that it outlives the port owner.
 -spec create() -> ok.
@@ -94,7 +97,8 @@ register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
                                  format = Format, trace = Trace, started = Started,
                                  files = maps:get(files, Entry, []),
                                  shm = maps:get(shm, Entry, undefined),
-                                 ctx = maps:get(ctx, Entry, none), remote = Remote}),
+                                 ctx = maps:get(ctx, Entry, none),
+                                 expect = maps:get(expect, Entry, any), remote = Remote}),
     counters:add(counters_ref(), ?SUBMITTED, 1).
 
 %% @doc Who owns the buffers a job keeps: its caller, or a remote job's caller.
@@ -121,12 +125,30 @@ cancel_remote(Node, ReplyId) ->
     end.
 
 %% @doc Deliver the job's reply (its record from the worker, or an error decided here) to
-%% its caller, once; `none' when the job was already answered or dropped.
+%% its caller, once; `none' when the job was already answered or dropped; `mismatch' when
+%% the record is not of the kind, type or length the job expects: the job is answered
+%% `{error, {internal, _}}', and a worker that confuses its jobs must not be believed again.
 -spec complete(erlcuda:job_id(), erlcuda_protocol:reply() | {error, erlcuda:reason()}) ->
-    ok | none.
+    ok | none | mismatch.
+complete(Id, {error, _} = Reply) ->
+    deliver(ets:take(?TAB, Id), Reply);
 complete(Id, Reply) ->
     case ets:take(?TAB, Id) of
-        [#job{files = Files} = Job] ->
+        [#job{expect = Expect}] = Taken ->
+            case erlcuda_protocol:fits(Expect, Reply) of
+                true ->
+                    deliver(Taken, Reply);
+                false ->
+                    _ = deliver(Taken, {error, {internal, ?MISMATCH}}),
+                    mismatch
+            end;
+        [] ->
+            none
+    end.
+
+deliver(Taken, Reply) ->
+    case Taken of
+        [#job{id = Id, files = Files} = Job] ->
             erlcuda_shm:delete(Files),
             case erlcuda_protocol:file_result(Reply) of
                 {file, Bytes, PartBytes} when Job#job.shm =/= undefined ->

@@ -27,11 +27,11 @@
 
 -export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, deframe/1, decode/1,
          each_result/2, message/4, message/5, f32_list/1, finish/2,
-         max_result_bytes/0, file_result/1, vector_reply/1,
+         max_result_bytes/0, file_result/1, vector_reply/1, fits/2,
          worker_command/2, hello_args/0, check_hello/1, load_atoms/0]).
 
 -export_type([event/0, command/0, reply/0, launch_arg/0, flags/0, file_arg/0, file_result/0,
-              ctx/0, shape/0, raw/0]).
+              ctx/0, shape/0, raw/0, expect/0]).
 
 -include("erlcuda_contract.hrl").
 
@@ -65,6 +65,9 @@
 -type ctx() :: none | #{epoch := non_neg_integer(), device := non_neg_integer(),
                         buffers := [erlcuda:buffer()], shape := shape(),
                         keep := [erlcuda_buffers:id()]}.
+%% What a job's reply must be: a vector of so many elements of a type (as data, or in
+%% shared memory), a scalar, or anything (what the launch does not fix).
+-type expect() :: {vector, erlcuda_vector:type(), non_neg_integer()} | scalar | any.
 %% A result decoded but not yet made into Erlang terms: vectors still binaries.
 -type raw() :: {vec, erlcuda_vector:type(), binary()} | {scalar, float()}
              | {buffer, erlcuda:buffer()} | [raw()].
@@ -150,6 +153,27 @@ file_result({wire, ?WIRE_TAG_FILE, <<Bytes:64, PartBytes:64>>})
 file_result(_) ->
     no.
 
+%% @doc Whether a job's record is of the kind, element type and length its job expects: a
+%% worker that answered another job's id with its record is caught here, not believed. An
+%% error fits every job.
+-spec fits(expect(), reply()) -> boolean().
+fits(any, _) ->
+    true;
+fits(_, {wire, ?WIRE_TAG_ERROR, _}) ->
+    true;
+fits(Expect, {wire, ?WIRE_TAG_TRACED, <<Tag:8, Len:32, Inner:Len/binary, _/binary>>}) ->
+    fits(Expect, {wire, Tag, Inner});
+fits(scalar, {wire, ?WIRE_TAG_SCALAR, <<_:64>>}) ->
+    true;
+fits({vector, f32, N}, {wire, ?WIRE_TAG_VECTOR, Bin}) ->
+    byte_size(Bin) =:= 4 * N;
+fits({vector, Type, N}, {wire, ?WIRE_TAG_TYPED, <<Index:8, Bin/binary>>}) ->
+    erlcuda_vector:type(Index) =:= Type andalso byte_size(Bin) =:= N * erlcuda_vector:size(Type);
+fits({vector, Type, N}, {wire, ?WIRE_TAG_FILE, <<Bytes:64, _:64>>}) ->
+    Bytes =:= N * erlcuda_vector:size(Type);
+fits(_, _) ->
+    false.
+
 %% @doc A vector result read from shared memory, as if its record had carried it.
 -spec vector_reply(binary()) -> reply().
 vector_reply(Bin) ->
@@ -201,11 +225,16 @@ decode(Frame) ->
     {undecodable, byte_size(Frame)}.
 
 %% @doc Call `Fun(JobId, Reply)' for each record of a results frame, in order; `malformed'
-%% when the records do not parse to their end (the ones before were delivered).
--spec each_result(fun((erlcuda:job_id(), reply()) -> term()), binary()) -> ok | malformed.
+%% when the records do not parse to their end (the ones before were delivered), and
+%% `{mismatch, JobId}' when `Fun' found a record that does not fit its job (the ones after
+%% it are left).
+-spec each_result(fun((erlcuda:job_id(), reply()) -> term()), binary()) ->
+    ok | malformed | {mismatch, erlcuda:job_id()}.
 each_result(Fun, <<JobId:64, Tag:8, Len:32, Payload:Len/binary, Rest/binary>>) ->
-    _ = Fun(JobId, {wire, Tag, Payload}),
-    each_result(Fun, Rest);
+    case Fun(JobId, {wire, Tag, Payload}) of
+        mismatch -> {mismatch, JobId};
+        _ -> each_result(Fun, Rest)
+    end;
 each_result(_, <<>>) ->
     ok;
 each_result(_, _) ->

@@ -52,7 +52,8 @@ route1(#{device := Want, kernel := Kernel, args := Args, format := Format, trace
                                                          queues => Queues, kernel => Kernel,
                                                          format => Format, trace => Trace,
                                                          files => [F || {F, _} <- Plan],
-                                                         shm => folder(Shm), ctx => Ctx}),
+                                                         shm => folder(Shm), ctx => Ctx,
+                                                         expect => maps:get(expect, Job, any)}),
                             Deadline = maps:get(deadline, Job, infinity),
                             case erlcuda_shm:stage(Plan) of
                                 ok ->

@@ -211,7 +211,11 @@ frame({results, Records}, _, #data{os_pid = OsPid, shm = Shm} = D) ->
             %% and its death answers every job still open.
             ?LOG_ERROR("erlcuda: a malformed results frame from worker ~p; killing it",
                        [OsPid]),
-            kill_worker({protocol, malformed_results}, D)
+            kill_worker({protocol, malformed_results}, D);
+        {mismatch, Id} ->
+            ?LOG_ERROR("erlcuda: worker ~p answered job ~b with a record that does not fit "
+                       "it; killing it", [OsPid, Id]),
+            kill_worker({protocol, reply_mismatch}, D)
     end;
 frame({answer, Id, Reply}, State, #data{calls = Calls} = D) ->
     case maps:take(Id, Calls) of
@@ -246,6 +250,8 @@ complete(Id, Reply, Shm) ->
                 {file, _, _} = File -> erlcuda_shm:delete(erlcuda_shm:result_files(Dir, Id, File));
                 no -> ok
             end;
+        {mismatch, _} ->
+            mismatch;
         _ ->
             ok
     end.

@@ -70,7 +70,7 @@ plain_launch_is_the_seeds_test() ->
     {ok, Job} = erlcuda_job:validate(vector_add, [[1.0, 2.0], <<3.0:32/float-little,
                                                                 4.0:32/float-little>>], []),
     ?assertEqual(#{kernel => vector_add, device => 0, format => list, timeout => 5000,
-                   trace => false, result_bytes => 8,
+                   trace => false, result_bytes => 8, expect => {vector, f32, 2},
                    args => [<<1.0:32/float-little, 2.0:32/float-little>>,
                             <<3.0:32/float-little, 4.0:32/float-little>>]}, Job),
     {ok, M} = erlcuda_job:validate(matmul, [[1, 2], [3, 4], 1, 1, 2], #{device => any}),
@@ -159,7 +159,13 @@ plain_frame_is_byte_identical_test() ->
     Vec = <<?WIRE_ARG_VECTOR, 0, 8:64, Data/binary>>,
     ?assertEqual(<<Head/binary, Vec/binary, Vec/binary, ?WIRE_ARG_DIM, 1:64,
                    ?WIRE_ARG_DIM, 1:64, ?WIRE_ARG_DIM, 2:64>>,
-                 iolist_to_binary(Frame)).
+                 body(Frame)).
+
+%% A frame's bytes after its length, which must be theirs.
+body(Frame) ->
+    <<Len:32, Body/binary>> = iolist_to_binary(Frame),
+    ?assertEqual(Len, byte_size(Body)),
+    Body.
 
 general_frame_test() ->
     Args = [{vector, f64, <<1.0:64/float-little>>}, {handle, 42},
@@ -177,7 +183,7 @@ general_frame_test() ->
                    ?WIRE_ARG_FILE, 4, 80:64, 1048576:64, 4, "i3-1",
                    2, 100:64, 101:64,
                    4:32, 2:32, 1:32, 128:32, 1:32, 1:32, 64:32>>,
-                 iolist_to_binary(Frame)).
+                 body(Frame)).
 
 shm_plan_keeps_the_type_test() ->
     Folder = #{dir => "/nowhere", threshold => 16},
