@@ -47,7 +47,7 @@
 
 -export_type([kernel/0, vector/0, device/0, format/0, option/0, options/0, job_id/0,
               result/0, reason/0, cuda_code/0, stamps/0, buffer/0, element_type/0,
-              param/0, load_option/0, buffer_info/0, cluster_info/0]).
+              param/0, load_option/0, buffer_info/0, cluster_info/0, traced/1]).
 
 %% A built-in kernel, or the name of a loaded one.
 -type kernel() :: erlcuda_contract:builtin_kernel() | atom().
@@ -78,6 +78,8 @@
 -type cuda_code() :: erlcuda_contract:cuda_code().
 %% The worker's time stamps of a traced job (nanoseconds of its own clock), by stage.
 -type stamps() :: #{binary() => integer()}.
+%% An answer with `{trace, true}': the worker's stamps beside the value or the reason.
+-type traced(Value) :: {ok, Value, stamps()} | {error, reason(), stamps()}.
 %% A user kernel's parameter: a pointer it reads, writes or both, or a scalar.
 -type param() :: {in | out | inout, element_type()} | {scalar, element_type()}.
 -type load_option() :: {options, [binary()]} | {timeout, timeout()}.
@@ -250,8 +252,9 @@ upload(Vector) ->
 
 %% @doc Copy a vector to a device (`{device, N}', default 0) as a buffer of `{type, T}'
 %% (default f32) owned by the caller: `launch_sync(copy, [Vector], Opts)' with `{keep, true}'.
+%% With `{trace, true}' the answer carries the stamps as a third element, as launch_sync's.
 -spec upload(Vector :: [number()] | binary(), Opts :: options()) ->
-    {ok, buffer()} | {error, reason()}.
+    {ok, buffer()} | {error, reason()} | traced(buffer()).
 upload(Vector, Opts) ->
     with_options(Opts, fun(O) -> launch_sync(copy, [Vector], O ++ [{keep, true}]) end).
 
@@ -261,9 +264,10 @@ download(Buffer) ->
     download(Buffer, []).
 
 %% @doc A buffer's elements, as a list of numbers or, with `{format, binary}', a binary:
-%% `launch_sync(copy, [Buffer], Opts)'. The buffer stays as it is.
+%% `launch_sync(copy, [Buffer], Opts)'. The buffer stays as it is. `{trace, true}' as for
+%% `upload/2'.
 -spec download(Buffer :: buffer(), Opts :: options()) ->
-    {ok, [number()] | binary()} | {error, reason()}.
+    {ok, [number()] | binary()} | {error, reason()} | traced([number()] | binary()).
 download(Buffer, Opts) ->
     case erlcuda_job:is_buffer(Buffer) of
         true -> with_options(Opts, fun(O) -> launch_sync(copy, [Buffer], O ++ [{keep, false}])
@@ -273,13 +277,13 @@ download(Buffer, Opts) ->
 
 %% @doc A buffer of `N' zeros of `Type' on a device (`{device, N}', default 0).
 -spec zeros(Type :: element_type(), N :: non_neg_integer(), Opts :: options()) ->
-    {ok, buffer()} | {error, reason()}.
+    {ok, buffer()} | {error, reason()} | traced(buffer()).
 zeros(Type, N, Opts) ->
     allocate(zeros, Type, N, Opts).
 
 %% @doc A buffer of `N' elements of `Type', their values undefined (an allocation alone).
 -spec empty(Type :: element_type(), N :: non_neg_integer(), Opts :: options()) ->
-    {ok, buffer()} | {error, reason()}.
+    {ok, buffer()} | {error, reason()} | traced(buffer()).
 empty(Type, N, Opts) ->
     allocate(empty, Type, N, Opts).
 

@@ -24,14 +24,26 @@ start(_Type, _Args) ->
                 {ok, Sup} ->
                     %% The application is ready once the worker's first start has ended,
                     %% answered or failed (a failed one is retried in the background).
-                    ok = erlcuda_worker:await_ready(StartTimeout + ?AWAIT_MARGIN),
-                    {ok, Sup};
+                    case erlcuda_worker:await_ready(StartTimeout + ?AWAIT_MARGIN) of
+                        ok ->
+                            {ok, Sup};
+                        {error, _} = Error ->
+                            stop_sup(Sup),
+                            Error
+                    end;
                 Other ->
                     Other
             end;
         {error, _} = Error ->
             Error
     end.
+
+%% Stopped before the start returns, so that a start tried again finds no supervisor.
+stop_sup(Sup) ->
+    Ref = monitor(process, Sup),
+    unlink(Sup),
+    exit(Sup, shutdown),
+    receive {'DOWN', Ref, process, Sup, _} -> ok end.
 
 -spec stop(term()) -> ok.
 stop(_State) ->

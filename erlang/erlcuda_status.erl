@@ -11,7 +11,6 @@
 
 -define(TAB, erlcuda_status).
 %% More devices than any host has: a bound on what a worker or the config may claim.
--define(MAX_DEVICES, 1024).
 -define(EPOCHS, {?MODULE, epochs}).
 
 -type queues() :: atomics:atomics_ref().
@@ -120,7 +119,7 @@ shortest(Queues, I, Best, BestDepth) ->
 %% @doc The most devices a worker may report (and the cpu backend may be given).
 -spec max_devices() -> pos_integer().
 max_devices() ->
-    ?MAX_DEVICES.
+    erlcuda_contract:max_devices().
 
 %% @doc The worker's OS pid, kept here so that a port owner killed without running its
 %% terminate/3 leaves its successor a worker to kill.

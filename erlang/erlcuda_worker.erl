@@ -41,6 +41,9 @@
 -type caller() :: {info, gen_statem:from()} | {plain, gen_statem:from()} | hello
                 | {replay, atom()}.
 
+%% The worker's exit status for a command line it refuses (python/erlcuda/cli.py).
+-define(EXIT_USAGE, 2).
+
 -record(data, {config :: erlcuda_config:config(),
                port :: port() | undefined,
                os_pid :: integer() | undefined,
@@ -67,7 +70,7 @@ start_link() ->
     gen_statem:start_link({local, ?MODULE}, ?MODULE, [], []).
 
 %% @doc Return once the first start of the worker has ended, answered or failed.
--spec await_ready(timeout()) -> ok.
+-spec await_ready(timeout()) -> ok | {error, {bad_config, worker_args, [string()]}}.
 await_ready(Timeout) ->
     gen_statem:call(?MODULE, await_ready, Timeout).
 
@@ -129,8 +132,8 @@ handle_event(internal, {frame, Port, Frame}, State, #data{port = Port} = D) ->
 handle_event(internal, {frame, _, _}, _, _) ->
     %% of a worker that died since
     keep_state_and_data;
-handle_event(info, {Port, {exit_status, Status}}, _, #data{port = Port} = D) ->
-    worker_died({exit_status, Status}, D);
+handle_event(info, {Port, {exit_status, Status}}, State, #data{port = Port} = D) ->
+    worker_died(exit_reason(Status, State, D), D);
 handle_event(info, {'EXIT', Port, Why}, _, #data{port = Port} = D) ->
     worker_died({port_exit, Why}, D);
 handle_event(info, {'EXIT', Writer, Why}, _, #data{writer = {Writer, _}} = D) ->
@@ -149,8 +152,8 @@ handle_event(info, tick, State, D) ->
 handle_event({call, From}, await_ready, State, D) when State =:= starting;
                                                        State =:= replaying ->
     {keep_state, D#data{waiting = [From | D#data.waiting]}};
-handle_event({call, From}, await_ready, _, _) ->
-    {keep_state_and_data, [{reply, From, ok}]};
+handle_event({call, From}, await_ready, _, D) ->
+    {keep_state_and_data, [{reply, From, start_result(D)}]};
 handle_event({call, From}, info, ready, #data{port = Port} = D) when Port =/= undefined ->
     %% A worker busy with a long control call must not leave info/0 waiting: past
     %% ?INFO_WAIT the answer is this side's view and the counters of the worker's hello.
@@ -440,7 +443,20 @@ back_off(Why, #data{restarts = N, backoff = Backoff, started = Started, waiting 
             end,
     {next_state, backing_off,
      D#data{restarts = N + 1, backoff = Delay, down_reason = Why, waiting = []},
-     [{state_timeout, Delay, restart} | [{reply, From, ok} || From <- W]]}.
+     [{state_timeout, Delay, restart}
+      | [{reply, From, start_result(D#data{down_reason = Why})} || From <- W]]}.
+
+%% What a first start that ended tells the application: worker arguments it refused stop
+%% the start, rather than a worker that would restart for ever.
+start_result(#data{down_reason = {bad_config, _, _} = Bad}) -> {error, Bad};
+start_result(_) -> ok.
+
+%% The worker refuses a command line with the usage status before it says hello. Ours is
+%% always well formed: one it refused holds `worker_args' it does not take.
+exit_reason(?EXIT_USAGE, starting, #data{config = #{worker_args := [_ | _] = Args}}) ->
+    {bad_config, worker_args, Args};
+exit_reason(Status, _, _) ->
+    {exit_status, Status}.
 
 %% A worker that is alive but answers nothing while jobs wait is stuck (a hung driver call,
 %% a kernel that never ends): kill it, so its jobs get an error and a new worker starts.

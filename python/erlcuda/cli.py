@@ -17,7 +17,7 @@ import fcntl
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
 
     def backend_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
-        p.add_argument("--cpu-devices", type=int, default=1, metavar="N")
+        p.add_argument("--cpu-devices", type=_int_in(1, contract.MAX_DEVICES), default=1,
+                       metavar="N")
 
     backend_args(sub.add_parser("devices", help="list the devices a backend sees"))
     run = sub.add_parser("run", help="run one kernel on random data and time it")
@@ -53,9 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     backend_args(run)
     serve = sub.add_parser("serve", help="port mode: frames on fds 3 (in) and 4 (out)")
     backend_args(serve)
-    serve.add_argument("--max-batch", type=int, default=256,
+    serve.add_argument("--max-batch", type=_int_in(1, 1 << 31), default=256,
                        help="largest batch (1 turns batching off)")
-    serve.add_argument("--spin-us", type=int, default=-1, metavar="US",
+    serve.add_argument("--spin-us", type=_int_in(-1, 1 << 31), default=-1, metavar="US",
                        help="device threads poll this long for more work before sleeping "
                             "(default: 300 on the cuda backend, 0 on cpu)")
     serve.add_argument("--device-thread", action="store_true",
@@ -68,12 +69,28 @@ def _parser() -> argparse.ArgumentParser:
                        help="most bytes of buffers kept on each device (0: no limit but the "
                             "device's memory); past it a launch that keeps a vector gets "
                             "{cuda, out_of_memory, _}")
-    serve.add_argument("--switch-interval-us", type=int, default=0, metavar="US",
+    serve.add_argument("--switch-interval-us", type=_int_in(0, 1 << 31), default=0,
+                       metavar="US",
                        help="the interpreter's thread switch interval (0: Python's default)")
     serve.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
     serve.add_argument("--bench-hooks", action="store_true",
                        help="answer the benchmarks' calls echo and pure")
     return parser
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argument type: an integer from ``low`` to ``high``. A value the worker cannot use
+    is a command-line mistake (exit status 2, which Erlang reports as ``bad_config``), not
+    a worker that starts and fails for ever."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not from {low} to {high}")
+        return value
+    return parse
 
 
 def _bytes(text: str) -> int:

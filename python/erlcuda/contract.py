@@ -24,6 +24,7 @@ __all__ = [
     "ELEMENT_TYPES",
     "KERNELS",
     "LOG_LEVELS",
+    "MAX_DEVICES",
     "MAX_ELEMENTS",
     "MAX_FRAME",
     "PROTOCOL",
@@ -89,6 +90,7 @@ _RAW = _load()
 PROTOCOL: int = _RAW["protocol"]
 MAX_FRAME: int = _RAW["max_frame"]
 MAX_ELEMENTS: int = _RAW["max_elements"]
+MAX_DEVICES: int = _RAW["max_devices"]
 ELEMENT_TYPES: tuple[str, ...] = tuple(_RAW["element_types"])
 KERNELS: dict[str, KernelSpec] = {
     k["name"]: KernelSpec(k["name"], k["doc"], tuple(_param(p) for p in k["params"]),
@@ -211,8 +213,8 @@ def erlang_module() -> str:
 %% Do not edit: change the JSON file, and both sides follow.
 -module(erlcuda_contract).
 
--export([protocol/0, max_frame/0, max_elements/0, element_types/0, kernels/0, cuda_codes/0,
-         reasons/0, worker_atoms/0]).
+-export([protocol/0, max_frame/0, max_elements/0, max_devices/0, element_types/0, kernels/0,
+         cuda_codes/0, reasons/0, worker_atoms/0]).
 
 -export_type([builtin_kernel/0, cuda_code/0, element_type/0, spec/0, param/0]).
 
@@ -236,6 +238,10 @@ max_frame() -> {MAX_FRAME}.
 %% @doc The most elements one operand may have.
 -spec max_elements() -> pos_integer().
 max_elements() -> {MAX_ELEMENTS}.
+
+%% @doc The most devices a worker may have (and the cpu backend may be given).
+-spec max_devices() -> pos_integer().
+max_devices() -> {MAX_DEVICES}.
 
 %% @doc The element types, in the order of their index on the wire.
 -spec element_types() -> [element_type()].

@@ -42,3 +42,44 @@ script(Name, Text) ->
     ok = file:write_file(Path, Text),
     ok = file:change_mode(Path, 8#755),
     Path.
+
+%% Worker arguments the worker refuses stop the application's start with bad_config (the
+%% README's promise), instead of a worker that restarts for ever.
+bad_worker_args_test_() ->
+    {setup,
+     fun() -> _ = application:stop(erlcuda), application:load(erlcuda) end,
+     fun(_) -> erlcuda_test_util:reset(?DEFAULTS, []) end,
+     {timeout, 60, fun() ->
+         [begin
+              [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS],
+              ok = application:set_env(erlcuda, worker_args, Args),
+              ?assertMatch({error, {{bad_config, worker_args, _}, _}},
+                           application:start(erlcuda)),
+              ?assertEqual(undefined, whereis(erlcuda_worker))
+          end || Args <- [["--bogus-flag"], [<<"--cpu-devices">>, <<"2000">>],
+                          ["--max-batch", "0"], ["--spin-us", "x"]]],
+         %% arguments it takes start it as before
+         ok = application:set_env(erlcuda, worker_args, ["--max-batch", "8"]),
+         ok = application:start(erlcuda),
+         ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]]))
+     end}}.
+
+%% The frames this side writes each carry their length, and a batch's launches keep theirs
+%% inside it; what the worker sends is cut at each frame's length, however it arrives.
+deframe_test() ->
+    {ok, Launch} = erlcuda_protocol:encode_launch(1, 0, reduce, [<<1.0:32/float-little>>],
+                                                  #{trace => false, result_file => false}),
+    L = iolist_to_binary(Launch),
+    <<Len:32, Body/binary>> = L,
+    ?assertEqual(Len, byte_size(Body)),
+    Batch = iolist_to_binary(erlcuda_protocol:encode_batch([Launch, Launch])),
+    ?assertEqual(<<(5 + 2 * byte_size(L)):32, $B, 2:32, L/binary, L/binary>>, Batch),
+    Call = iolist_to_binary(erlcuda_protocol:encode_call(3, info, [])),
+    <<CLen:32, CBody/binary>> = Call,
+    ?assertEqual({CLen, {'C', 3, erlcuda, info, []}}, {byte_size(CBody), binary_to_term(CBody)}),
+    Stream = <<Batch/binary, Call/binary, 0:32, 9:32, "part">>,
+    ?assertEqual({[<<$B, 2:32, L/binary, L/binary>>, CBody, <<>>], <<9:32, "part">>},
+                 erlcuda_protocol:deframe(Stream)),
+    %% a header alone, however large its length, keeps nothing but itself
+    ?assertEqual({[], <<16#FFFFFFF0:32>>}, erlcuda_protocol:deframe(<<16#FFFFFFF0:32>>)),
+    ?assertEqual({[], <<1, 2>>}, erlcuda_protocol:deframe(<<1, 2>>)).
