@@ -117,10 +117,14 @@ ceil_div(A, B) ->
     (A + B - 1) div B.
 
 %% @doc Write the planned parts, all at once (each write runs on a dirty I/O scheduler);
-%% on failure, delete them all.
+%% on failure, delete them all. Each part is a new file: one whose path is taken already
+%% (by a symlink, a FIFO, a directory, any file) is an error, never written through.
 -spec stage(plan()) -> ok | {error, binary()}.
 stage(Plan) ->
-    Results = in_parallel(fun({F, B}) -> {F, file:write_file(F, B, [raw])} end, Plan),
+    %% Exclusive is O_CREAT | O_EXCL: any existing path fails with eexist, a symlink
+    %% without being followed and a FIFO without being waited on.
+    Results = in_parallel(fun({F, B}) -> {F, file:write_file(F, B, [raw, exclusive])} end,
+                          Plan),
     checked(Results, [F || {F, _} <- Plan]).
 
 %% Fun on each element, each in a process of its own (one alone runs here); the results in

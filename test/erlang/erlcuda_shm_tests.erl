@@ -31,6 +31,7 @@ shm_test_() ->
                {timeout, 60, fun killed_caller_leaves_no_file/0},
                {timeout, 60, fun timed_out_caller_leaves_no_file/0},
                {timeout, 60, fun replies_keep_their_order/0},
+               {timeout, 60, fun planted_operand_files_are_never_followed/0},
                {timeout, 60, fun without_room_the_pipe_carries_it/0},
                {timeout, 60, fun stop_leaves_no_folder/0}])}.
 
@@ -214,6 +215,47 @@ without_room_the_pipe_carries_it() ->
     ?assertEqual([], folders()),
     erlcuda_test_util:no_message().
 
+%% Whatever stands at an operand's path before it is written (a symlink, a FIFO, a
+%% directory) is never written through nor waited on: the operands go through the pipe and
+%% the job gets its result, well within its timeout.
+planted_operand_files_are_never_followed() ->
+    A = vec(?N, 1), B = vec(?N, 2),
+    [Folder] = folders(),
+    Target = filename:join(base(), "target"),
+    ok = file:write_file(Target, <<"keep">>),
+    [begin
+         Path = filename:join(Folder, "i" ++ integer_to_list(next_job_id()) ++ "-1.0"),
+         plant(Kind, Path, Target),
+         Got = unblocked(fun() -> erlcuda:launch_sync(vector_add, [A, B],
+                                                      [{format, binary}, {timeout, 3000}])
+                         end, "timeout 5 cat " ++ Path ++ " >/dev/null"),
+         ?assertEqual({Kind, {ok, vec(?N, 3)}}, {Kind, Got}),
+         ?assertEqual({Kind, {ok, <<"keep">>}}, {Kind, file:read_file(Target)}),
+         _ = file:del_dir(Path)
+     end || Kind <- [symlink, fifo, directory]],
+    ok = file:delete(Target),
+    ?assertEqual(0, erlcuda_jobs:size()),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
+    erlcuda_test_util:no_message().
+
+%% The id the next launch will get: one more than a launch's now.
+next_job_id() ->
+    {ok, Id} = erlcuda:launch(reduce, [[1.0]]),
+    receive {erlcuda, Id, {ok, 1.0}} -> Id + 1 after 10000 -> error(timeout) end.
+
+plant(symlink, Path, Target) -> ok = file:make_symlink(Target, Path);
+plant(fifo, Path, _) -> "" = os:cmd("mkfifo " ++ Path);
+plant(directory, Path, _) -> ok = file:make_dir(Path).
+
+%% Fun() run in a process of its own: its value, or `hung' when it has not returned in
+%% 10 s; then Release (a shell command) unblocks it, so nothing stays blocked on a FIFO.
+unblocked(Fun, Release) ->
+    Self = self(),
+    Pid = spawn(fun() -> Self ! {self(), Fun()} end),
+    receive {Pid, Got} -> Got
+    after 10000 -> _ = os:cmd(Release), hung
+    end.
+
 stop_leaves_no_folder() ->
     #{worker_os_pid := Old} = erlcuda:info(),
     os:cmd("kill -9 " ++ integer_to_list(Old)),  % a new worker, with a new folder
@@ -289,6 +331,37 @@ read_parts_test() ->
                      erlcuda_shm:read_parts([{P(0), 0, 5}], 5)),
         ?assertMatch({error, {_, holds, more_than, 0}}, erlcuda_shm:read_parts([{P(1), 0, 0}], 0)),
         ?assertMatch({error, {_, enoent}}, erlcuda_shm:read_parts([{P(0), 0, 4}, {P(9), 4, 2}], 6))
+    after
+        file:del_dir_r(Dir)
+    end.
+
+scratch(Name) ->
+    Dir = filename:join("/tmp", "erlcuda-" ++ Name ++ "-" ++ os:getpid()),
+    _ = file:del_dir_r(Dir),
+    ok = filelib:ensure_path(Dir),
+    Dir.
+
+%% A part is a new file: what already stands at its path (a symlink, a FIFO, a directory)
+%% is refused at once, never written through nor waited on.
+stage_writes_only_new_files_test_() ->
+    {timeout, 60, fun stage_writes_only_new_files/0}.
+
+stage_writes_only_new_files() ->
+    Dir = scratch("stage"),
+    Target = filename:join(Dir, "target"),
+    try
+        ok = file:write_file(Target, <<"keep">>),
+        [begin
+             Path = filename:join(Dir, atom_to_list(Kind) ++ ".0"),
+             plant(Kind, Path, Target),
+             Got = unblocked(fun() -> erlcuda_shm:stage([{Path, <<"operand">>}]) end,
+                             "timeout 5 cat " ++ Path ++ " >/dev/null"),
+             ?assertMatch({Kind, {error, <<"shared memory: writing ", _/binary>>}}, {Kind, Got}),
+             ?assertEqual({Kind, {ok, <<"keep">>}}, {Kind, file:read_file(Target)})
+         end || Kind <- [symlink, fifo, directory]],
+        New = filename:join(Dir, "new.0"),
+        ?assertEqual(ok, erlcuda_shm:stage([{New, <<"operand">>}])),
+        ?assertEqual({ok, <<"operand">>}, file:read_file(New))
     after
         file:del_dir_r(Dir)
     end.
