@@ -20,12 +20,19 @@
 %% whole result on a normal scheduler, which held small jobs of other callers by 3 ms in
 %% the benchmark's hold section. Several parts are still read, at once, if a record names
 %% them.
+%%
+%% Only regular files of this folder are written or read, never what a symlink names nor a
+%% FIFO: a part is written to a new file (whatever already stands at its path is refused),
+%% and a result's part must be a regular file before it is opened (file:open/2 has no
+%% O_NOFOLLOW), and the same file once open.
 -module(erlcuda_shm).
 
 -export([folder/1, remove/1, plan/3, stage/1, delete/1, result_files/3, take_result/4,
          read_parts/2, part_bytes/1]).
 
 -export_type([folder/0, plan/0]).
+
+-include_lib("kernel/include/file.hrl").
 
 -define(PREFIX, "erlcuda-").
 %% A part's size is a multiple of this, which is a multiple of every page size the worker
@@ -181,13 +188,25 @@ take_result(Dir, JobId, Bytes, PartBytes) ->
     Reply.
 
 %% @doc A vector of `Bytes' bytes read from its parts (`{Path, Offset, Length}', several at
-%% once), each checked to hold exactly its length.
+%% once), each checked to be a regular file (not a symlink) before it is opened, and to
+%% hold exactly its length. Errors: `{Path, Why}' (from file:read_link_info/2 or
+%% file:open/2), `{Path, not_regular, Type}', `{Path, holds, Size, expected, Length}',
+%% `{Path, holds, more_than, Length}', `{Path, replaced}' (not the file checked once
+%% opened), `{size, Read, Bytes}'.
 -spec read_parts([{file:filename(), non_neg_integer(), non_neg_integer()}],
                  non_neg_integer()) -> {ok, binary()} | {error, term()}.
-read_parts([{Path, 0, Len}], _) ->
-    read(Path, Len);
 read_parts(Parts, Bytes) ->
-    Read = in_parallel(fun({Path, _, Len}) -> read(Path, Len) end, Parts),
+    case found(Parts, []) of
+        {ok, [{Path, Len, Info}]} ->
+            read(Path, Len, Info);
+        {ok, Found} ->
+            read_all(Found, Bytes);
+        {error, _} = Error ->
+            Error
+    end.
+
+read_all(Found, Bytes) ->
+    Read = in_parallel(fun({Path, Len, Info}) -> read(Path, Len, Info) end, Found),
     case [Why || {error, Why} <- Read] of
         [] ->
             Bin = iolist_to_binary([B || {ok, B} <- Read]),
@@ -199,24 +218,54 @@ read_parts(Parts, Bytes) ->
             {error, Why}
     end.
 
+%% Each part as it is in the folder, `{Path, Length, Info}': the entry itself, not what a
+%% symlink names, and only a regular file (a FIFO opened for reading would block until
+%% someone writes to it).
+found([], Acc) ->
+    {ok, lists:reverse(Acc)};
+found([{Path, _, Len} | Rest], Acc) ->
+    case file:read_link_info(Path, [raw]) of
+        {ok, #file_info{type = regular} = Info} ->
+            found(Rest, [{Path, Len, Info} | Acc]);
+        {ok, #file_info{type = Type}} ->
+            {error, {Path, not_regular, Type}};
+        {error, Why} ->
+            {error, {Path, Why}}
+    end.
+
 %% Raw: in this process, not through the file server that every file:read_file/1 shares.
-%% Exactly `Bytes' into one binary (a longer read that came back short would shrink the
-%% binary, which may copy it), then one more byte, which must not be there.
-read(File, Bytes) ->
+%% The file opened must be the one checked: an entry swapped in between (for a symlink or
+%% another file) is refused unread. (A FIFO swapped in would still block the open; only
+%% this user can change the folder, which is mode 0700.)
+read(File, Bytes, Checked) ->
     case file:open(File, [read, raw, binary]) of
         {ok, Fd} ->
-            try {read_exactly(Fd, Bytes), file:read(Fd, 1)} of
-                {{ok, Bin}, eof} when byte_size(Bin) =:= Bytes -> {ok, Bin};
-                {{ok, Bin}, eof} -> {error, {File, holds, byte_size(Bin), expected, Bytes}};
-                {{ok, _}, {ok, _}} -> {error, {File, holds, more_than, Bytes}};
-                {{error, _} = Error, _} -> Error;
-                {_, {error, _} = Error} -> Error
+            try same_file(file:read_file_info(Fd, [raw]), Checked) of
+                true -> read_open(File, Fd, Bytes);
+                false -> {error, {File, replaced}}
             after
                 _ = file:close(Fd)
             end;
         {error, Why} ->
             {error, {File, Why}}
     end.
+
+%% Exactly `Bytes' into one binary (a longer read that came back short would shrink the
+%% binary, which may copy it), then one more byte, which must not be there.
+read_open(File, Fd, Bytes) ->
+    case {read_exactly(Fd, Bytes), file:read(Fd, 1)} of
+        {{ok, Bin}, eof} when byte_size(Bin) =:= Bytes -> {ok, Bin};
+        {{ok, Bin}, eof} -> {error, {File, holds, byte_size(Bin), expected, Bytes}};
+        {{ok, _}, {ok, _}} -> {error, {File, holds, more_than, Bytes}};
+        {{error, _} = Error, _} -> Error;
+        {_, {error, _} = Error} -> Error
+    end.
+
+same_file({ok, #file_info{type = regular, major_device = Dev, inode = Inode}},
+          #file_info{major_device = Dev, inode = Inode}) ->
+    true;
+same_file(_, _) ->
+    false.
 
 read_exactly(_, 0) ->
     {ok, <<>>};

@@ -365,3 +365,119 @@ stage_writes_only_new_files() ->
     after
         file:del_dir_r(Dir)
     end.
+
+%% A result is read only from a regular file of its own name: a symlink (to a file of the
+%% right size), a FIFO or a directory in its place is refused at once, and what the symlink
+%% names is neither read nor deleted.
+take_result_reads_only_regular_files_test_() ->
+    {timeout, 60, fun take_result_reads_only_regular_files/0}.
+
+take_result_reads_only_regular_files() ->
+    Dir = scratch("take"),
+    Target = filename:join(Dir, "target"),
+    Result = fun(Id) -> filename:join(Dir, "r" ++ integer_to_list(Id) ++ ".0") end,
+    Part = 1 bsl 20,
+    try
+        ok = file:write_file(Target, <<7:64>>),
+        ok = file:write_file(Result(1), <<1:64>>),
+        ?assertEqual({wire, ?WIRE_TAG_VECTOR, <<1:64>>}, erlcuda_shm:take_result(Dir, 1, 8, Part)),
+        ?assertEqual({error, enoent}, file:read_link_info(Result(1))),
+        [begin
+             plant(Kind, Result(Id), Target),
+             Got = unblocked(fun() -> erlcuda_shm:take_result(Dir, Id, 8, Part) end,
+                             "timeout 5 sh -c ': >" ++ Result(Id) ++ "'"),
+             ?assertMatch({Kind, {error, {internal, _}}}, {Kind, Got}),
+             ?assertEqual({Kind, {ok, <<7:64>>}}, {Kind, file:read_file(Target)})
+         end || {Id, Kind} <- [{2, symlink}, {3, fifo}, {4, directory}]]
+    after
+        file:del_dir_r(Dir)
+    end.
+
+%%% A hostile worker's file records, through the application: a stand-in worker (see
+%%% fake_worker/0) answers reduce([S]) with scenario S's record.
+
+hostile_file_records_test_() ->
+    Base = base() ++ "-fake",
+    {setup,
+     fun() -> _ = file:del_dir_r(Base), ok = file:make_dir(Base) end,
+     fun(_) -> file:del_dir_r(Base) end,
+     erlcuda_test_util:with_app(?DEFAULTS, [{python, fake_worker()}, {start_timeout, 10000},
+                                            {shm_dir, Base}, {shm_threshold, 4096}],
+                                {timeout, 120, fun() -> hostile_file_records(Base) end})}.
+
+%% Each job is answered once, within its timeout: a result in a regular file of its own
+%% name as that file holds it, and with an error when a symlink, a FIFO or a directory
+%% stands there. The symlink's target is neither read nor removed; nothing is left
+%% registered or queued.
+hostile_file_records(Base) ->
+    Target = filename:join(Base, "target"),
+    ok = file:write_file(Target, <<7.0:32/float-little, 7.0:32/float-little>>),
+    Owner = whereis(erlcuda_worker),
+    Sync = fun(S) -> erlcuda:launch_sync(reduce, [[float(S)]], [{timeout, 3000}]) end,
+    ?assertEqual({ok, [1.0, 2.0]}, Sync(1)),
+    [?assertMatch({S, {error, {internal, _}}}, {S, Sync(S)}) || S <- [2, 3, 4]],
+    ?assertEqual({ok, <<7.0:32/float-little, 7.0:32/float-little>>}, file:read_file(Target)),
+    %% async: exactly one message each
+    Ids = [element(2, {ok, _} = erlcuda:launch(reduce, [[float(S)]])) || S <- [1, 2, 3, 4]],
+    ?assertEqual(Ids, [receive {erlcuda, Id, _} -> Id after 10000 -> lost end || Id <- Ids]),
+    timer:sleep(300),
+    erlcuda_test_util:no_message(),
+    ?assertEqual(0, erlcuda_jobs:size()),
+    ?assertEqual(0, erlcuda_test_util:in_flight()),
+    ?assertEqual(Owner, whereis(erlcuda_worker)).
+
+%% A stand-in worker: control calls are answered with a valid hello map; reduce([S]) with
+%% a file record for r<JobId>.0 in its folder (--shm-dir), having put there:
+%%   1 a regular file of two f32 (1.0, 2.0), the record saying 8 bytes
+%%   2 a symlink to <Base>/target (8 bytes)      3 a FIFO      4 a directory
+fake_worker() ->
+    _ = application:load(erlcuda),
+    {ok, Vsn} = application:get_key(erlcuda, vsn),
+    Hello = #{backend => cpu, devices => 1, status => ok, version => list_to_binary(Vsn),
+              protocol => erlcuda_contract:protocol(),
+              device_info => [#{jobs => 0, launches => 0, max_batch => 0, errors => 0,
+                                queue => 0}]},
+    <<131, Body/binary>> = term_to_binary(Hello),
+    Script = filename:join(string:trim(os:cmd("mktemp -d")), "fake_shm_worker"),
+    ok = file:write_file(Script, [
+"#!", erlcuda_paths:python(default), "\n"
+"import os, struct, sys\n"
+"from erlcuda import protocol, etf\n"
+"HELLO = bytes.fromhex('", binary:encode_hex(Body), "')\n"
+"DIR = sys.argv[sys.argv.index('--shm-dir') + 1]\n"
+"TARGET = os.path.join(os.path.dirname(DIR), 'target')\n"
+"MIB = 1 << 20\n"
+"def read(n):\n"
+"    b = bytearray()\n"
+"    while len(b) < n:\n"
+"        c = os.read(3, n - len(b))\n"
+"        if not c:\n"
+"            os._exit(0)\n"
+"        b += c\n"
+"    return bytes(b)\n"
+"def send(body):\n"
+"    data = memoryview(struct.pack('>I', len(body)) + body)\n"
+"    while data:\n"
+"        data = data[os.write(4, data):]\n"
+"def file_record(j, nbytes, part):\n"
+"    payload = struct.pack('>QQ', nbytes, part)\n"
+"    send(b'R' + struct.pack('>IQBI', 1, j, ord('f'), len(payload)) + payload)\n"
+"def write(path, data):\n"
+"    with open(path, 'wb') as f:\n"
+"        f.write(data)\n"
+"def answer(j, s):\n"
+"    path = os.path.join(DIR, 'r%d.0' % j)\n"
+"    if s == 1: write(path, struct.pack('<2f', 1.0, 2.0)); file_record(j, 8, MIB)\n"
+"    elif s == 2: os.symlink(TARGET, path); file_record(j, 8, MIB)\n"
+"    elif s == 3: os.mkfifo(path); file_record(j, 8, MIB)\n"
+"    elif s == 4: os.mkdir(path); file_record(j, 8, MIB)\n"
+"while True:\n"
+"    (n,) = struct.unpack('>I', read(4))\n"
+"    messages, _ = protocol.decode_all(read(n))\n"
+"    for m in messages:\n"
+"        if isinstance(m, protocol.Call):\n"
+"            send(b'\\x83h\\x03w\\x01r' + etf.encode_bytes(m.call_id)[1:] + HELLO)\n"
+"        else:\n"
+"            answer(m.job_id, int(m.args[0][0]))\n"]),
+    ok = file:change_mode(Script, 8#755),
+    Script.
