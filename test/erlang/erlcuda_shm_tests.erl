@@ -121,7 +121,10 @@ result_files_test() ->
     Part = 1 bsl 20,
     ?assertEqual(["/d/r7.0"], erlcuda_shm:result_files("/d", 7, {file, 0, Part})),
     ?assertEqual(["/d/r7.0"], erlcuda_shm:result_files("/d", 7, {file, Part, Part})),
-    ?assertEqual(["/d/r7.0", "/d/r7.1"], erlcuda_shm:result_files("/d", 7, {file, Part + 1, Part})).
+    ?assertEqual(["/d/r7.0", "/d/r7.1"], erlcuda_shm:result_files("/d", 7, {file, Part + 1, Part})),
+    %% a record naming 65,536 parts: only those a worker could have written
+    ?assertEqual(["/d/r7." ++ integer_to_list(K) || K <- lists:seq(0, 7)],
+                 erlcuda_shm:result_files("/d", 7, {file, 1 bsl 40, 1 bsl 24})).
 
 %% A result record names its parts; one that would have this side open files without
 %% bound (parts under a page, or too many) is no file result, and reads as malformed.
@@ -393,6 +396,47 @@ take_result_reads_only_regular_files() ->
         file:del_dir_r(Dir)
     end.
 
+%% A record is trusted no further than the files that exist. 2^40 bytes in parts of 2^24
+%% (65,536 parts, more than a vector is ever cut into) is refused before a reader is
+%% spawned; one part longer than its file is refused before its bytes are allocated.
+take_result_trusts_no_record_beyond_its_files_test_() ->
+    {timeout, 60, fun take_result_trusts_no_record_beyond_its_files/0}.
+
+take_result_trusts_no_record_beyond_its_files() ->
+    Dir = scratch("forged"),
+    try
+        Self = self(),
+        Taker = spawn(fun() ->
+                              receive go -> ok end,
+                              Self ! {taken, erlcuda_shm:take_result(Dir, 5, 1 bsl 40, 1 bsl 24)}
+                      end),
+        1 = erlang:trace(Taker, true, [procs]),
+        Taker ! go,
+        Reply = receive {taken, R} -> R after 120000 -> error(timeout) end,
+        Ref = erlang:trace_delivered(Taker),
+        receive {trace_delivered, Taker, Ref} -> ok end,
+        ?assertMatch({error, {internal, _}}, Reply),
+        ?assertEqual(0, spawns(Taker, 0)),
+        Path = filename:join(Dir, "r6.0"),
+        ok = file:write_file(Path, <<1, 2, 3, 4>>),
+        ?assertMatch({error, {_, holds, 4, expected, 1099511627776}},
+                     erlcuda_shm:read_parts([{Path, 0, 1 bsl 40}], 1 bsl 40)),
+        ?assertMatch({error, {internal, _}}, erlcuda_shm:take_result(Dir, 6, 1 bsl 40, 1 bsl 40)),
+        ?assertEqual({error, enoent}, file:read_link_info(Path))
+    after
+        file:del_dir_r(Dir)
+    end.
+
+%% The processes Pid spawned, from its trace messages (all of them taken).
+spawns(Pid, N) ->
+    receive
+        {trace, Pid, spawn, _, _} -> spawns(Pid, N + 1);
+        {trace, Pid, _, _} -> spawns(Pid, N);
+        {trace, Pid, _, _, _} -> spawns(Pid, N)
+    after 0 ->
+        N
+    end.
+
 %%% A hostile worker's file records, through the application: a stand-in worker (see
 %%% fake_worker/0) answers reduce([S]) with scenario S's record.
 
@@ -407,8 +451,9 @@ hostile_file_records_test_() ->
 
 %% Each job is answered once, within its timeout: a result in a regular file of its own
 %% name as that file holds it, and with an error when a symlink, a FIFO or a directory
-%% stands there. The symlink's target is neither read nor removed; nothing is left
-%% registered or queued.
+%% stands there, or when the record names more than was written. The symlink's target is
+%% neither read nor removed; a forged record of 65,536 parts costs no process; nothing is
+%% left registered or queued, and later replies to the same caller are not held up.
 hostile_file_records(Base) ->
     Target = filename:join(Base, "target"),
     ok = file:write_file(Target, <<7.0:32/float-little, 7.0:32/float-little>>),
@@ -416,9 +461,21 @@ hostile_file_records(Base) ->
     Sync = fun(S) -> erlcuda:launch_sync(reduce, [[float(S)]], [{timeout, 3000}]) end,
     ?assertEqual({ok, [1.0, 2.0]}, Sync(1)),
     [?assertMatch({S, {error, {internal, _}}}, {S, Sync(S)}) || S <- [2, 3, 4]],
+    {error, {internal, Short}} = Sync(6),
+    ?assertNotEqual(nomatch, binary:match(Short, <<"holds,8,expected">>)),
+    %% the forged record and a good one behind it, from one caller: one deliverer
+    1 = erlang:trace(Owner, true, [procs, set_on_spawn]),
+    {ok, Forged} = erlcuda:launch(reduce, [[5.0]]),
+    {ok, After} = erlcuda:launch(reduce, [[1.0]]),
+    Got = [receive {erlcuda, Id, R} -> R after 60000 -> no_reply end || Id <- [Forged, After]],
+    erlang:trace(Owner, false, [procs, set_on_spawn]),
+    Ref = erlang:trace_delivered(all),
+    receive {trace_delivered, all, Ref} -> ok end,
+    ?assertMatch([{error, {internal, _}}, {ok, [1.0, 2.0]}], Got),
+    ?assertEqual(0, length([P || {trace, P, spawn, _, _} <- trace_messages([]), P =/= Owner])),
     ?assertEqual({ok, <<7.0:32/float-little, 7.0:32/float-little>>}, file:read_file(Target)),
     %% async: exactly one message each
-    Ids = [element(2, {ok, _} = erlcuda:launch(reduce, [[float(S)]])) || S <- [1, 2, 3, 4]],
+    Ids = [element(2, {ok, _} = erlcuda:launch(reduce, [[float(S)]])) || S <- [1, 2, 3, 4, 5, 6]],
     ?assertEqual(Ids, [receive {erlcuda, Id, _} -> Id after 10000 -> lost end || Id <- Ids]),
     timer:sleep(300),
     erlcuda_test_util:no_message(),
@@ -426,10 +483,20 @@ hostile_file_records(Base) ->
     ?assertEqual(0, erlcuda_test_util:in_flight()),
     ?assertEqual(Owner, whereis(erlcuda_worker)).
 
+trace_messages(Acc) ->
+    receive
+        {trace, _, _, _} = T -> trace_messages([T | Acc]);
+        {trace, _, _, _, _} = T -> trace_messages([T | Acc])
+    after 0 ->
+        lists:reverse(Acc)
+    end.
+
 %% A stand-in worker: control calls are answered with a valid hello map; reduce([S]) with
 %% a file record for r<JobId>.0 in its folder (--shm-dir), having put there:
 %%   1 a regular file of two f32 (1.0, 2.0), the record saying 8 bytes
 %%   2 a symlink to <Base>/target (8 bytes)      3 a FIFO      4 a directory
+%%   5 nothing, the record saying 2^40 bytes in parts of 2^24
+%%   6 a regular file of 8 bytes, the record saying 2^40 bytes in one part
 fake_worker() ->
     _ = application:load(erlcuda),
     {ok, Vsn} = application:get_key(erlcuda, vsn),
@@ -471,6 +538,8 @@ fake_worker() ->
 "    elif s == 2: os.symlink(TARGET, path); file_record(j, 8, MIB)\n"
 "    elif s == 3: os.mkfifo(path); file_record(j, 8, MIB)\n"
 "    elif s == 4: os.mkdir(path); file_record(j, 8, MIB)\n"
+"    elif s == 5: file_record(j, 1 << 40, 1 << 24)\n"
+"    elif s == 6: write(path, bytes(8)); file_record(j, 1 << 40, 1 << 40)\n"
 "while True:\n"
 "    (n,) = struct.unpack('>I', read(4))\n"
 "    messages, _ = protocol.decode_all(read(n))\n"
