@@ -19,7 +19,15 @@
 %% binary in one call: parts would have to be joined into a new binary, a copy of the
 %% whole result on a normal scheduler, which held small jobs of other callers by 3 ms in
 %% the benchmark's hold section. Several parts are still read, at once, if a record names
-%% them.
+%% them, up to as many as an operand is cut into.
+%%
+%% Only regular files of this folder are written or read, never what a symlink names nor a
+%% FIFO: a part is written to a new file (whatever already stands at its path is refused),
+%% and a result's part must be a regular file of exactly its length before it is opened
+%% (file:open/2 has no O_NOFOLLOW), and the same file once open. A result record is
+%% trusted no further than the files that exist: one naming more parts than a vector is
+%% ever cut into, or more bytes than its files hold, is refused before any reader is
+%% spawned or any of its bytes allocated.
 -module(erlcuda_shm).
 
 -export([folder/1, remove/1, plan/3, stage/1, delete/1, result_files/3, take_result/4,
@@ -27,12 +35,14 @@
 
 -export_type([folder/0, plan/0]).
 
+-include_lib("kernel/include/file.hrl").
+
 -define(PREFIX, "erlcuda-").
 %% A part's size is a multiple of this, which is a multiple of every page size the worker
 %% may map parts with.
 -define(PART_UNIT, (1 bsl 20)).
 %% Operands are cut into this many parts at most: eight wrote a 64 MiB operand as fast as
-%% sixteen on the H200 machine.
+%% sixteen on the H200 machine. A result record naming more is no result the worker wrote.
 -define(MAX_PARTS, 8).
 
 %% A worker's folder and the size from which a vector travels through it.
@@ -117,10 +127,14 @@ ceil_div(A, B) ->
     (A + B - 1) div B.
 
 %% @doc Write the planned parts, all at once (each write runs on a dirty I/O scheduler);
-%% on failure, delete them all.
+%% on failure, delete them all. Each part is a new file: one whose path is taken already
+%% (by a symlink, a FIFO, a directory, any file) is an error, never written through.
 -spec stage(plan()) -> ok | {error, binary()}.
 stage(Plan) ->
-    Results = in_parallel(fun({F, B}) -> {F, file:write_file(F, B, [raw])} end, Plan),
+    %% Exclusive is O_CREAT | O_EXCL: any existing path fails with eexist, a symlink
+    %% without being followed and a FIFO without being waited on.
+    Results = in_parallel(fun({F, B}) -> {F, file:write_file(F, B, [raw, exclusive])} end,
+                          Plan),
     checked(Results, [F || {F, _} <- Plan]).
 
 %% Fun on each element, each in a process of its own (one alone runs here); the results in
@@ -153,37 +167,66 @@ checked(Results, Files) ->
 delete(Files) ->
     lists:foreach(fun(F) -> _ = file:delete(F, [raw]) end, Files).
 
-%% @doc The part files of job `JobId''s result, as its record describes it.
+%% @doc The part files of job `JobId''s result, as its record describes it: those a worker
+%% may have written, so at most as many as a vector is ever cut into.
 -spec result_files(file:filename(), erlcuda:job_id(), erlcuda_protocol:file_result()) ->
     [file:filename()].
 result_files(Dir, JobId, {file, Bytes, PartBytes}) ->
-    [Path || {Path, _, _} <- parts(result_base(Dir, JobId), Bytes, PartBytes)].
+    [Path || {Path, _, _} <- result_parts(Dir, JobId, Bytes, PartBytes)].
 
 %% @doc Job `JobId''s result, read from its parts in `Dir' and deleted: the vector record
-%% it stands for, or an error.
+%% it stands for, or `{error, {internal, Text}}' where the record names more parts than a
+%% vector is ever cut into, or a part is missing, not a regular file, or not of its length.
 -spec take_result(file:filename(), erlcuda:job_id(), non_neg_integer(), pos_integer()) ->
     erlcuda_protocol:reply() | {error, erlcuda:reason()}.
 take_result(Dir, JobId, Bytes, PartBytes) ->
-    Parts = parts(result_base(Dir, JobId), Bytes, PartBytes),
-    Reply = case read_parts(Parts, Bytes) of
-                {ok, Bin} ->
-                    erlcuda_protocol:vector_reply(Bin);
-                {error, Why} ->
-                    {error, {internal, iolist_to_binary(
-                                         io_lib:format("shared memory: reading the result: ~p",
-                                                       [Why]))}}
+    Parts = result_parts(Dir, JobId, Bytes, PartBytes),
+    Reply = case part_count(Bytes, PartBytes) =< ?MAX_PARTS of
+                true ->
+                    case read_parts(Parts, Bytes) of
+                        {ok, Bin} -> erlcuda_protocol:vector_reply(Bin);
+                        {error, Why} -> internal("reading the result: ~0p", [Why])
+                    end;
+                false ->
+                    internal("a result record of ~b bytes in parts of ~b names more than ~b "
+                             "parts", [Bytes, PartBytes, ?MAX_PARTS])
             end,
     delete([Path || {Path, _, _} <- Parts]),
     Reply.
 
+internal(Format, Args) ->
+    {error, {internal, iolist_to_binary(["shared memory: ", io_lib:format(Format, Args)])}}.
+
+%% The parts of a result a worker may have written: a record's first ?MAX_PARTS at most,
+%% so that a forged count makes no list, file name or process of its own.
+result_parts(Dir, JobId, Bytes, PartBytes) ->
+    Base = result_base(Dir, JobId),
+    [{part_name(Base, K), K * PartBytes, min(PartBytes, Bytes - K * PartBytes)}
+     || K <- lists:seq(0, min(part_count(Bytes, PartBytes), ?MAX_PARTS) - 1)].
+
+part_count(Bytes, PartBytes) ->
+    max(1, ceil_div(Bytes, PartBytes)).
+
 %% @doc A vector of `Bytes' bytes read from its parts (`{Path, Offset, Length}', several at
-%% once), each checked to hold exactly its length.
+%% once), each checked to be a regular file (not a symlink) of exactly its length before
+%% anything is opened or allocated. Errors: `{Path, Why}' (from file:read_link_info/2 or
+%% file:open/2), `{Path, not_regular, Type}', `{Path, holds, Size, expected, Length}',
+%% `{Path, holds, more_than, Length}', `{Path, replaced}' (not the file checked once
+%% opened), `{size, Read, Bytes}'.
 -spec read_parts([{file:filename(), non_neg_integer(), non_neg_integer()}],
                  non_neg_integer()) -> {ok, binary()} | {error, term()}.
-read_parts([{Path, 0, Len}], _) ->
-    read(Path, Len);
 read_parts(Parts, Bytes) ->
-    Read = in_parallel(fun({Path, _, Len}) -> read(Path, Len) end, Parts),
+    case found(Parts, []) of
+        {ok, [{Path, Len, Info}]} ->
+            read(Path, Len, Info);
+        {ok, Found} ->
+            read_all(Found, Bytes);
+        {error, _} = Error ->
+            Error
+    end.
+
+read_all(Found, Bytes) ->
+    Read = in_parallel(fun({Path, Len, Info}) -> read(Path, Len, Info) end, Found),
     case [Why || {error, Why} <- Read] of
         [] ->
             Bin = iolist_to_binary([B || {ok, B} <- Read]),
@@ -195,24 +238,59 @@ read_parts(Parts, Bytes) ->
             {error, Why}
     end.
 
+%% Each part as it is in the folder, `{Path, Length, Info}': the entry itself, not what a
+%% symlink names, and only a regular file of exactly its length (a FIFO opened for reading
+%% would block until someone writes to it).
+found([], Acc) ->
+    {ok, lists:reverse(Acc)};
+found([{Path, _, Len} | Rest], Acc) ->
+    case file:read_link_info(Path, [raw]) of
+        {ok, #file_info{type = regular, size = Len} = Info} ->
+            found(Rest, [{Path, Len, Info} | Acc]);
+        {ok, #file_info{type = regular, size = Size}} when Size > Len ->
+            {error, {Path, holds, more_than, Len}};
+        {ok, #file_info{type = regular, size = Size}} ->
+            {error, {Path, holds, Size, expected, Len}};
+        {ok, #file_info{type = Type}} ->
+            {error, {Path, not_regular, Type}};
+        {error, Why} ->
+            {error, {Path, Why}}
+    end.
+
 %% Raw: in this process, not through the file server that every file:read_file/1 shares.
-%% Exactly `Bytes' into one binary (a longer read that came back short would shrink the
-%% binary, which may copy it), then one more byte, which must not be there.
-read(File, Bytes) ->
+%% The file opened must be the one checked: an entry swapped in between (for a symlink or
+%% another file) is refused unread. (A FIFO swapped in would still block the open; only
+%% this user can change the folder, which is mode 0700.)
+read(File, Bytes, Checked) ->
     case file:open(File, [read, raw, binary]) of
         {ok, Fd} ->
-            try {read_exactly(Fd, Bytes), file:read(Fd, 1)} of
-                {{ok, Bin}, eof} when byte_size(Bin) =:= Bytes -> {ok, Bin};
-                {{ok, Bin}, eof} -> {error, {File, holds, byte_size(Bin), expected, Bytes}};
-                {{ok, _}, {ok, _}} -> {error, {File, holds, more_than, Bytes}};
-                {{error, _} = Error, _} -> Error;
-                {_, {error, _} = Error} -> Error
+            try same_file(file:read_file_info(Fd, [raw]), Checked) of
+                true -> read_open(File, Fd, Bytes);
+                false -> {error, {File, replaced}}
             after
                 _ = file:close(Fd)
             end;
         {error, Why} ->
             {error, {File, Why}}
     end.
+
+%% Exactly `Bytes' into one binary (a longer read that came back short would shrink the
+%% binary, which may copy it), then one more byte, which must not be there: the file may
+%% have grown or shrunk since it was checked.
+read_open(File, Fd, Bytes) ->
+    case {read_exactly(Fd, Bytes), file:read(Fd, 1)} of
+        {{ok, Bin}, eof} when byte_size(Bin) =:= Bytes -> {ok, Bin};
+        {{ok, Bin}, eof} -> {error, {File, holds, byte_size(Bin), expected, Bytes}};
+        {{ok, _}, {ok, _}} -> {error, {File, holds, more_than, Bytes}};
+        {{error, _} = Error, _} -> Error;
+        {_, {error, _} = Error} -> Error
+    end.
+
+same_file({ok, #file_info{type = regular, major_device = Dev, inode = Inode}},
+          #file_info{major_device = Dev, inode = Inode}) ->
+    true;
+same_file(_, _) ->
+    false.
 
 read_exactly(_, 0) ->
     {ok, <<>>};

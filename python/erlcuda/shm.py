@@ -12,6 +12,8 @@ shorter). Erlang writes an operand as up to 8 parts, each from a process of its 
 file is written under its inode's lock, one core at a time, and one 64 MiB file took five
 times as long as eight parts written at once. The worker maps an operand's parts side by
 side into one span of address space, so the backends see one contiguous read-only array.
+Only regular files are used: nothing is opened through a symlink or waited on as a FIFO,
+and a result is written to a new file only (``O_EXCL``), never over whatever stands there.
 A result goes back as one part: Erlang reads one file into one binary in one call, where
 several parts would have to be joined into a new binary, a copy of the whole result on a
 normal scheduler that held up small jobs of other callers by 3 ms on the H200 machine.
@@ -111,11 +113,11 @@ def _stale(path: str) -> bool:
             or time.time() - info.st_mtime < STALE_AFTER_S):
         return False
     try:
-        fd = os.open(os.path.join(path, LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd, _ = _open_regular(os.path.join(path, LOCK), os.O_RDONLY)
     except FileNotFoundError:
         return True  # its worker never took it
-    except OSError:
-        return False
+    except (OSError, ShmError):
+        return False  # a lock that is no regular file: not one to judge, so left alone
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -142,10 +144,9 @@ class SharedFolder:
         self._reaper: subprocess.Popen[bytes] | None = None
         try:
             os.chmod(real, 0o700)  # operands are the callers' data: nobody else reads them
-            self._lock = os.open(os.path.join(real, LOCK),
-                                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            self._lock, _ = _open_regular(os.path.join(real, LOCK), os.O_RDWR | os.O_CREAT)
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
+        except (OSError, ShmError) as exc:
             raise ShmError(f"{path}: cannot take the folder's lock: {exc}") from exc
 
     def sweep_stale(self) -> list[str]:
@@ -230,22 +231,33 @@ def _unlink(path: str) -> None:
         pass
 
 
+def _open_regular(path: str, flags: int) -> tuple[int, os.stat_result]:
+    """``path`` opened with ``flags`` and its status, where it is a regular file
+    (``ShmError`` where it is anything else, ``OSError`` where it cannot be opened).
+
+    Never through a symlink (``O_NOFOLLOW``), and never waiting on a FIFO planted there
+    (``O_NONBLOCK``, which changes nothing for a regular file): the type is checked on the
+    file opened, so nothing can be swapped in after the check.
+    """
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ShmError(f"shared memory: {os.path.basename(path):.80} is not a regular file")
+    return fd, info
+
+
 def _open_part(path: str, size: int) -> int:
     """A part file, opened for reading and checked to hold ``size`` bytes."""
     name = os.path.basename(path)
     try:
-        # Non-blocking: a FIFO planted as a part must not hang the reading thread.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd, info = _open_regular(path, os.O_RDONLY)
     except OSError as exc:
         raise ShmError(f"shared memory: {name:.80}: {exc.strerror}") from exc
-    try:
-        info = os.fstat(fd)
-    except OSError as exc:
-        os.close(fd)
-        raise ShmError(f"shared memory: {name:.80}: {exc.strerror}") from exc
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise ShmError(f"shared memory: {name:.80} is not a regular file")
     held = info.st_size
     if held != size:
         os.close(fd)

@@ -31,6 +31,7 @@ shm_test_() ->
                {timeout, 60, fun killed_caller_leaves_no_file/0},
                {timeout, 60, fun timed_out_caller_leaves_no_file/0},
                {timeout, 60, fun replies_keep_their_order/0},
+               {timeout, 60, fun planted_operand_files_are_never_followed/0},
                {timeout, 60, fun without_room_the_pipe_carries_it/0},
                {timeout, 60, fun stop_leaves_no_folder/0}])}.
 
@@ -120,7 +121,10 @@ result_files_test() ->
     Part = 1 bsl 20,
     ?assertEqual(["/d/r7.0"], erlcuda_shm:result_files("/d", 7, {file, 0, Part})),
     ?assertEqual(["/d/r7.0"], erlcuda_shm:result_files("/d", 7, {file, Part, Part})),
-    ?assertEqual(["/d/r7.0", "/d/r7.1"], erlcuda_shm:result_files("/d", 7, {file, Part + 1, Part})).
+    ?assertEqual(["/d/r7.0", "/d/r7.1"], erlcuda_shm:result_files("/d", 7, {file, Part + 1, Part})),
+    %% a record naming 65,536 parts: only those a worker could have written
+    ?assertEqual(["/d/r7." ++ integer_to_list(K) || K <- lists:seq(0, 7)],
+                 erlcuda_shm:result_files("/d", 7, {file, 1 bsl 40, 1 bsl 24})).
 
 %% A result record names its parts; one that would have this side open files without
 %% bound (parts under a page, or too many) is no file result, and reads as malformed.
@@ -214,6 +218,47 @@ without_room_the_pipe_carries_it() ->
     ?assertEqual([], folders()),
     erlcuda_test_util:no_message().
 
+%% Whatever stands at an operand's path before it is written (a symlink, a FIFO, a
+%% directory) is never written through nor waited on: the operands go through the pipe and
+%% the job gets its result, well within its timeout.
+planted_operand_files_are_never_followed() ->
+    A = vec(?N, 1), B = vec(?N, 2),
+    [Folder] = folders(),
+    Target = filename:join(base(), "target"),
+    ok = file:write_file(Target, <<"keep">>),
+    [begin
+         Path = filename:join(Folder, "i" ++ integer_to_list(next_job_id()) ++ "-1.0"),
+         plant(Kind, Path, Target),
+         Got = unblocked(fun() -> erlcuda:launch_sync(vector_add, [A, B],
+                                                      [{format, binary}, {timeout, 3000}])
+                         end, "timeout 5 cat " ++ Path ++ " >/dev/null"),
+         ?assertEqual({Kind, {ok, vec(?N, 3)}}, {Kind, Got}),
+         ?assertEqual({Kind, {ok, <<"keep">>}}, {Kind, file:read_file(Target)}),
+         _ = file:del_dir(Path)
+     end || Kind <- [symlink, fifo, directory]],
+    ok = file:delete(Target),
+    ?assertEqual(0, erlcuda_jobs:size()),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
+    erlcuda_test_util:no_message().
+
+%% The id the next launch will get: one more than a launch's now.
+next_job_id() ->
+    {ok, Id} = erlcuda:launch(reduce, [[1.0]]),
+    receive {erlcuda, Id, {ok, 1.0}} -> Id + 1 after 10000 -> error(timeout) end.
+
+plant(symlink, Path, Target) -> ok = file:make_symlink(Target, Path);
+plant(fifo, Path, _) -> "" = os:cmd("mkfifo " ++ Path);
+plant(directory, Path, _) -> ok = file:make_dir(Path).
+
+%% Fun() run in a process of its own: its value, or `hung' when it has not returned in
+%% 10 s; then Release (a shell command) unblocks it, so nothing stays blocked on a FIFO.
+unblocked(Fun, Release) ->
+    Self = self(),
+    Pid = spawn(fun() -> Self ! {self(), Fun()} end),
+    receive {Pid, Got} -> Got
+    after 10000 -> _ = os:cmd(Release), hung
+    end.
+
 stop_leaves_no_folder() ->
     #{worker_os_pid := Old} = erlcuda:info(),
     os:cmd("kill -9 " ++ integer_to_list(Old)),  % a new worker, with a new folder
@@ -292,3 +337,216 @@ read_parts_test() ->
     after
         file:del_dir_r(Dir)
     end.
+
+scratch(Name) ->
+    Dir = filename:join("/tmp", "erlcuda-" ++ Name ++ "-" ++ os:getpid()),
+    _ = file:del_dir_r(Dir),
+    ok = filelib:ensure_path(Dir),
+    Dir.
+
+%% A part is a new file: what already stands at its path (a symlink, a FIFO, a directory)
+%% is refused at once, never written through nor waited on.
+stage_writes_only_new_files_test_() ->
+    {timeout, 60, fun stage_writes_only_new_files/0}.
+
+stage_writes_only_new_files() ->
+    Dir = scratch("stage"),
+    Target = filename:join(Dir, "target"),
+    try
+        ok = file:write_file(Target, <<"keep">>),
+        [begin
+             Path = filename:join(Dir, atom_to_list(Kind) ++ ".0"),
+             plant(Kind, Path, Target),
+             Got = unblocked(fun() -> erlcuda_shm:stage([{Path, <<"operand">>}]) end,
+                             "timeout 5 cat " ++ Path ++ " >/dev/null"),
+             ?assertMatch({Kind, {error, <<"shared memory: writing ", _/binary>>}}, {Kind, Got}),
+             ?assertEqual({Kind, {ok, <<"keep">>}}, {Kind, file:read_file(Target)})
+         end || Kind <- [symlink, fifo, directory]],
+        New = filename:join(Dir, "new.0"),
+        ?assertEqual(ok, erlcuda_shm:stage([{New, <<"operand">>}])),
+        ?assertEqual({ok, <<"operand">>}, file:read_file(New))
+    after
+        file:del_dir_r(Dir)
+    end.
+
+%% A result is read only from a regular file of its own name: a symlink (to a file of the
+%% right size), a FIFO or a directory in its place is refused at once, and what the symlink
+%% names is neither read nor deleted.
+take_result_reads_only_regular_files_test_() ->
+    {timeout, 60, fun take_result_reads_only_regular_files/0}.
+
+take_result_reads_only_regular_files() ->
+    Dir = scratch("take"),
+    Target = filename:join(Dir, "target"),
+    Result = fun(Id) -> filename:join(Dir, "r" ++ integer_to_list(Id) ++ ".0") end,
+    Part = 1 bsl 20,
+    try
+        ok = file:write_file(Target, <<7:64>>),
+        ok = file:write_file(Result(1), <<1:64>>),
+        ?assertEqual({wire, ?WIRE_TAG_VECTOR, <<1:64>>}, erlcuda_shm:take_result(Dir, 1, 8, Part)),
+        ?assertEqual({error, enoent}, file:read_link_info(Result(1))),
+        [begin
+             plant(Kind, Result(Id), Target),
+             Got = unblocked(fun() -> erlcuda_shm:take_result(Dir, Id, 8, Part) end,
+                             "timeout 5 sh -c ': >" ++ Result(Id) ++ "'"),
+             ?assertMatch({Kind, {error, {internal, _}}}, {Kind, Got}),
+             ?assertEqual({Kind, {ok, <<7:64>>}}, {Kind, file:read_file(Target)})
+         end || {Id, Kind} <- [{2, symlink}, {3, fifo}, {4, directory}]]
+    after
+        file:del_dir_r(Dir)
+    end.
+
+%% A record is trusted no further than the files that exist. 2^40 bytes in parts of 2^24
+%% (65,536 parts, more than a vector is ever cut into) is refused before a reader is
+%% spawned; one part longer than its file is refused before its bytes are allocated.
+take_result_trusts_no_record_beyond_its_files_test_() ->
+    {timeout, 60, fun take_result_trusts_no_record_beyond_its_files/0}.
+
+take_result_trusts_no_record_beyond_its_files() ->
+    Dir = scratch("forged"),
+    try
+        Self = self(),
+        Taker = spawn(fun() ->
+                              receive go -> ok end,
+                              Self ! {taken, erlcuda_shm:take_result(Dir, 5, 1 bsl 40, 1 bsl 24)}
+                      end),
+        1 = erlang:trace(Taker, true, [procs]),
+        Taker ! go,
+        Reply = receive {taken, R} -> R after 120000 -> error(timeout) end,
+        Ref = erlang:trace_delivered(Taker),
+        receive {trace_delivered, Taker, Ref} -> ok end,
+        ?assertMatch({error, {internal, _}}, Reply),
+        ?assertEqual(0, spawns(Taker, 0)),
+        Path = filename:join(Dir, "r6.0"),
+        ok = file:write_file(Path, <<1, 2, 3, 4>>),
+        ?assertMatch({error, {_, holds, 4, expected, 1099511627776}},
+                     erlcuda_shm:read_parts([{Path, 0, 1 bsl 40}], 1 bsl 40)),
+        ?assertMatch({error, {internal, _}}, erlcuda_shm:take_result(Dir, 6, 1 bsl 40, 1 bsl 40)),
+        ?assertEqual({error, enoent}, file:read_link_info(Path))
+    after
+        file:del_dir_r(Dir)
+    end.
+
+%% The processes Pid spawned, from its trace messages (all of them taken).
+spawns(Pid, N) ->
+    receive
+        {trace, Pid, spawn, _, _} -> spawns(Pid, N + 1);
+        {trace, Pid, _, _} -> spawns(Pid, N);
+        {trace, Pid, _, _, _} -> spawns(Pid, N)
+    after 0 ->
+        N
+    end.
+
+%%% A hostile worker's file records, through the application: a stand-in worker (see
+%%% fake_worker/0) answers reduce([S]) with scenario S's record.
+
+hostile_file_records_test_() ->
+    Base = base() ++ "-fake",
+    {setup,
+     fun() -> _ = file:del_dir_r(Base), ok = file:make_dir(Base) end,
+     fun(_) -> file:del_dir_r(Base) end,
+     erlcuda_test_util:with_app(?DEFAULTS, [{python, fake_worker()}, {start_timeout, 10000},
+                                            {shm_dir, Base}, {shm_threshold, 4096}],
+                                {timeout, 120, fun() -> hostile_file_records(Base) end})}.
+
+%% Each job is answered once, within its timeout: a result in a regular file of its own
+%% name as that file holds it, and with an error when a symlink, a FIFO or a directory
+%% stands there, or when the record names more than was written. The symlink's target is
+%% neither read nor removed; a forged record of 65,536 parts costs no process; nothing is
+%% left registered or queued, and later replies to the same caller are not held up.
+hostile_file_records(Base) ->
+    Target = filename:join(Base, "target"),
+    ok = file:write_file(Target, <<7.0:32/float-little, 7.0:32/float-little>>),
+    Owner = whereis(erlcuda_worker),
+    Sync = fun(S) -> erlcuda:launch_sync(reduce, [[float(S)]], [{timeout, 3000}]) end,
+    ?assertEqual({ok, [1.0, 2.0]}, Sync(1)),
+    [?assertMatch({S, {error, {internal, _}}}, {S, Sync(S)}) || S <- [2, 3, 4]],
+    {error, {internal, Short}} = Sync(6),
+    ?assertNotEqual(nomatch, binary:match(Short, <<"holds,8,expected">>)),
+    %% the forged record and a good one behind it, from one caller: one deliverer
+    1 = erlang:trace(Owner, true, [procs, set_on_spawn]),
+    {ok, Forged} = erlcuda:launch(reduce, [[5.0]]),
+    {ok, After} = erlcuda:launch(reduce, [[1.0]]),
+    Got = [receive {erlcuda, Id, R} -> R after 60000 -> no_reply end || Id <- [Forged, After]],
+    erlang:trace(Owner, false, [procs, set_on_spawn]),
+    Ref = erlang:trace_delivered(all),
+    receive {trace_delivered, all, Ref} -> ok end,
+    ?assertMatch([{error, {internal, _}}, {ok, [1.0, 2.0]}], Got),
+    ?assertEqual(0, length([P || {trace, P, spawn, _, _} <- trace_messages([]), P =/= Owner])),
+    ?assertEqual({ok, <<7.0:32/float-little, 7.0:32/float-little>>}, file:read_file(Target)),
+    %% async: exactly one message each
+    Ids = [element(2, {ok, _} = erlcuda:launch(reduce, [[float(S)]])) || S <- [1, 2, 3, 4, 5, 6]],
+    ?assertEqual(Ids, [receive {erlcuda, Id, _} -> Id after 10000 -> lost end || Id <- Ids]),
+    timer:sleep(300),
+    erlcuda_test_util:no_message(),
+    ?assertEqual(0, erlcuda_jobs:size()),
+    ?assertEqual(0, erlcuda_test_util:in_flight()),
+    ?assertEqual(Owner, whereis(erlcuda_worker)).
+
+trace_messages(Acc) ->
+    receive
+        {trace, _, _, _} = T -> trace_messages([T | Acc]);
+        {trace, _, _, _, _} = T -> trace_messages([T | Acc])
+    after 0 ->
+        lists:reverse(Acc)
+    end.
+
+%% A stand-in worker: control calls are answered with a valid hello map; reduce([S]) with
+%% a file record for r<JobId>.0 in its folder (--shm-dir), having put there:
+%%   1 a regular file of two f32 (1.0, 2.0), the record saying 8 bytes
+%%   2 a symlink to <Base>/target (8 bytes)      3 a FIFO      4 a directory
+%%   5 nothing, the record saying 2^40 bytes in parts of 2^24
+%%   6 a regular file of 8 bytes, the record saying 2^40 bytes in one part
+fake_worker() ->
+    _ = application:load(erlcuda),
+    {ok, Vsn} = application:get_key(erlcuda, vsn),
+    Hello = #{backend => cpu, devices => 1, status => ok, version => list_to_binary(Vsn),
+              protocol => erlcuda_contract:protocol(),
+              device_info => [#{jobs => 0, launches => 0, max_batch => 0, errors => 0,
+                                queue => 0}]},
+    <<131, Body/binary>> = term_to_binary(Hello),
+    Script = filename:join(string:trim(os:cmd("mktemp -d")), "fake_shm_worker"),
+    ok = file:write_file(Script, [
+"#!", erlcuda_paths:python(default), "\n"
+"import os, struct, sys\n"
+"from erlcuda import protocol, etf\n"
+"HELLO = bytes.fromhex('", binary:encode_hex(Body), "')\n"
+"DIR = sys.argv[sys.argv.index('--shm-dir') + 1]\n"
+"TARGET = os.path.join(os.path.dirname(DIR), 'target')\n"
+"MIB = 1 << 20\n"
+"def read(n):\n"
+"    b = bytearray()\n"
+"    while len(b) < n:\n"
+"        c = os.read(3, n - len(b))\n"
+"        if not c:\n"
+"            os._exit(0)\n"
+"        b += c\n"
+"    return bytes(b)\n"
+"def send(body):\n"
+"    data = memoryview(struct.pack('>I', len(body)) + body)\n"
+"    while data:\n"
+"        data = data[os.write(4, data):]\n"
+"def file_record(j, nbytes, part):\n"
+"    payload = struct.pack('>QQ', nbytes, part)\n"
+"    send(b'R' + struct.pack('>IQBI', 1, j, ord('f'), len(payload)) + payload)\n"
+"def write(path, data):\n"
+"    with open(path, 'wb') as f:\n"
+"        f.write(data)\n"
+"def answer(j, s):\n"
+"    path = os.path.join(DIR, 'r%d.0' % j)\n"
+"    if s == 1: write(path, struct.pack('<2f', 1.0, 2.0)); file_record(j, 8, MIB)\n"
+"    elif s == 2: os.symlink(TARGET, path); file_record(j, 8, MIB)\n"
+"    elif s == 3: os.mkfifo(path); file_record(j, 8, MIB)\n"
+"    elif s == 4: os.mkdir(path); file_record(j, 8, MIB)\n"
+"    elif s == 5: file_record(j, 1 << 40, 1 << 24)\n"
+"    elif s == 6: write(path, bytes(8)); file_record(j, 1 << 40, 1 << 40)\n"
+"while True:\n"
+"    (n,) = struct.unpack('>I', read(4))\n"
+"    messages, _ = protocol.decode_all(read(n))\n"
+"    for m in messages:\n"
+"        if isinstance(m, protocol.Call):\n"
+"            send(b'\\x83h\\x03w\\x01r' + etf.encode_bytes(m.call_id)[1:] + HELLO)\n"
+"        else:\n"
+"            answer(m.job_id, int(m.args[0][0]))\n"]),
+    ok = file:change_mode(Script, 8#755),
+    Script.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import select
 import struct
+import sys
 import threading
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -12,7 +13,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from erlcuda import etf
 from erlcuda.framing import FrameError, FrameReader, FrameWriter
+from workerpipe import spawn_on_port_fds
 
 
 class Pipe:
@@ -223,7 +226,8 @@ def test_a_large_frame_costs_about_its_size_and_its_buffer_is_reused() -> None:
     assert second_peak < 64 << 10
 
 
-@pytest.mark.parametrize("announced", [0xFFFFFFFF, 1 << 30, FrameReader.POOL_MIN - 1])
+@pytest.mark.parametrize("announced", [0xFFFFFFFF, 0xFFFFFFF0, 0x7FFFFFFF, 1 << 30,
+                                       FrameReader.POOL_MIN - 1])
 def test_a_header_alone_commits_no_memory(announced: int) -> None:
     # A lone header made the reader allocate the announced size (4 GiB) before any byte came.
     with pipe() as p:
@@ -436,3 +440,23 @@ def test_pending_after_a_read_that_filled_the_read_ahead_asks_the_pipe() -> None
         for _ in range(48 - 16):
             assert reader.read() == body
         finish(thread)
+
+
+@pytest.mark.parametrize("announced", [0xFFFFFFF0, 0x7FFFFFFF])
+def test_a_worker_given_a_header_alone_says_why_and_exits(announced: int) -> None:
+    # No JobId to answer: the worker logs the frame it could not read, once, and ends, so
+    # that Erlang starts another.
+    proc, to_worker, from_worker = spawn_on_port_fds(
+        [sys.executable, "-m", "erlcuda", "serve", "--backend", "cpu"])
+    os.write(to_worker, struct.pack(">I", announced) + b"J" * 100)
+    os.close(to_worker)
+    reader = FrameReader(from_worker)
+    logs: list[str] = []
+    while (frame := reader.read()) is not None:
+        term = etf.decode(frame)
+        if term[0] == "L":
+            logs.append(bytes(term[2]).decode())
+    os.close(from_worker)
+    assert proc.wait(timeout=60) == 1
+    assert [text for text in logs if "port closed" in text] == [
+        f"erlcuda.worker: port closed: end of file inside a frame (100 of {announced} bytes)"]

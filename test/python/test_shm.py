@@ -13,8 +13,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ import pytest
 from erlcuda.framing import FrameReader, FrameWriter
 from erlcuda.lanes import Job
 from erlcuda.protocol import Launch
-from erlcuda.shm import LOCK, PART_UNIT, FileArg, SharedFolder, result_part_bytes
+from erlcuda.shm import LOCK, PART_UNIT, FileArg, SharedFolder, ShmError, result_part_bytes
 from erlcuda.worker import Options, Worker
 from workerpipe import FileVector, WorkerPipe
 
@@ -255,6 +256,89 @@ def test_a_starting_worker_removes_only_folders_nobody_holds(tmp_path: Path) -> 
     assert young.exists() and held.exists() and other.exists() and mine.exists()
     assert (victim / "keep").exists() and (tmp_path / "erlcuda-5-1").is_symlink()
     assert oct(mine.stat().st_mode & 0o777) == "0o700"
+
+
+def _plant(path: Path, kind: str, target: Path) -> None:
+    """Put a ``kind`` where a file of the folder is expected."""
+    if kind == "symlink":
+        path.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+
+
+def _released(path: Path, call: Callable[[], object]) -> tuple[bool, list[object]]:
+    """Run ``call`` in a thread: whether it returned by itself, and what it returned. A
+    call still blocked on the FIFO ``path`` after 10 s is released (a writer opens it)."""
+    got: list[object] = []
+    thread = threading.Thread(target=lambda: got.append(call()), daemon=True)
+    thread.start()
+    thread.join(10)
+    blocked = thread.is_alive()
+    if blocked:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        thread.join(10)
+        os.close(fd)
+    return not blocked, got
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
+def test_a_stale_folder_whose_lock_is_no_regular_file_is_left_alone(tmp_path: Path,
+                                                                     kind: str) -> None:
+    # A FIFO as another folder's lock held the starting worker for as long as nobody wrote
+    # to it: opened for reading, a FIFO waits for a writer.
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    planted = tmp_path / "erlcuda-1-1"
+    planted.mkdir()
+    _plant(planted / LOCK, kind, victim)
+    _aged(planted)
+    mine = tmp_path / "erlcuda-2-1"
+    mine.mkdir()
+    returned, got = _released(planted / LOCK, SharedFolder(str(mine)).sweep_stale)
+    assert returned
+    assert got == [[]]
+    assert planted.exists() and victim.read_bytes() == b"keep"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
+def test_a_folder_whose_lock_is_no_regular_file_is_not_used(tmp_path: Path, kind: str) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    mine = tmp_path / "erlcuda-3-1"
+    mine.mkdir()
+    _plant(mine / LOCK, kind, victim)
+    with pytest.raises(ShmError, match="cannot take the folder's lock"):
+        SharedFolder(str(mine))
+    assert victim.read_bytes() == b"keep"
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_what_stands_at_an_operand_s_path_is_never_followed(worker: WorkerPipe, folder: Path,
+                                                            tmp_path: Path, kind: str) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(np.ones(1000, np.float32).tobytes())
+    _plant(folder / "i1-1.0", kind, victim)
+    worker.launch(1, "reduce", [FileVector("i1-1", 4000)])
+    job_id, (status, (reason, _)) = worker.result()
+    assert (job_id, status, reason) == (1, "error", "bad_args")
+    assert victim.read_bytes() == np.ones(1000, np.float32).tobytes()
+    worker.launch(2, "reduce", [np.ones(3, np.float32).tobytes()])
+    assert worker.result() == (2, ("ok", 3.0))
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_what_stands_at_a_result_s_path_is_never_written(worker: WorkerPipe, folder: Path,
+                                                         tmp_path: Path, kind: str) -> None:
+    # The result is written to a new file only: in any other case it comes through the pipe.
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    _plant(folder / "r1.0", kind, victim)
+    a = np.arange(6, dtype=np.float32)
+    worker.launch(1, "vector_add", [a.tobytes(), a.tobytes()], result_file=True)
+    assert worker.result() == (1, ("ok", (a * 2).tolist()))
+    assert victim.read_bytes() == b"keep"
 
 
 def test_a_folder_of_another_user_is_never_removed(tmp_path: Path) -> None:
