@@ -15,11 +15,11 @@
 %%                                         launches does not all go to one stale minimum)
 %% A node whose agent leaves the group, or whose connection drops, is removed at once.
 %%
-%% Remote jobs (erlcuda_remote): on a nodedown the agent answers every job recorded for
-%% that node `{error, {node_down, Node}}' through the job's one-shot alias, and every
-%% ?RECONCILE_TICKS ticks it asks each node's agent which of this node's jobs it finished
-%% since, dropping their records, and acknowledges the answers it took in (see
-%% erlcuda_remote).
+%% Remote jobs (erlcuda_remote): the agent watches the proxies of this node's launch jobs
+%% on other nodes (each tells it `{erlcuda_proxy, JobId, Pid}' as it starts), and their
+%% 'DOWN' ends the job's record; a proxy lost with its connection, and on a nodedown every
+%% job recorded for that node, is answered `{error, {node_down, Node}}' through the job's
+%% one-shot alias.
 -module(erlcuda_cluster).
 -behaviour(gen_server).
 
@@ -46,8 +46,6 @@
 -define(MIN_RATE, 0.01).
 %% After this many ticks without a job in flight, the rate is not known any more.
 -define(IDLE_TICKS, 5).
-%% Records of remote jobs are reconciled every ?RECONCILE_TICKS ticks (about 2 s).
--define(RECONCILE_TICKS, 10).
 
 -type load() :: #{devices := non_neg_integer(), depths := [integer()],
                   backend := cpu | cuda | undefined,
@@ -60,9 +58,8 @@
                 %% the worker generation whose backend is known, and whether one is asked
                 epoch = 0 :: non_neg_integer(),
                 asking = false :: boolean(),
-                %% the answers of each node about this node's finished jobs taken in since
-                %% that node was last asked, to acknowledge (erlcuda_remote:acked/2)
-                acks = #{} :: #{node() => [reference()]},
+                %% the proxies of this node's launch jobs on other nodes, by monitor
+                proxies = #{} :: #{reference() => erlcuda:job_id()},
                 %% jobs answered by the last tick, when, and whether some were in flight
                 done = 0 :: non_neg_integer(),
                 done_at = 0 :: integer(),
@@ -186,7 +183,9 @@ init([]) ->
     Connected = nodes(),
     _ = [erlcuda_remote:node_down(N) || N <- erlcuda_remote:recorded_nodes(),
                                         not lists:member(N, Connected)],
-    State = #state{ref = Ref, members = Members},
+    %% and the proxies a predecessor watched are watched again.
+    State = lists:foldl(fun({Id, Proxy}, S) -> watch(Id, Proxy, S) end,
+                        #state{ref = Ref, members = Members}, erlcuda_remote:watched()),
     _ = [welcome(P, N) || {P, N} <- maps:to_list(Members)],
     self() ! tick,
     {ok, State}.
@@ -206,11 +205,7 @@ handle_info(tick, #state{ticks = T} = State0) ->
     State = measure(status_change(State0)),
     publish(State),
     purge_excluded(),
-    State1 = case (T + 1) rem ?RECONCILE_TICKS of
-                 0 -> erlcuda_remote:sweep(), reconcile(State);
-                 _ -> State
-             end,
-    {noreply, State1#state{ticks = T + 1}};
+    {noreply, State#state{ticks = T + 1}};
 handle_info({erlcuda_cluster, status}, State0) ->
     %% The worker's status or device count changed: tell the others now.
     State = status_change(State0),
@@ -237,30 +232,16 @@ handle_info({nodedown, Node}, #state{members = Members} = State) ->
     %% and takes its record back itself (erlcuda_remote).
     forget(Node),
     ok = erlcuda_remote:node_down(Node),
-    ok = erlcuda_remote:forget_finished(Node),
-    {noreply, State#state{members = maps:filter(fun(_, N) -> N =/= Node end, Members),
-                          acks = maps:remove(Node, State#state.acks)}};
-handle_info({erlcuda_in_flight, From, Ref, Acks}, State) when is_pid(From), is_reference(Ref),
-                                                              is_list(Acks) ->
-    %% Another node asks which of its jobs were finished here since it last asked, and
-    %% says which answers it took in.
-    Caller = node(From),
-    ok = erlcuda_remote:acked(Caller, proper(Acks)),
-    Rows = erlcuda_remote:report(Caller, Ref),
-    Answer = {erlcuda_in_flight_ids, node(), Ref, [Id || {_, Id, _} <- Rows],
-              lists:any(fun({_, _, Sync}) -> Sync end, Rows)},
-    case erlang:send(From, Answer, [nosuspend]) of
-        ok -> ok;
-        %% Not sent (a busy connection): they are told next time.
-        _ -> erlcuda_remote:unreport(Caller, Ref, Rows)
-    end,
-    {noreply, State};
-handle_info({erlcuda_in_flight_ids, Node, Ref, Ids, Ack}, #state{acks = Acks} = State)
-  when is_atom(Node), is_reference(Ref), is_list(Ids), is_boolean(Ack) ->
-    ok = erlcuda_remote:reconcile(Node, proper(Ids)),
-    case Ack andalso lists:member(Node, maps:values(State#state.members)) of
-        true -> {noreply, State#state{acks = Acks#{Node => [Ref | maps:get(Node, Acks, [])]}}};
-        false -> {noreply, State}
+    {noreply, State#state{members = maps:filter(fun(_, N) -> N =/= Node end, Members)}};
+handle_info({erlcuda_proxy, Id, Proxy}, State) when is_integer(Id), is_pid(Proxy) ->
+    {noreply, watch(Id, Proxy, State)};
+handle_info({'DOWN', Mon, process, Proxy, Why}, #state{proxies = Proxies} = State) ->
+    case maps:take(Mon, Proxies) of
+        {Id, Rest} ->
+            ok = erlcuda_remote:proxy_down(node(Proxy), Id, Why),
+            {noreply, State#state{proxies = Rest}};
+        error ->
+            {noreply, State}
     end;
 handle_info({backend, Epoch, Backend}, State) when Backend =:= cpu; Backend =:= cuda ->
     case persistent_term:get({?MODULE, backend}, undefined) of
@@ -375,29 +356,13 @@ purge_excluded() ->
         Exclude -> _ = [forget(N) || N <- Exclude, N =/= node(), is_member(N)], ok
     end.
 
-%% Ask each node which of this node's jobs it finished since, and acknowledge the answers
-%% taken in; a node without an agent has none. Every member is asked, whether or not jobs
-%% are recorded for it: a launch_sync's record goes with its reply, while the node keeps
-%% the job's claim and its finished row until it is asked.
-reconcile(#state{members = Members, acks = Acks} = State) ->
-    Agents = maps:fold(fun(P, N, Acc) -> Acc#{N => P} end, #{}, Members),
-    Nodes = lists:usort(maps:keys(Agents) ++ erlcuda_remote:recorded_nodes()
-                        ++ maps:keys(Acks)),
-    Left = lists:foldl(
-             fun(Node, Acc) ->
-                     case Agents of
-                         #{Node := Pid} ->
-                             Sent = send(Pid, {erlcuda_in_flight, self(), make_ref(),
-                                               maps:get(Node, Acc, [])}),
-                             case Sent of
-                                 true -> maps:remove(Node, Acc);
-                                 false -> Acc
-                             end;
-                         #{} ->
-                             maps:remove(Node, Acc)
-                     end
-             end, Acks, Nodes),
-    State#state{acks = Left}.
+%% A proxy of this node's launch job `Id' runs: watched while its job is recorded (one
+%% answered already, by a nodedown, is not).
+watch(Id, Proxy, #state{proxies = Proxies} = State) ->
+    case erlcuda_remote:watch(Proxy, Id) of
+        true -> State#state{proxies = Proxies#{monitor(process, Proxy) => Id}};
+        false -> State
+    end.
 
 local_candidates(Want, Rate) ->
     case erlcuda_status:status() of
@@ -424,10 +389,6 @@ with_rates(Candidates) ->
          {N, D, Depth, Max, R} when R == 0 -> {N, D, Depth, Max, Default};
          _ -> C
      end || C <- Candidates].
-
-%% A list from another node, cut at any improper tail.
-proper([H | T]) -> [H | proper(T)];
-proper(_) -> [].
 
 max_queue(#{max_queue := Max}) when is_integer(Max) -> Max;
 max_queue(_) -> 10000.

@@ -11,7 +11,7 @@
 %% what it was given.
 -module(erlcuda_delivery).
 
--export([init/0, send/2, send_remote/2, run/2, retire/3]).
+-export([init/0, send/2, run/2, retire/3]).
 
 -include_lib("kernel/include/logger.hrl").
 
@@ -34,20 +34,6 @@ send(To, Message) ->
         [] ->
             To ! Message,
             ok
-    end.
-
-%% @doc `send/2' to a caller of another node: where the connection is busy, a deliverer
-%% sends it (and the replies after it), so the port owner is never suspended.
--spec send_remote(reference(), term()) -> ok.
-send_remote(To, Message) ->
-    case ets:member(?TAB, To) of
-        true ->
-            send(To, Message);
-        false ->
-            case erlang:send(To, Message, [nosuspend]) of
-                ok -> ok;
-                nosuspend -> run(To, fun() -> To ! Message end)
-            end
     end.
 
 %% @doc Have a deliverer of `To' run `Fun' (which sends `To' its reply), after what it holds.

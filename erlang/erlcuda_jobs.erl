@@ -6,7 +6,7 @@
 -module(erlcuda_jobs).
 
 -export([create/0, next_id/0, register/1, complete/2, withdraw/1, cancel/1, fail_all/1,
-         sweep_dead_callers/0, size/0, counters/0, owner/1, cancel_remote/2]).
+         sweep_dead_callers/0, size/0, counters/0, owner/1]).
 
 -export_type([entry/0, reply_to/0]).
 
@@ -33,17 +33,12 @@
               files = [] :: [file:filename()],
               shm :: file:filename() | undefined,
               ctx = none :: erlcuda_protocol:ctx(),
-              expect = any :: erlcuda_protocol:expect(),
-              %% a job of another node's caller (erlcuda_remote): the id it replies with,
-              %% and whether the caller waits in launch_sync
-              remote = none :: none | {erlcuda:job_id(), boolean()}}).
+              expect = any :: erlcuda_protocol:expect()}).
 
 %% Where a job's reply goes: the caller's pid (launch), its alias (launch_sync), or, for a
-%% job sent here by a caller of another node, that caller's one-shot alias with the
-%% caller's job id, whether it waits in launch_sync, and the caller (which owns the
-%% buffers the job keeps).
--type reply_to() :: pid() | reference()
-                  | {erlcuda_remote, reference(), erlcuda:job_id(), boolean(), pid()}.
+%% job of a caller of another node, the alias of its proxy here (erlcuda_remote) with that
+%% caller, which owns the buffers the job keeps.
+-type reply_to() :: pid() | reference() | {erlcuda_proxy, reference(), pid()}.
 
 -type entry() :: #{id := erlcuda:job_id(), reply_to := reply_to(), caller := pid(),
                    device := non_neg_integer(), queues := erlcuda_status:queues(),
@@ -85,44 +80,23 @@ next_id() ->
 register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
            queues := Queues, kernel := Kernel, format := Format, trace := Trace} = Entry) ->
     Started = erlcuda_telemetry:job_start(Id, Kernel, Device),
-    %% A remote job's caller is of another node: never swept as dead.
-    {To, From, Remote} = case ReplyTo of
-                             {erlcuda_remote, Alias, ReplyId, Sync, Owner} ->
-                                 {Alias, Owner, {ReplyId, Sync}};
-                             _ ->
-                                 {ReplyTo, Caller, none}
-                         end,
-    true = ets:insert(?TAB, #job{id = Id, reply_to = To, caller = From,
+    To = case ReplyTo of
+             {erlcuda_proxy, Alias, _Owner} -> Alias;
+             _ -> ReplyTo
+         end,
+    true = ets:insert(?TAB, #job{id = Id, reply_to = To, caller = Caller,
                                  device = Device, queues = Queues, kernel = Kernel,
                                  format = Format, trace = Trace, started = Started,
                                  files = maps:get(files, Entry, []),
                                  shm = maps:get(shm, Entry, undefined),
                                  ctx = maps:get(ctx, Entry, none),
-                                 expect = maps:get(expect, Entry, any), remote = Remote}),
+                                 expect = maps:get(expect, Entry, any)}),
     counters:add(counters_ref(), ?SUBMITTED, 1).
 
 %% @doc Who owns the buffers a job keeps: its caller, or a remote job's caller.
 -spec owner(reply_to()) -> pid().
-owner({erlcuda_remote, _, _, _, Owner}) -> Owner;
+owner({erlcuda_proxy, _, Owner}) -> Owner;
 owner(_) -> self().
-
-%% @doc Drop the job of `Node''s caller with its id `ReplyId' (launch_sync's timeout on
-%% that node), as `cancel/1' does: `cancelled', `answered' when the port owner took it
-%% first, `absent' when it is not registered here (answered, or not yet submitted:
-%% erlcuda_remote:cancel_here/2 tells which).
--spec cancel_remote(node(), erlcuda:job_id()) -> cancelled | answered | absent.
-cancel_remote(Node, ReplyId) ->
-    case ets:select(?TAB, [{pattern([{#job.id, '$1'}, {#job.reply_to, '$2'},
-                                     {#job.remote, {ReplyId, '_'}}]),
-                            [{'=:=', {node, '$2'}, Node}], ['$1']}]) of
-        [Id | _] ->
-            case cancel(Id) of
-                true -> cancelled;
-                false -> answered
-            end;
-        [] ->
-            absent
-    end.
 
 %% @doc Deliver the job's reply (its record from the worker, or an error decided here) to
 %% its caller, once; `none' when the job was already answered or dropped; `mismatch' when
@@ -161,29 +135,22 @@ deliver(Taken, Reply) ->
                               R = erlcuda_shm:take_result(Job#job.shm, Id, Bytes, PartBytes),
                               reply(Job, R, false, fun(To, M) -> To ! M, ok end)
                       end);
-                _ when Job#job.remote =:= none ->
-                    reply(Job, Reply, true, fun erlcuda_delivery:send/2);
                 _ ->
-                    %% Over distribution: a busy connection never suspends the port owner.
-                    reply(Job, Reply, true, fun erlcuda_delivery:send_remote/2)
+                    reply(Job, Reply, true, fun erlcuda_delivery:send/2)
             end;
         [] ->
             none
     end.
 
-reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace, ctx = Ctx,
-           remote = Remote} = Job, Reply, Dequeue, Send) ->
-    %% launch_sync replies to an alias: its caller makes its own floats. A remote job
-    %% replies with its caller's id, and says itself whether its caller waits.
-    {ReplyId, Sync} = case Remote of
-                          none -> {Id, is_reference(ReplyTo)};
-                          _ -> Remote
-                      end,
-    %% A launch_sync caller waits for its alias, and its reply names that alias: no other
-    %% message in its mailbox (an old reply, a forged one) can pass for it.
+reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace, ctx = Ctx} = Job,
+      Reply, Dequeue, Send) ->
+    %% launch_sync (and a proxy) waits for an alias, and its reply names that alias: no
+    %% other message in its mailbox (an old reply, a forged one) can pass for it. It makes
+    %% its own floats.
+    Sync = is_reference(ReplyTo),
     Tag = case Sync of
               true -> ReplyTo;
-              false -> ReplyId
+              false -> Id
           end,
     Message = case Reply of
                   %% a traced job keeps its shape: no worker stamps, this side's
@@ -197,7 +164,6 @@ reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace, ctx = Ct
     kept(Ctx, Result),
     count(Job, Result, Dequeue),
     ok = Send(ReplyTo, Message),
-    _ = Remote =:= none orelse erlcuda_remote:finished(node(ReplyTo), ReplyId, Sync),
     #job{kernel = Kernel, device = Device, started = Started} = Job,
     erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, Result).
 
@@ -249,12 +215,7 @@ drop(Id) ->
 discard(Id, Counter, Delta, Why) ->
     case ets:take(?TAB, Id) of
         [#job{queues = Queues, device = Device, kernel = Kernel, started = Started,
-              files = Files, ctx = Ctx, reply_to = ReplyTo, remote = Remote}] ->
-            %% A remote job's caller hears of it no more: its record may go.
-            _ = case Remote of
-                    none -> ok;
-                    {ReplyId, Sync} -> erlcuda_remote:finished(node(ReplyTo), ReplyId, Sync)
-                end,
+              files = Files, ctx = Ctx}] ->
             erlcuda_shm:delete(Files),
             kept(Ctx, {error, Why}),
             erlcuda_status:dequeue(Queues, Device),
@@ -285,8 +246,7 @@ count(#job{queues = Queues, device = Device}, Result, Dequeue) ->
 pattern(Fields) ->
     erlang:make_tuple(record_info(size, job), '_', [{1, job} | Fields]).
 
-alive(Pid) when node(Pid) =:= node() -> is_process_alive(Pid);
-alive(_) -> true.
+alive(Pid) -> is_process_alive(Pid).
 
 counters_ref() ->
     persistent_term:get(?COUNTERS).

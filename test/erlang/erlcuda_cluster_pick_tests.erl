@@ -13,8 +13,7 @@ pick_test_() ->
              ok = erlcuda_cluster:create()
      end,
      fun(_) ->
-             [ets:delete(T) || T <- [?LOADS, erlcuda_remote, erlcuda_remote_finished,
-                                    erlcuda_remote_claims, erlcuda_remote_reported]]
+             [ets:delete(T) || T <- [?LOADS, erlcuda_remote]]
      end,
      [fun rate_weighs/0, fun unmeasured/0, fun stale_and_down/0]}.
 
