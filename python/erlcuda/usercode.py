@@ -3,7 +3,8 @@ are written from a one-statement operation.
 
 Needs nvcc, not PyCUDA or a GPU, so a source can be checked anywhere the toolkit is. Errors:
 ``CompileError`` (nvcc refused the source; ``.log`` is its message), ``NoCompiler`` (no nvcc),
-``ValueError`` (a bad name, type, option or architecture, before nvcc runs).
+``ValueError`` (a bad name, type or architecture, before nvcc runs), of which ``BadOption``
+is an nvcc option outside ``ALLOWED_OPTIONS``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 __all__ = [
+    "ALLOWED_OPTIONS",
     "C_TYPES",
+    "BadOption",
     "CompileError",
     "NoCompiler",
     "arch_of",
@@ -50,12 +53,28 @@ MAX_NAME = 255
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?")
-#: Options that would change what nvcc makes or where it writes it: compile_module decides.
-_OUTPUT_OPTIONS = re.compile(
-    r"-(-?output-file|o|-?cubin|-?ptx|-?fatbin|-?gpu-architecture|arch|-?gpu-code|code"
-    r"|gencode|-?generate-code|-?lib|-?link|-?run|-?preprocess|E|-?compile|c|-?dryrun"
-    r"|-?dependency-output|M[DFT]?|-?output-directory|odir)(=.*)?"
+#: A macro's value: nvcc hands -D to the host compiler through a shell, so the value keeps to
+#: characters that no shell treats specially (and no comma, where nvcc splits a list).
+_MACRO = r"[A-Za-z_][A-Za-z0-9_]*(?:=[A-Za-z0-9_.+-]*)?"
+#: The nvcc options a source may be compiled with, each one list element matched whole: what
+#: changes the code nvcc makes, never where it writes, what it reads or runs, or for which
+#: architecture (compile_module decides that). Everything else is refused, since nvcc's
+#: other options reach the host compiler, the file system or a shell. README lists them.
+ALLOWED_OPTIONS: tuple[str, ...] = (
+    rf"-D{_MACRO}",
+    rf"--define-macro={_MACRO}",
+    r"-O[0-3]",
+    r"--?use_fast_math",
+    r"--?(?:ftz|prec-div|prec-sqrt|fmad)=(?:true|false)",
+    r"-lineinfo|--generate-line-info",
+    r"--?maxrregcount=[1-9][0-9]{0,2}",
+    r"--?std=c\+\+(?:03|11|14|17|20)",
+    r"--?restrict",
+    r"--?extra-device-vectorization",
+    r"--?expt-relaxed-constexpr",
+    r"--?(?:expt-)?extended-lambda",
 )
+_ALLOWED = re.compile("|".join(f"(?:{option})" for option in ALLOWED_OPTIONS))
 #: nvcc's intermediate files (/tmp/tmpxft_00001a2b_00000000-6_kernel.ptx): the prefix goes.
 _TEMP_NAME = re.compile(r"\S*tmpxft_[0-9a-fA-F]+_[0-9a-fA-F]+-[0-9]+_")
 #: C++ and CUDA words no variable or kernel may be called.
@@ -82,6 +101,15 @@ class CompileError(Exception):
     def __init__(self, log: str) -> None:
         super().__init__(log)
         self.log = log
+
+
+class BadOption(ValueError):
+    """An nvcc option that is not in ``ALLOWED_OPTIONS``; ``option`` is the flag as given."""
+
+    def __init__(self, option: str) -> None:
+        super().__init__(f"nvcc option {option!r:.80} is not allowed: erlcuda takes macros "
+                         "(-DNAME=VALUE), -O0..-O3 and the precision flags its README lists")
+        self.option = option
 
 
 class NoCompiler(Exception):
@@ -141,20 +169,14 @@ def compile_module(source: str, options: Sequence[str], arch: str, *,
     """
     if not _ARCH.fullmatch(arch):
         raise ValueError(f"bad architecture {arch!r:.40}: expected one like sm_90")
-    opts = list(options)
-    for opt in opts:
-        if not isinstance(opt, str) or "\0" in opt:
-            raise ValueError(f"bad nvcc option {opt!r:.60}")
-        if _OUTPUT_OPTIONS.fullmatch(opt):
-            raise ValueError(f"nvcc option {opt!r:.60} is not allowed: erlcuda chooses the "
-                             "output and the architecture")
+    opts = _allowed(options)
     if "\0" in source:
         raise ValueError("the source holds a NUL byte")
     nvcc = find_nvcc()
     # Files reached through #include are part of what is compiled: where there can be any,
     # the key holds the preprocessed text, so that a changed header is compiled again.
     expanded = (_nvcc(nvcc, source, opts, arch, preprocess=True)
-                if "#include" in source or any(o.startswith(_INCLUDE_OPTIONS) for o in opts)
+                if "#include" in source
                 else b"")
     key = hashlib.sha256(
         json.dumps([source, opts, arch, _nvcc_version(nvcc),
@@ -169,6 +191,17 @@ def compile_module(source: str, options: Sequence[str], arch: str, *,
     cubin = _nvcc(nvcc, source, opts, arch, **({"progress": progress} if progress else {}))
     _store(cached, cubin)
     return cubin
+
+
+def _allowed(options: Sequence[str]) -> list[str]:
+    """``options`` as a list, each one checked against ``ALLOWED_OPTIONS``."""
+    opts = list(options)
+    for opt in opts:
+        if not isinstance(opt, str):
+            raise ValueError(f"bad nvcc option {opt!r:.60}: not a string")
+        if not _ALLOWED.fullmatch(opt):
+            raise BadOption(opt)
+    return opts
 
 
 #: How often a long compile reports that it is still running (the worker turns that into a
@@ -193,10 +226,6 @@ def _wait(proc: subprocess.Popen[str], progress: Callable[[float], None] | None)
                 progress(elapsed)
 
 
-#: nvcc options that make it read files besides the source.
-_INCLUDE_OPTIONS = ("-I", "--include-path", "-include", "--pre-include", "-isystem")
-
-
 def _nvcc(nvcc: str, source: str, options: list[str], arch: str, *,
           preprocess: bool = False, progress: Callable[[float], None] | None = None) -> bytes:
     """The cubin of ``source``, or with ``preprocess`` its preprocessed text."""
@@ -207,10 +236,11 @@ def _nvcc(nvcc: str, source: str, options: list[str], arch: str, *,
         cmd = [nvcc, "-E" if preprocess else "--cubin", f"-arch={arch}", *options,
                "-o", out.name, src.name]
         try:
-            # Run inside the temporary folder, so that messages name the file alone.
-            proc = subprocess.Popen(cmd, cwd=tmp, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, encoding="utf-8",
-                                    errors="replace")
+            # Run inside the temporary folder, so that messages name the file alone, and keep
+            # nvcc's intermediate files there too (it puts them in $TMPDIR).
+            proc = subprocess.Popen(cmd, cwd=tmp, env={**os.environ, "TMPDIR": tmp},
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    encoding="utf-8", errors="replace")
         except OSError as exc:
             raise NoCompiler(f"cannot run {nvcc}: {exc}") from exc
         output = _wait(proc, progress)

@@ -21,6 +21,8 @@ usercode_test_() ->
       [{"no GPU: backend_unavailable", {timeout, 120, fun unavailable/0}},
        {"a bad source: nvcc's log", {timeout, 120, fun compile_error/0}},
        {"declarations are checked before any compile", fun declarations/0},
+       {"nvcc options off the allow-list are refused, naming the flag",
+        {timeout, 120, fun refused_options/0}},
        {"info and kernels/0 answer while a load compiles", {timeout, 120, fun not_blocked/0}},
        {"loaded modules are loaded again into a new worker", {timeout, 120, fun replay/0}}]).
 
@@ -75,6 +77,37 @@ declarations() ->
                  erlcuda:load(m, ?SCALE, [{scale, []}], [{nvcc, "-O3"}])),
     ?assertMatch({error, {bad_args, _}}, erlcuda:unload("m")),
     ?assertEqual(ok, erlcuda:unload(never_loaded)).
+
+%% nvcc ran the shell text of a -D value, and took -Xcompiler -oFILE or --keep-dir DIR. The
+%% worker refuses every option that is not on its list before nvcc runs.
+refused_options() ->
+    Dir = filename:join(os:getenv("TMPDIR", "/tmp"),
+                        "erlcuda-options-" ++ integer_to_list(erlang:unique_integer([positive]))),
+    ok = filelib:ensure_dir(filename:join(Dir, "x")),
+    Marker = filename:join(Dir, "ran"),
+    Shell = iolist_to_binary(["-DWIDTH=`touch ", Marker, "`"]),
+    Kernels = [{scale, [{inout, f32}, {scalar, f32}, {scalar, i64}]}],
+    Load = fun(Flags) -> erlcuda:load(m, ?SCALE, Kernels, [{options, Flags}]) end,
+    Elementwise = fun(Flags) ->
+                          erlcuda:elementwise(twice, [{x, f32}], [{y, f32}], <<"y = 2 * x">>,
+                                              [{options, Flags}])
+                  end,
+    try
+        ?assertEqual({error, {bad_option, {options, Shell}}}, Load(["-O3", Shell])),
+        ?assertEqual({error, {bad_option, {options, <<"-Xcompiler">>}}},
+                     Load([<<"-Xcompiler">>, ["-o", Marker]])),
+        ?assertEqual({error, {bad_option, {options, <<"-ccbin">>}}}, Load(["-ccbin", Dir])),
+        ?assertEqual({error, {bad_option, {options, Shell}}}, Elementwise([Shell])),
+        ?assertEqual({error, {bad_option, {options, <<"--keep">>}}},
+                     Elementwise(["--keep", "--keep-dir", Dir])),
+        ?assertEqual({ok, []}, file:list_dir(Dir)),
+        %% the allowed ones reach nvcc (then the cpu backend runs no user code)
+        ?assertMatch({error, {backend_unavailable, _}},
+                     Load(["-DWIDTH=4", <<"-O3">>, "--use_fast_math"])),
+        ?assertEqual([], erlcuda_catalogue:modules())
+    after
+        file:del_dir_r(Dir)
+    end.
 
 %% A load takes seconds (nvcc): the port owner, info/0 and the catalogue's readers do not
 %% wait for it.

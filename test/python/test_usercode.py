@@ -108,10 +108,13 @@ def test_raw_source_with_options(tmp_path: Path) -> None:
 
 
 @needs_nvcc
-def test_bad_option_reaches_nvcc_as_a_compile_error(tmp_path: Path) -> None:
-    with pytest.raises(CompileError) as info:
-        compile_module(RAW, ["--no-such-option"], ARCH, cache=tmp_path)
-    assert "no-such-option" in info.value.log
+def test_a_macro_from_the_options_is_compiled_in(tmp_path: Path) -> None:
+    source = RAW.replace("x[i] *= a", "x[i] *= a * WIDTH")  # no WIDTH: does not compile
+    with pytest.raises(CompileError, match="WIDTH"):
+        compile_module(source, ["-O3"], ARCH, cache=tmp_path)
+    image = compile_module(source, ["-DWIDTH=4", "-O3", "--use_fast_math"], ARCH,
+                           cache=tmp_path)
+    assert is_cubin(image, "scale")
 
 
 @needs_nvcc
@@ -157,7 +160,7 @@ def test_cache_key_and_atomic_store(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     one = compile_module("a", ["-O3"], "sm_90", cache=tmp_path / "c")
     assert compile_module("a", ["-O3"], "sm_90", cache=tmp_path / "c") == one
     assert len(calls) == 1
-    compile_module("a", ["-O", "3"], "sm_90", cache=tmp_path / "c")  # not "-O3"
+    compile_module("a", ["-O2"], "sm_90", cache=tmp_path / "c")
     compile_module("a", ["-O3"], "sm_90a", cache=tmp_path / "c")
     assert len(calls) == 3
     assert len(list((tmp_path / "c").iterdir())) == 3
@@ -222,12 +225,142 @@ def test_cuda_home_is_searched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert usercode.find_nvcc() == str(nvcc)
 
 
-@pytest.mark.parametrize("option", ["-o", "-o=x.cubin", "--output-file=x", "-arch=sm_80",
-                                    "--gpu-architecture=sm_80", "-gencode", "--ptx", "-ptx",
-                                    "-E", "-c", "--fatbin", "-code=sm_90", "-M", "-odir"])
-def test_output_options_are_refused(option: str, tmp_path: Path) -> None:
+# -- nvcc's options: an allow-list ----------------------------------------------------------
+
+
+def no_process(*_args: object, **_kwargs: object) -> None:
+    raise AssertionError("a process ran")
+
+
+#: Options that made nvcc run a command, write or read files of the caller's choosing, or
+#: change what it makes; ``{m}`` is a file that must not appear, ``{d}`` an empty folder.
+ATTACKS = [
+    ["-DWIDTH=`touch {m}`"],
+    ["-DWIDTH=$(touch {m})"],
+    ["-DW=1;touch {m}"],
+    ["-DW=1|touch {m}"],
+    ["-DW=1&&touch {m}"],
+    ["-DW=1 -o{m}"],
+    ["-DW='1'"],
+    ['-DW="1"'],
+    ["-DW=a\\b"],
+    ["-DW=<x>"],
+    ["-DW=(1)"],
+    ["-DW=1,X=2"],
+    ["-D", "W=1"],
+    ["-D1W=1"],
+    ["--define-macro=W=`touch {m}`"],
+    ["--keep", "--keep-dir", "{d}"],
+    ["--keep-dir={d}"],
+    ["-keep"],
+    ["-Xcompiler", "-o{m}"],
+    ["-Xcompiler=-o{m}"],
+    ["--compiler-options=-o{m}"],
+    ["-Xptxas", "-o{m}"],
+    ["-Xlinker", "-o{m}"],
+    ["-ccbin", "{d}"],
+    ["-ccbin={d}"],
+    ["--compiler-bindir={d}"],
+    ["-I{d}"],
+    ["-I", "/etc"],
+    ["--include-path=/etc"],
+    ["-isystem", "/etc"],
+    ["-include", "/etc/passwd"],
+    ["--pre-include=/etc/passwd"],
+    ["--options-file={m}"],
+    ["-optf", "{m}"],
+    ["-o", "{m}"],
+    ["-o={m}"],
+    ["--output-file={m}"],
+    ["-odir", "{d}"],
+    ["--output-directory={d}"],
+    ["-arch=sm_80"],
+    ["--gpu-architecture=sm_80"],
+    ["-gencode", "arch=compute_80,code=sm_80"],
+    ["-code=sm_90"],
+    ["--ptx"],
+    ["-E"],
+    ["-M"],
+    ["-MF", "{m}"],
+    ["--dependency-output={m}"],
+    ["--run"],
+    ["-G"],
+    ["--no-such-option"],
+    ["-O3 -o {m}"],
+    ["-O4"],
+    ["--ftz=maybe"],
+    ["-maxrregcount=`id`"],
+    ["-std=gnu++17"],
+    [""],
+]
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=[" ".join(a) for a in ATTACKS])
+def test_options_outside_the_allow_list_are_refused(attack: list[str], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    marker, folder = tmp_path / "marker", tmp_path / "dir"
+    folder.mkdir()
+    options = ["-O3", *(a.format(m=marker, d=folder) for a in attack)]
+    # Refused before anything runs: not nvcc, not its version check.
+    monkeypatch.setattr(usercode.subprocess, "Popen", no_process)
+    monkeypatch.setattr(usercode.subprocess, "run", no_process)
+    with pytest.raises(ValueError, match="not allowed") as info:
+        compile_module(RAW, options, ARCH, cache=tmp_path / "cache")
+    # The flag that is refused is named, as given: the first one off the list.
+    assert getattr(info.value, "option", None) == options[1]
+    assert repr(options[1])[:20] in str(info.value)
+    assert not marker.exists() and not list(folder.iterdir())
+    assert not (tmp_path / "cache").exists()
+
+
+@needs_nvcc
+@pytest.mark.parametrize("attack", [["-DWIDTH=`touch {m}`"], ["-Xcompiler", "-o{m}"],
+                                    ["--keep", "--keep-dir", "{d}"], ["-ccbin", "{d}"]],
+                         ids=["backticks", "Xcompiler", "keep-dir", "ccbin"])
+def test_a_refused_option_never_reaches_nvcc(attack: list[str], tmp_path: Path) -> None:
+    """With the real nvcc: each of these ran a command or wrote a file."""
+    marker, folder = tmp_path / "marker", tmp_path / "dir"
+    folder.mkdir()
+    script = folder / "gcc"  # -ccbin DIR runs DIR/gcc as the host compiler
+    script.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    script.chmod(0o755)
+    options = [a.format(m=marker, d=folder) for a in attack]
     with pytest.raises(ValueError, match="not allowed"):
-        compile_module(RAW, [option], ARCH, cache=tmp_path)
+        compile_module(RAW, options, ARCH, cache=tmp_path / "cache")
+    assert not marker.exists()
+    assert [p.name for p in folder.iterdir()] == ["gcc"]
+
+
+ALLOWED = ["-DWIDTH", "-DWIDTH=4", "-DW_2=1.5f", "-DW=-1", "-DW=a+b", "-DW=", "-D_W=x.y",
+           "--define-macro=W=1", "-O0", "-O1", "-O2", "-O3", "--use_fast_math",
+           "-use_fast_math", "--ftz=true", "-ftz=false", "--prec-div=false",
+           "-prec-div=true", "--prec-sqrt=false", "-prec-sqrt=true", "--fmad=false",
+           "-fmad=true", "-lineinfo", "--generate-line-info", "-maxrregcount=32",
+           "--maxrregcount=255", "-std=c++03", "-std=c++11", "-std=c++14", "--std=c++17",
+           "-std=c++20", "--restrict", "-restrict", "--extra-device-vectorization",
+           "-extra-device-vectorization", "--expt-relaxed-constexpr",
+           "-expt-relaxed-constexpr", "--extended-lambda", "--expt-extended-lambda"]
+
+
+def test_the_allowed_options_reach_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+
+    def fake_nvcc(_nvcc: str, source: str, options: list[str], arch: str, *,
+                  preprocess: bool = False, **_: object) -> bytes:
+        seen.append(options)
+        return b"text" if preprocess else b"image"
+
+    monkeypatch.setattr(usercode, "find_nvcc", lambda: "/fake/nvcc")
+    monkeypatch.setattr(usercode, "_nvcc_version", lambda _path: "v")
+    monkeypatch.setattr(usercode, "_nvcc", fake_nvcc)
+    assert compile_module(RAW, ALLOWED, ARCH, cache=tmp_path) == b"image"
+    assert seen and all(options == ALLOWED for options in seen)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("option", ALLOWED)
+def test_nvcc_takes_each_allowed_option(option: str, tmp_path: Path) -> None:
+    assert is_cubin(compile_module(RAW, [option], ARCH, cache=tmp_path), "scale")
 
 
 @pytest.mark.parametrize("arch", ["", "90", "sm90", "compute_90", "sm_90 -o x", "SM_90"])
