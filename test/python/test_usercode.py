@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,15 +128,20 @@ def test_unknown_architecture_is_a_compile_error(tmp_path: Path) -> None:
 
 
 @needs_nvcc
-def test_cache_hit_does_not_run_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cache_hit_runs_only_the_preprocessor(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     first = compile_module(SAXPY, ["-O3"], ARCH, cache=tmp_path)
     [cached] = list(tmp_path.iterdir())  # one file, no temporaries left behind
     assert cached.suffix == ".cubin" and cached.read_bytes() == first
 
-    def no_nvcc(*_args: object) -> bytes:
-        raise AssertionError("nvcc ran on a cache hit")
+    real = usercode._nvcc
 
-    monkeypatch.setattr(usercode, "_nvcc", no_nvcc)
+    def no_compile(*args: Any, preprocess: bool = False, **kwargs: Any) -> bytes:
+        if not preprocess:
+            raise AssertionError("nvcc ran on a cache hit")
+        return real(*args, preprocess=True, **kwargs)
+
+    monkeypatch.setattr(usercode, "_nvcc", no_compile)
     assert compile_module(SAXPY, ["-O3"], ARCH, cache=tmp_path) == first
     # Another source, option list or architecture is another key: nvcc would run.
     for source, options, arch in [(SAXPY + " ", ["-O3"], ARCH), (SAXPY, [], ARCH),
@@ -150,7 +156,8 @@ def test_cache_key_and_atomic_store(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     def fake_nvcc(_nvcc: str, source: str, options: list[str], arch: str, *,
                   preprocess: bool = False) -> bytes:
-        assert not preprocess  # no #include: nothing but the source to hash
+        if preprocess:
+            return f"preprocessed {source}".encode()
         calls.append((source, options, arch))
         return f"cubin of {source} {options} {arch}".encode()
 
@@ -171,27 +178,52 @@ def test_cache_key_and_atomic_store(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert len(calls) == 4
 
 
+#: Every way of spelling an include that the preprocessor takes: the cache's key must see
+#: what each one includes. Trigraphs (??=) count under -std=c++14.
+SPELLINGS = {
+    "plain": ("#include", []),
+    "space": ("# include", []),
+    "tab": ("#\tinclude", []),
+    "comment": ("#/**/include", []),
+    "comments": ("/* a */ # /* b\n */ include /* c */", []),
+    "digraph": ("%:include", []),
+    "continued": ("#\\\ninclude", []),
+    "continued-crlf": ("#\\\r\ninclude", []),
+    "continued-space": ("#\\  \ninclude", []),
+    "include_next": ("#include_next", []),
+    "trigraph": ("??=include", ["-std=c++14"]),
+}
+
+
 @needs_nvcc
-def test_a_changed_header_is_compiled_again(tmp_path: Path) -> None:
-    header = tmp_path / "value.h"
-    source = f'#include "{header}"\nextern "C" __global__ void k(float *x) {{ x[0] = VALUE; }}\n'
+@pytest.mark.parametrize("spelling", SPELLINGS.values(), ids=SPELLINGS.keys())
+def test_a_changed_header_is_compiled_again(spelling: tuple[str, list[str]], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    directive, options = spelling
+    # A header on the worker's include path (C++ sources take CPLUS_INCLUDE_PATH from the
+    # environment, as system headers).
+    (tmp_path / "inc").mkdir()
+    monkeypatch.setenv("CPLUS_INCLUDE_PATH", str(tmp_path / "inc"))
+    header = tmp_path / "inc" / "value.h"
+    source = (f'{directive} "value.h"\n'
+              'extern "C" __global__ void k(float *x) { x[0] = VALUE; }\n')
     cache = tmp_path / "cache"
     header.write_text("#define VALUE 1.0f\n")
-    one = compile_module(source, [], ARCH, cache=cache)
+    one = compile_module(source, options, ARCH, cache=cache)
     header.write_text("#define VALUE nope\n")  # the same source text, a broken header
     with pytest.raises(CompileError, match="nope"):
-        compile_module(source, [], ARCH, cache=cache)
+        compile_module(source, options, ARCH, cache=cache)
     header.write_text("#define VALUE 2.0f\n")
-    two = compile_module(source, [], ARCH, cache=cache)
+    two = compile_module(source, options, ARCH, cache=cache)
     assert two != one
     header.write_text("#define VALUE 1.0f\n")
-    assert compile_module(source, [], ARCH, cache=cache) == one  # a hit again
+    assert compile_module(source, options, ARCH, cache=cache) == one  # a hit again
 
 
 def test_unwritable_cache_still_compiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(usercode, "find_nvcc", lambda: "/fake/nvcc")
     monkeypatch.setattr(usercode, "_nvcc_version", lambda _path: "v")
-    monkeypatch.setattr(usercode, "_nvcc", lambda *_args: b"image")
+    monkeypatch.setattr(usercode, "_nvcc", lambda *_args, **_kwargs: b"image")
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     assert compile_module("a", [], "sm_90", cache=blocker / "kernels") == b"image"
