@@ -12,9 +12,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -33,6 +35,8 @@ __all__ = [
     "elementwise_source",
     "find_nvcc",
 ]
+
+log = logging.getLogger("erlcuda.usercode")
 
 #: C type of each element type.
 C_TYPES = {
@@ -183,13 +187,14 @@ def compile_module(source: str, options: Sequence[str], arch: str, *,
                     hashlib.sha256(expanded).hexdigest()]).encode()
     ).hexdigest()
     folder = Path(cache) if cache is not None else cache_dir()
-    cached = folder / f"{key}.cubin"
-    try:
-        return cached.read_bytes()
-    except OSError:
-        pass
+    usable = _private_folder(folder)
+    entry = folder / f"{key}.cubin"
+    found = _read_entry(entry, key) if usable else None
+    if found is not None:
+        return found
     cubin = _nvcc(nvcc, source, opts, arch, **({"progress": progress} if progress else {}))
-    _store(cached, cubin)
+    if usable:
+        _store(entry, _entry_head(key, cubin) + cubin)
     return cubin
 
 
@@ -253,10 +258,65 @@ def _nvcc(nvcc: str, source: str, options: list[str], arch: str, *,
             raise CompileError(f"nvcc wrote no cubin: {log}") from exc
 
 
-def _store(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (a reader sees all of it or nothing)."""
+# -- the cache ------------------------------------------------------------------------------
+#
+# An entry is a header, then the cubin: the header names the key the entry was written for
+# and the cubin's sha256, so that a file under another key's name, or a partial one, is a
+# miss. The folder and its entries must be this user's, and no one else may write to the
+# folder: a cubin from the cache runs on the GPU with this user's rights.
+
+_ENTRY_MAGIC = b"erlcuda-cubin 1\n"
+
+
+def _entry_head(key: str, cubin: bytes) -> bytes:
+    return b"%s%s %s\n" % (_ENTRY_MAGIC, key.encode(), hashlib.sha256(cubin).hexdigest().encode())
+
+
+_ENTRY_HEAD = len(_entry_head("0" * 64, b""))
+
+
+def _private_folder(folder: Path) -> bool:
+    """Whether the cache may use ``folder``: made (mode 0700) where missing, else a folder of
+    this user that neither its group nor others may write to."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = folder.stat()
+    except OSError:
+        return False
+    if not stat.S_ISDIR(info.st_mode):
+        return False
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        log.warning("the kernel cache %s is not used: it must be a folder of this user that "
+                    "no other may write to (chmod go-w)", folder)
+        return False
+    return True
+
+
+def _read_entry(path: Path, key: str) -> bytes | None:
+    """The cubin that ``path`` holds for ``key``; None where there is none, where the entry
+    is not a regular file of this user (a symlink is not followed), or where its header
+    names another key or another cubin."""
+    try:
+        # Without blocking: a FIFO there would wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                return None
+            data = f.read()
+    except OSError:
+        return None
+    cubin = data[_ENTRY_HEAD:]
+    return cubin if data[:_ENTRY_HEAD] == _entry_head(key, cubin) else None
+
+
+def _store(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a reader sees all of it or nothing), over
+    whatever is there, a symlink included (the link is replaced, not its target)."""
+    try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
     except OSError:
         return

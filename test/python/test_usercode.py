@@ -6,6 +6,7 @@ cache's behaviour with nvcc stubbed out) run everywhere.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,7 @@ def test_cache_hit_runs_only_the_preprocessor(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     first = compile_module(SAXPY, ["-O3"], ARCH, cache=tmp_path)
     [cached] = list(tmp_path.iterdir())  # one file, no temporaries left behind
-    assert cached.suffix == ".cubin" and cached.read_bytes() == first
+    assert cached.suffix == ".cubin" and cached.read_bytes().endswith(first)
 
     real = usercode._nvcc
 
@@ -218,6 +219,133 @@ def test_a_changed_header_is_compiled_again(spelling: tuple[str, list[str]], tmp
     assert two != one
     header.write_text("#define VALUE 1.0f\n")
     assert compile_module(source, options, ARCH, cache=cache) == one  # a hit again
+
+
+class FakeNvcc:
+    """nvcc stubbed out: each compile is counted and makes a cubin naming its source."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.compiles: list[str] = []
+        monkeypatch.setattr(usercode, "find_nvcc", lambda: "/fake/nvcc")
+        monkeypatch.setattr(usercode, "_nvcc_version", lambda _path: "v")
+        monkeypatch.setattr(usercode, "_nvcc", self)
+
+    def __call__(self, _nvcc: str, source: str, _options: list[str], _arch: str, *,
+                 preprocess: bool = False, **_kwargs: object) -> bytes:
+        if preprocess:
+            return f"preprocessed {source}".encode()
+        self.compiles.append(source)
+        return f"cubin of {source} ".encode() * 50
+
+
+def entries(folder: Path) -> list[Path]:
+    return sorted(folder.iterdir())
+
+
+def test_an_entry_under_another_keys_name_is_not_used(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    nvcc = FakeNvcc(monkeypatch)
+    a = compile_module("a", [], ARCH, cache=tmp_path)
+    [entry_a] = entries(tmp_path)
+    b = compile_module("b", [], ARCH, cache=tmp_path)
+    [entry_b] = [e for e in entries(tmp_path) if e != entry_a]
+    entry_a.replace(entry_b)  # a's cubin where b's should be
+    assert compile_module("b", [], ARCH, cache=tmp_path) == b
+    assert nvcc.compiles == ["a", "b", "b"]
+    # The bad entry was written over: b is a hit now.
+    assert compile_module("b", [], ARCH, cache=tmp_path) == b and len(nvcc.compiles) == 3
+    assert a != b
+
+
+@pytest.mark.parametrize("cut", [1, 40, 200])
+def test_a_truncated_entry_is_not_used(cut: int, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    nvcc = FakeNvcc(monkeypatch)
+    a = compile_module("a", [], ARCH, cache=tmp_path)
+    [entry] = entries(tmp_path)
+    entry.write_bytes(entry.read_bytes()[:-cut])
+    assert compile_module("a", [], ARCH, cache=tmp_path) == a
+    assert nvcc.compiles == ["a", "a"]
+    assert compile_module("a", [], ARCH, cache=tmp_path) == a and len(nvcc.compiles) == 2
+
+
+def test_a_bare_cubin_is_not_an_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nvcc = FakeNvcc(monkeypatch)
+    a = compile_module("a", [], ARCH, cache=tmp_path)
+    [entry] = entries(tmp_path)
+    entry.write_bytes(b"\x7fELF not the cubin of a")
+    assert compile_module("a", [], ARCH, cache=tmp_path) == a
+    assert nvcc.compiles == ["a", "a"]
+
+
+def test_a_symlink_entry_is_not_followed(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    nvcc = FakeNvcc(monkeypatch)
+    cache = tmp_path / "cache"
+    compile_module("a", [], ARCH, cache=cache)
+    [entry_a] = entries(cache)
+    b = compile_module("b", [], ARCH, cache=cache)
+    [entry_b] = [e for e in entries(cache) if e != entry_a]
+    elsewhere = tmp_path / "elsewhere"
+    target = entry_a.read_bytes()
+    elsewhere.write_bytes(target)
+    for entry in (entry_a, entry_b):
+        entry.unlink()
+        entry.symlink_to(elsewhere)
+    assert compile_module("b", [], ARCH, cache=cache) == b
+    assert nvcc.compiles == ["a", "b", "b"]
+    assert not entry_b.is_symlink()  # the link itself was replaced; its target is untouched
+    assert elsewhere.read_bytes() == target
+
+
+def test_a_fifo_entry_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nvcc = FakeNvcc(monkeypatch)
+    a = compile_module("a", [], ARCH, cache=tmp_path)
+    [entry] = entries(tmp_path)
+    entry.unlink()
+    os.mkfifo(entry)  # opening it to read would wait for a writer
+    assert compile_module("a", [], ARCH, cache=tmp_path) == a
+    assert nvcc.compiles == ["a", "a"]
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757, 0o1777], ids=oct)
+def test_a_folder_others_may_write_is_not_used(mode: int, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    nvcc = FakeNvcc(monkeypatch)
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    cache.chmod(mode)
+    assert compile_module("a", [], ARCH, cache=cache) == compile_module("a", [], ARCH,
+                                                                        cache=cache)
+    assert nvcc.compiles == ["a", "a"]  # compiled each time, never cached
+    assert entries(cache) == []
+
+
+def test_a_new_cache_folder_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeNvcc(monkeypatch)
+    monkeypatch.setattr(os, "umask", os.umask)  # restored whatever the test does
+    old = os.umask(0o002)  # a umask that makes group-writable folders
+    try:
+        compile_module("a", [], ARCH, cache=tmp_path / "new" / "kernels")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new" / "kernels").stat().st_mode & 0o777 == 0o700
+    assert len(entries(tmp_path / "new" / "kernels")) == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_entries_and_folders_of_another_user_are_not_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nvcc = FakeNvcc(monkeypatch)
+    a = compile_module("a", [], ARCH, cache=tmp_path / "c")
+    [entry] = entries(tmp_path / "c")
+    os.chown(entry, 65534, 65534)
+    assert compile_module("a", [], ARCH, cache=tmp_path / "c") == a
+    assert nvcc.compiles == ["a", "a"]
+    (tmp_path / "theirs").mkdir(mode=0o755)
+    os.chown(tmp_path / "theirs", 65534, 65534)
+    compile_module("a", [], ARCH, cache=tmp_path / "theirs")
+    assert nvcc.compiles == ["a", "a", "a"] and entries(tmp_path / "theirs") == []
 
 
 def test_unwritable_cache_still_compiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
