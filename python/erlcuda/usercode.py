@@ -177,6 +177,7 @@ def compile_module(source: str, options: Sequence[str], arch: str, *,
     opts = _allowed(options)
     if "\0" in source:
         raise ValueError("the source holds a NUL byte")
+    _check_file_names(source)
     nvcc = find_nvcc()
     # The files a source includes are part of what is compiled, and only the preprocessor
     # knows which (an include has many spellings): the key holds its output, so that a
@@ -207,6 +208,101 @@ def _allowed(options: Sequence[str]) -> list[str]:
         if not _ALLOWED.fullmatch(opt):
             raise BadOption(opt)
     return opts
+
+
+# -- the files a source names ----------------------------------------------------------------
+#
+# A source may include headers of nvcc's and the system's include path, by a relative name
+# without "..": the source is compiled alone in a private folder, and no option adds a path.
+# A file named otherwise could be any file the worker can read, and nvcc's message shows its
+# lines (gcc prints the line an error is on, read from the file #line or # N names). So every
+# directive that names a file (#include and its kin, #line and the linemarker # N "file") and
+# every __has_include must name one literally, in "" or <> (a macro could expand to any
+# path), and by such a name. The check runs where the preprocessor could see a directive: at
+# the start of a line or after a comment, once with trigraphs and once without (-std=c++14
+# turns them on), on lines joined as the preprocessor joins them. It may refuse a source
+# that only mentions such a directive in a comment; it never misses one the preprocessor takes.
+
+#: Directives that read the file they name.
+_INCLUDES = frozenset({"include", "include_next", "import", "embed"})
+_TRIGRAPH = re.compile(r"\?\?[=/'()!<>-]")
+_TRIGRAPHS = dict(zip("=/'()!<>-", "#\\^[]|{}~", strict=True))
+#: A line splice; gcc takes a backslash followed by blanks too.
+_SPLICE = re.compile(r"\\[ \t\f\v]*\n")
+#: Where a directive may start: a line's first token, after blanks or comments (gcc skips a
+#: byte order mark as well).
+_DIRECTIVE = re.compile(r"(?:^|\*/)[ \t\f\v\ufeff]*(?:#|%:)", re.MULTILINE)
+#: Blanks and comments within a directive (a comment may span lines).
+_BLANK = re.compile(r"(?:[ \t\f\v\ufeff]+|/\*.*?\*/)*", re.DOTALL)
+_WORD = re.compile(r"(?:[A-Za-z0-9_$]|\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8})+")
+_UCN = re.compile(r"\\u([0-9A-Fa-f]{4})|\\U([0-9A-Fa-f]{8})")
+_NUMBER = re.compile(r"[0-9]+")
+_HEADER = re.compile(r'"[^"\n]*"|<[^>\n]*>')
+_HAS_INCLUDE = re.compile(r"(?<![A-Za-z0-9_$])__has_(?:include_next|include|embed)(?:__)?"
+                          r"(?![A-Za-z0-9_$])")
+#: The contexts that ask whether __has_include exists, which name no file.
+_TESTED = re.compile(r"(?<![A-Za-z0-9_$])(?:defined|ifdef|ifndef|elifdef|elifndef)"
+                     r"(?![A-Za-z0-9_$])[ \t\f\v]*\(?")
+
+
+def _check_file_names(source: str) -> None:
+    """ValueError where ``source`` names a file that is not a header of the include path,
+    or names one through a macro."""
+    lines = source.replace("\r\n", "\n").replace("\r", "\n")
+    for text in (lines, _TRIGRAPH.sub(lambda m: _TRIGRAPHS[m[0][2]], lines)):
+        text = _SPLICE.sub("", text)
+        for start in _DIRECTIVE.finditer(text):
+            _check_directive(text, _skip(text, start.end()))
+        _check_has_include(text)
+
+
+def _skip(text: str, pos: int) -> int:
+    match = _BLANK.match(text, pos)
+    return match.end() if match else pos
+
+
+def _check_directive(text: str, pos: int) -> None:
+    word = _WORD.match(text, pos)
+    if word is None:
+        return
+    name = _UCN.sub(lambda m: chr(int(m[1] or m[2], 16)), word[0])
+    if name in _INCLUDES:
+        _check_header(text, _skip(text, word.end()), f"#{name}")
+    elif name == "line" or _NUMBER.fullmatch(name):
+        at = word.end()
+        if name == "line":
+            number = _NUMBER.match(text, _skip(text, at))
+            if number is None:
+                raise ValueError("#line takes a line number, not a macro")
+            at = number.end()
+        at = _skip(text, at)
+        if not (at == len(text) or text.startswith(("\n", "//"), at)):
+            _check_header(text, at, "#line", quoted_only=True)
+
+
+def _check_has_include(text: str) -> None:
+    """__has_include(NAME) as for #include; the bare word only where it is asked whether
+    it exists (an alias could apply it to a macro)."""
+    tested = {_skip(text, m.end()) for m in _TESTED.finditer(text)}
+    for match in _HAS_INCLUDE.finditer(text):
+        at = _skip(text, match.end())
+        if text.startswith("(", at):
+            _check_header(text, _skip(text, at + 1), match[0])
+        elif match.start() not in tested:
+            raise ValueError(f"{match[0]} must be applied to a header name, or tested with "
+                             "defined or #ifdef")
+
+
+def _check_header(text: str, pos: int, directive: str, *, quoted_only: bool = False) -> None:
+    match = _HEADER.match(text, pos)
+    if match is None or (quoted_only and match[0].startswith("<")):
+        forms = '""' if quoted_only else '"" or <>'
+        raise ValueError(f"{directive} must name its file as a header name ({forms}), not "
+                         "through a macro")
+    name = match[0][1:-1]
+    if not name or name.startswith("/") or "\\" in name or ".." in name.split("/"):
+        raise ValueError(f"{directive} {match[0][:80]}: a source includes only headers of the "
+                         "include path, named relative to it and without '..' or '\\'")
 
 
 #: How often a long compile reports that it is still running (the worker turns that into a

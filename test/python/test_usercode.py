@@ -523,6 +523,110 @@ def test_nvcc_takes_each_allowed_option(option: str, tmp_path: Path) -> None:
     assert is_cubin(compile_module(RAW, [option], ARCH, cache=tmp_path), "scale")
 
 
+# -- files a source may name: headers of the include path, by a relative name ---------------
+
+K = '\nextern "C" __global__ void k(float *x) { x[0] = 1 }\n'  # a syntax error: a message
+#: Sources that named a file outside the include path: nvcc's message showed its lines.
+FILE_READS = {
+    "absolute": '#include "/etc/passwd"',
+    "absolute-angle": "#include </etc/passwd>",
+    "parent": '#include "../../../../../../etc/passwd"',
+    "parent-angle": "#include <sys/../../../../../etc/passwd>",
+    "parent-dot": '#include "./../x.h"',
+    "space": '# include "/etc/passwd"',
+    "tab": '#\tinclude "/etc/passwd"',
+    "comment": '#/**/include "/etc/passwd"',
+    "comment-before": '/* x */ #include "/etc/passwd"',
+    "comment-lines": 'int a; /* x\n y */ #include "/etc/passwd"',
+    "comment-name": '#include /* c */ "/etc/passwd"',
+    "digraph": '%:include "/etc/passwd"',
+    "continued": '#\\\ninclude "/etc/passwd"',
+    "continued-name": '#include "/etc/pa\\\nsswd"',
+    "continued-space": '#\\  \ninclude "/etc/passwd"',
+    "trigraph": '??=include "/etc/passwd"',
+    "trigraph-continued": '#??/\ninclude "/etc/passwd"',
+    "crlf": 'int a;\r\n#include "/etc/passwd"\r\n',
+    "cr": 'int a;\r#include "/etc/passwd"',
+    "bom": '\ufeff#include "/etc/passwd"',
+    "vertical-tab": '\v\f#include "/etc/passwd"',
+    "ucn": '#incl\\u0075de "/etc/passwd"',
+    "include_next": '#include_next "/etc/passwd"',
+    "import": '#import "/etc/passwd"',
+    "embed": '#embed "/etc/passwd"',
+    "macro": '#define P "/etc/passwd"\n#include P',
+    "macro-angle": "#define P </etc/passwd>\n#include P",
+    "backslash": '#include "a\\b.h"',
+    "empty": '#include ""',
+    "line": '#line 1 "/etc/passwd"\n#error here',
+    "line-parent": '#line 1 "../../../../etc/passwd"\n#error here',
+    "line-escapes": '#line 1 "\\057etc\\057passwd"\n#error here',
+    "line-macro": '#define F "/etc/passwd"\n#line 1 F\n#error here',
+    "line-macro-number": '#define N 1 "/etc/passwd"\n#line N\n#error here',
+    "linemarker": '# 1 "/etc/passwd"\n#error here',
+    "has_include": '#if __has_include("/etc/passwd")\n#error here\n#endif',
+    "has_include-alias": '#define H __has_include\n#if H("/etc/passwd")\n#error here\n#endif',
+    "has_include-macro": '#define P "/etc/passwd"\n#if __has_include(P)\n#error here\n#endif',
+}
+
+
+@pytest.mark.parametrize("head", FILE_READS.values(), ids=FILE_READS.keys())
+def test_a_file_outside_the_include_path_is_refused(head: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(usercode.subprocess, "Popen", no_process)
+    monkeypatch.setattr(usercode.subprocess, "run", no_process)
+    with pytest.raises(ValueError, match=r"include path|header name|#line") as info:
+        compile_module(head + K, [], ARCH, cache=tmp_path)
+    assert not isinstance(info.value, usercode.BadOption)
+    assert "root:" not in str(info.value)
+
+
+def test_an_operation_that_includes_a_file_is_refused(tmp_path: Path) -> None:
+    source = elementwise_source("k", [("x", "f32", "vector")], [("y", "f32")],
+                                'y = x;\n#include "/etc/passwd"\n')
+    with pytest.raises(ValueError, match="include path"):
+        compile_module(source, [], ARCH, cache=tmp_path)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("head", [FILE_READS[k] for k in ("absolute", "parent", "macro",
+                                                          "line", "linemarker", "comment")],
+                         ids=["absolute", "parent", "macro", "line", "linemarker", "comment"])
+def test_nvcc_never_shows_a_file_outside_the_include_path(head: str, tmp_path: Path) -> None:
+    """With the real nvcc: each of these put lines of /etc/passwd in the compile error."""
+    with pytest.raises(ValueError) as info:
+        compile_module(head + K, [], ARCH, cache=tmp_path)
+    assert "root:" not in str(info.value)
+
+
+#: Sources that name files only as the rule allows, or mention an include where there is
+#: none: not refused.
+NOT_FILE_READS = {
+    "system": "#include <stdint.h>\n#include <cuda_fp16.h>",
+    "quoted-system": '#include "cuda_fp16.h"',
+    "subfolder": "#include <cooperative_groups/reduce.h>",
+    "dots-in-a-name": '#include "cuda_fp16.hpp"',
+    "has_include": ("#ifdef __has_include\n#if __has_include(<cuda_bf16.h>)\n"
+                    "#include <cuda_bf16.h>\n#endif\n#endif\n"
+                    "#if defined(__has_include) && defined __has_include\n#endif"),
+    "line": '#line 10 "kernel.cu"\n#line 20\n# 30 "other.cu" 2',
+    "comments": "// see issue #12 here, and #include's manual\n/* # 1 is fine */",
+    "strings": 'const char *s = "a #include </etc/passwd> in a string";',
+}
+
+
+@pytest.mark.parametrize("head", NOT_FILE_READS.values(), ids=NOT_FILE_READS.keys())
+def test_headers_of_the_include_path_are_allowed(head: str, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeNvcc(monkeypatch)
+    assert compile_module(head + K, [], ARCH, cache=tmp_path)
+
+
+@needs_nvcc
+def test_a_source_with_system_headers_compiles(tmp_path: Path) -> None:
+    source = "\n".join(v for k, v in NOT_FILE_READS.items() if k != "line") + RAW
+    assert is_cubin(compile_module(source, [], ARCH, cache=tmp_path), "scale")
+
+
 @pytest.mark.parametrize("arch", ["", "90", "sm90", "compute_90", "sm_90 -o x", "SM_90"])
 def test_bad_architectures_are_refused(arch: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="architecture"):
