@@ -526,7 +526,9 @@ def test_nvcc_takes_each_allowed_option(option: str, tmp_path: Path) -> None:
 # -- files a source may name: headers of the include path, by a relative name ---------------
 
 K = '\nextern "C" __global__ void k(float *x) { x[0] = 1 }\n'  # a syntax error: a message
-#: Sources that named a file outside the include path: nvcc's message showed its lines.
+#: Sources that name a file outside the include path, which nvcc read (and showed the lines
+#: of, in its message). A few gcc would not take (ucn, embed, backslash, empty), or sees no
+#: directive in (comment-lines): the check refuses those too, rather than miss one.
 FILE_READS = {
     "absolute": '#include "/etc/passwd"',
     "absolute-angle": "#include </etc/passwd>",
@@ -539,6 +541,7 @@ FILE_READS = {
     "comment-before": '/* x */ #include "/etc/passwd"',
     "comment-lines": 'int a; /* x\n y */ #include "/etc/passwd"',
     "comment-name": '#include /* c */ "/etc/passwd"',
+    "comment-in-directive": '# /* a\n b */ include "/etc/passwd"',
     "digraph": '%:include "/etc/passwd"',
     "continued": '#\\\ninclude "/etc/passwd"',
     "continued-name": '#include "/etc/pa\\\nsswd"',
