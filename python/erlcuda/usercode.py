@@ -9,6 +9,7 @@ is an nvcc option outside ``ALLOWED_OPTIONS``.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import json
@@ -232,8 +233,9 @@ _SPLICE = re.compile(r"\\[ \t\f\v]*\n")
 #: Where a directive may start: a line's first token, after blanks or comments (gcc skips a
 #: byte order mark as well).
 _DIRECTIVE = re.compile(r"(?:^|\*/)[ \t\f\v\ufeff]*(?:#|%:)", re.MULTILINE)
-#: Blanks and comments within a directive (a comment may span lines).
-_BLANK = re.compile(r"(?:[ \t\f\v\ufeff]+|/\*.*?\*/)*", re.DOTALL)
+#: Blanks within a directive; a comment there (which may span lines) counts as one.
+_BLANKS = re.compile(r"[ \t\f\v\ufeff]*")
+_CLOSE = re.compile(r"\*/")
 _WORD = re.compile(r"(?:[A-Za-z0-9_$]|\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8})+")
 _UCN = re.compile(r"\\u([0-9A-Fa-f]{4})|\\U([0-9A-Fa-f]{8})")
 _NUMBER = re.compile(r"[0-9]+")
@@ -250,59 +252,78 @@ def _check_file_names(source: str) -> None:
     or names one through a macro."""
     lines = source.replace("\r\n", "\n").replace("\r", "\n")
     for text in (lines, _TRIGRAPH.sub(lambda m: _TRIGRAPHS[m[0][2]], lines)):
-        text = _SPLICE.sub("", text)
-        for start in _DIRECTIVE.finditer(text):
-            _check_directive(text, _skip(text, start.end()))
-        _check_has_include(text)
+        _Scan(_SPLICE.sub("", text)).check()
 
 
-def _skip(text: str, pos: int) -> int:
-    match = _BLANK.match(text, pos)
-    return match.end() if match else pos
+class _Scan:
+    """One translation of a source (lines joined, trigraphs replaced or not), checked."""
 
+    def __init__(self, text: str) -> None:
+        self.text = text
+        # Where each comment ends, found once: a skip looks its comment's end up, so that
+        # many directives before one far "*/" cost no more than the text's length.
+        self.closes = [m.start() for m in _CLOSE.finditer(text)]
 
-def _check_directive(text: str, pos: int) -> None:
-    word = _WORD.match(text, pos)
-    if word is None:
-        return
-    name = _UCN.sub(lambda m: chr(int(m[1] or m[2], 16)), word[0])
-    if name in _INCLUDES:
-        _check_header(text, _skip(text, word.end()), f"#{name}")
-    elif name == "line" or _NUMBER.fullmatch(name):
-        at = word.end()
-        if name == "line":
-            number = _NUMBER.match(text, _skip(text, at))
-            if number is None:
-                raise ValueError("#line takes a line number, not a macro")
-            at = number.end()
-        at = _skip(text, at)
-        if not (at == len(text) or text.startswith(("\n", "//"), at)):
-            _check_header(text, at, "#line", quoted_only=True)
+    def check(self) -> None:
+        for start in _DIRECTIVE.finditer(self.text):
+            self.directive(self.skip(start.end()))
+        self.has_include()
 
+    def skip(self, pos: int) -> int:
+        """The position after the blanks and comments at ``pos``."""
+        text = self.text
+        while True:
+            blanks = _BLANKS.match(text, pos)
+            pos = blanks.end() if blanks else pos
+            if not text.startswith("/*", pos):
+                return pos
+            at = bisect.bisect_left(self.closes, pos + 2)
+            if at == len(self.closes):
+                return len(text)  # the rest is a comment
+            pos = self.closes[at] + 2
 
-def _check_has_include(text: str) -> None:
-    """__has_include(NAME) as for #include; the bare word only where it is asked whether
-    it exists (an alias could apply it to a macro)."""
-    tested = {_skip(text, m.end()) for m in _TESTED.finditer(text)}
-    for match in _HAS_INCLUDE.finditer(text):
-        at = _skip(text, match.end())
-        if text.startswith("(", at):
-            _check_header(text, _skip(text, at + 1), match[0])
-        elif match.start() not in tested:
-            raise ValueError(f"{match[0]} must be applied to a header name, or tested with "
-                             "defined or #ifdef")
+    def directive(self, pos: int) -> None:
+        text = self.text
+        word = _WORD.match(text, pos)
+        if word is None:
+            return
+        name = _UCN.sub(lambda m: chr(int(m[1] or m[2], 16)), word[0])
+        if name in _INCLUDES:
+            self.header(self.skip(word.end()), f"#{name}")
+        elif name == "line" or _NUMBER.fullmatch(name):
+            at = word.end()
+            if name == "line":
+                number = _NUMBER.match(text, self.skip(at))
+                if number is None:
+                    raise ValueError("#line takes a line number, not a macro")
+                at = number.end()
+            at = self.skip(at)
+            if not (at == len(text) or text.startswith(("\n", "//"), at)):
+                self.header(at, "#line", quoted_only=True)
 
+    def has_include(self) -> None:
+        """__has_include(NAME) as for #include; the bare word only where it is asked
+        whether it exists (an alias could apply it to a macro)."""
+        text = self.text
+        tested = {self.skip(m.end()) for m in _TESTED.finditer(text)}
+        for match in _HAS_INCLUDE.finditer(text):
+            at = self.skip(match.end())
+            if text.startswith("(", at):
+                self.header(self.skip(at + 1), match[0])
+            elif match.start() not in tested:
+                raise ValueError(f"{match[0]} must be applied to a header name, or tested "
+                                 "with defined or #ifdef")
 
-def _check_header(text: str, pos: int, directive: str, *, quoted_only: bool = False) -> None:
-    match = _HEADER.match(text, pos)
-    if match is None or (quoted_only and match[0].startswith("<")):
-        forms = '""' if quoted_only else '"" or <>'
-        raise ValueError(f"{directive} must name its file as a header name ({forms}), not "
-                         "through a macro")
-    name = match[0][1:-1]
-    if not name or name.startswith("/") or "\\" in name or ".." in name.split("/"):
-        raise ValueError(f"{directive} {match[0][:80]}: a source includes only headers of the "
-                         "include path, named relative to it and without '..' or '\\'")
+    def header(self, pos: int, directive: str, *, quoted_only: bool = False) -> None:
+        match = _HEADER.match(self.text, pos)
+        if match is None or (quoted_only and match[0].startswith("<")):
+            forms = '""' if quoted_only else '"" or <>'
+            raise ValueError(f"{directive} must name its file as a header name ({forms}), "
+                             "not through a macro")
+        name = match[0][1:-1]
+        if not name or name.startswith("/") or "\\" in name or ".." in name.split("/"):
+            raise ValueError(f"{directive} {match[0][:80]}: a source includes only headers of "
+                             "the include path, named relative to it and without '..' or '\\'")
 
 
 #: How often a long compile reports that it is still running (the worker turns that into a
