@@ -313,34 +313,40 @@ text(Data, What) ->
         error:badarg -> bad("~s must be iodata (a binary or a string)", [What])
     end.
 
+%% Every list a caller gives is checked to be proper before it is walked: `length/1' in a
+%% guard fails the guard for an improper list, where a generator or a fold would raise.
 load_options(Opts) when is_map(Opts) ->
     load_options(maps:to_list(Opts));
-load_options(Opts) when is_list(Opts) ->
-    lists:foldl(fun(_, {error, _} = E) -> E;
-                   ({options, Flags} = Opt, {ok, {_, T}}) ->
-                        case flags(Flags) of
-                            {ok, Bins} -> {ok, {Bins, T}};
-                            error -> {error, {bad_option, Opt}}
-                        end;
-                   ({timeout, T}, {ok, {F, _}})
-                     when is_integer(T), T > 0, T =< ?MAX_TIMEOUT; T =:= infinity ->
-                        {ok, {F, T}};
-                   (Opt, _) ->
-                        {error, {bad_option, Opt}}
-                end, {ok, {[], ?LOAD_TIMEOUT}}, Opts);
+load_options(Opts) when is_list(Opts), length(Opts) >= 0 ->
+    load_options(Opts, {[], ?LOAD_TIMEOUT});
 load_options(Opts) ->
     {error, {bad_option, Opts}}.
 
-flags(Flags) when is_list(Flags) ->
+load_options([], Acc) ->
+    {ok, Acc};
+load_options([{options, Flags} = Opt | Rest], {_, T}) ->
+    case flags(Flags) of
+        {ok, Bins} -> load_options(Rest, {Bins, T});
+        error -> {error, {bad_option, Opt}}
+    end;
+load_options([{timeout, T} | Rest], {F, _})
+  when is_integer(T), T > 0, T =< ?MAX_TIMEOUT; T =:= infinity ->
+    load_options(Rest, {F, T});
+load_options([Opt | _], _) ->
+    {error, {bad_option, Opt}}.
+
+%% nvcc's flags: each iodata, sent as a binary. Which flags nvcc may get is the worker's to
+%% say (its allow-list), so that the list is written once.
+flags(Flags) when is_list(Flags), length(Flags) >= 0 ->
     try [iolist_to_binary(F) || F <- Flags] of
         Bins -> {ok, Bins}
     catch
-        error:_ -> error
+        error:badarg -> error
     end;
 flags(_) ->
     error.
 
-raw_kernels(Kernels) when is_list(Kernels), Kernels =/= [] ->
+raw_kernels(Kernels) when is_list(Kernels), length(Kernels) > 0 ->
     Checked = [raw_kernel(K) || K <- Kernels],
     case [E || {error, _} = E <- Checked] of
         [E | _] ->

@@ -641,6 +641,11 @@ def bad_args(text: str) -> Failure:
     return Failure("bad_args", (text,))
 
 
+def bad_option(option: str, value: str) -> Failure:
+    """``{bad_option, {Option, Value}}``: a load option the worker refuses (an nvcc flag)."""
+    return Failure("bad_option", ((atom(option), value),))
+
+
 def bad_device(device: int) -> Failure:
     """``{bad_device, Device}``, the device number the launch named."""
     return Failure("bad_device", (device,))

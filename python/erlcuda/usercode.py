@@ -3,17 +3,21 @@ are written from a one-statement operation.
 
 Needs nvcc, not PyCUDA or a GPU, so a source can be checked anywhere the toolkit is. Errors:
 ``CompileError`` (nvcc refused the source; ``.log`` is its message), ``NoCompiler`` (no nvcc),
-``ValueError`` (a bad name, type, option or architecture, before nvcc runs).
+``ValueError`` (a bad name, type or architecture, before nvcc runs), of which ``BadOption``
+is an nvcc option outside ``ALLOWED_OPTIONS``.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -21,7 +25,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 __all__ = [
+    "ALLOWED_OPTIONS",
     "C_TYPES",
+    "BadOption",
     "CompileError",
     "NoCompiler",
     "arch_of",
@@ -30,6 +36,8 @@ __all__ = [
     "elementwise_source",
     "find_nvcc",
 ]
+
+log = logging.getLogger("erlcuda.usercode")
 
 #: C type of each element type.
 C_TYPES = {
@@ -50,12 +58,28 @@ MAX_NAME = 255
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?")
-#: Options that would change what nvcc makes or where it writes it: compile_module decides.
-_OUTPUT_OPTIONS = re.compile(
-    r"-(-?output-file|o|-?cubin|-?ptx|-?fatbin|-?gpu-architecture|arch|-?gpu-code|code"
-    r"|gencode|-?generate-code|-?lib|-?link|-?run|-?preprocess|E|-?compile|c|-?dryrun"
-    r"|-?dependency-output|M[DFT]?|-?output-directory|odir)(=.*)?"
+#: A macro's value: nvcc hands -D to the host compiler through a shell, so the value keeps to
+#: characters that no shell treats specially (and no comma, where nvcc splits a list).
+_MACRO = r"[A-Za-z_][A-Za-z0-9_]*(?:=[A-Za-z0-9_.+-]*)?"
+#: The nvcc options a source may be compiled with, each one list element matched whole: what
+#: changes the code nvcc makes, never where it writes, what it reads or runs, or for which
+#: architecture (compile_module decides that). Everything else is refused, since nvcc's
+#: other options reach the host compiler, the file system or a shell. README lists them.
+ALLOWED_OPTIONS: tuple[str, ...] = (
+    rf"-D{_MACRO}",
+    rf"--define-macro={_MACRO}",
+    r"-O[0-3]",
+    r"--?use_fast_math",
+    r"--?(?:ftz|prec-div|prec-sqrt|fmad)=(?:true|false)",
+    r"-lineinfo|--generate-line-info",
+    r"--?maxrregcount=[1-9][0-9]{0,2}",
+    r"--?std=c\+\+(?:03|11|14|17|20)",
+    r"--?restrict",
+    r"--?extra-device-vectorization",
+    r"--?expt-relaxed-constexpr",
+    r"--?(?:expt-)?extended-lambda",
 )
+_ALLOWED = re.compile("|".join(f"(?:{option})" for option in ALLOWED_OPTIONS))
 #: nvcc's intermediate files (/tmp/tmpxft_00001a2b_00000000-6_kernel.ptx): the prefix goes.
 _TEMP_NAME = re.compile(r"\S*tmpxft_[0-9a-fA-F]+_[0-9a-fA-F]+-[0-9]+_")
 #: C++ and CUDA words no variable or kernel may be called.
@@ -82,6 +106,15 @@ class CompileError(Exception):
     def __init__(self, log: str) -> None:
         super().__init__(log)
         self.log = log
+
+
+class BadOption(ValueError):
+    """An nvcc option that is not in ``ALLOWED_OPTIONS``; ``option`` is the flag as given."""
+
+    def __init__(self, option: str) -> None:
+        super().__init__(f"nvcc option {option!r:.80} is not allowed: erlcuda takes macros "
+                         "(-DNAME=VALUE), -O0..-O3 and the precision flags its README lists")
+        self.option = option
 
 
 class NoCompiler(Exception):
@@ -136,39 +169,161 @@ def compile_module(source: str, options: Sequence[str], arch: str, *,
                    progress: Callable[[float], None] | None = None) -> bytes:
     """A cubin of ``source`` for ``arch`` (``sm_90``), compiled by ``nvcc --cubin`` with the
     extra ``options``, or the one cached under ``cache`` (default ``cache_dir()``) for the same
-    source, options, architecture and nvcc version. A cache that cannot be written is skipped.
+    source, preprocessed text (what it includes), options, architecture and nvcc version. A
+    cache that cannot be written is skipped.
     ``progress(seconds)`` is called every ``PROGRESS_EVERY`` seconds while nvcc runs.
     """
     if not _ARCH.fullmatch(arch):
         raise ValueError(f"bad architecture {arch!r:.40}: expected one like sm_90")
-    opts = list(options)
-    for opt in opts:
-        if not isinstance(opt, str) or "\0" in opt:
-            raise ValueError(f"bad nvcc option {opt!r:.60}")
-        if _OUTPUT_OPTIONS.fullmatch(opt):
-            raise ValueError(f"nvcc option {opt!r:.60} is not allowed: erlcuda chooses the "
-                             "output and the architecture")
+    opts = _allowed(options)
     if "\0" in source:
         raise ValueError("the source holds a NUL byte")
+    _check_file_names(source)
     nvcc = find_nvcc()
-    # Files reached through #include are part of what is compiled: where there can be any,
-    # the key holds the preprocessed text, so that a changed header is compiled again.
-    expanded = (_nvcc(nvcc, source, opts, arch, preprocess=True)
-                if "#include" in source or any(o.startswith(_INCLUDE_OPTIONS) for o in opts)
-                else b"")
+    # The files a source includes are part of what is compiled, and only the preprocessor
+    # knows which (an include has many spellings): the key holds its output, so that a
+    # changed header is compiled again. It costs one preprocessor run, a fraction of a compile.
+    expanded = _nvcc(nvcc, source, opts, arch, preprocess=True)
     key = hashlib.sha256(
         json.dumps([source, opts, arch, _nvcc_version(nvcc),
                     hashlib.sha256(expanded).hexdigest()]).encode()
     ).hexdigest()
     folder = Path(cache) if cache is not None else cache_dir()
-    cached = folder / f"{key}.cubin"
-    try:
-        return cached.read_bytes()
-    except OSError:
-        pass
+    usable = _private_folder(folder)
+    entry = folder / f"{key}.cubin"
+    found = _read_entry(entry, key) if usable else None
+    if found is not None:
+        return found
     cubin = _nvcc(nvcc, source, opts, arch, **({"progress": progress} if progress else {}))
-    _store(cached, cubin)
+    if usable:
+        _store(entry, _entry_head(key, cubin) + cubin)
     return cubin
+
+
+def _allowed(options: Sequence[str]) -> list[str]:
+    """``options`` as a list, each one checked against ``ALLOWED_OPTIONS``."""
+    opts = list(options)
+    for opt in opts:
+        if not isinstance(opt, str):
+            raise ValueError(f"bad nvcc option {opt!r:.60}: not a string")
+        if not _ALLOWED.fullmatch(opt):
+            raise BadOption(opt)
+    return opts
+
+
+# -- the files a source names ----------------------------------------------------------------
+#
+# A source may include headers of nvcc's and the system's include path, by a relative name
+# without "..": the source is compiled alone in a private folder, and no option adds a path.
+# A file named otherwise could be any file the worker can read, and nvcc's message shows its
+# lines (gcc prints the line an error is on, read from the file #line or # N names). So every
+# directive that names a file (#include and its kin, #line and the linemarker # N "file") and
+# every __has_include must name one literally, in "" or <> (a macro could expand to any
+# path), and by such a name. The check runs where the preprocessor could see a directive: at
+# the start of a line or after a comment, once with trigraphs and once without (-std=c++14
+# turns them on), on lines joined as the preprocessor joins them. It may refuse a source
+# that only mentions such a directive in a comment; it never misses one the preprocessor takes.
+
+#: Directives that read the file they name.
+_INCLUDES = frozenset({"include", "include_next", "import", "embed"})
+_TRIGRAPH = re.compile(r"\?\?[=/'()!<>-]")
+_TRIGRAPHS = dict(zip("=/'()!<>-", "#\\^[]|{}~", strict=True))
+#: A line splice; gcc takes a backslash followed by blanks too.
+_SPLICE = re.compile(r"\\[ \t\f\v]*\n")
+#: Where a directive may start: a line's first token, after blanks or comments (gcc skips a
+#: byte order mark as well).
+_DIRECTIVE = re.compile(r"(?:^|\*/)[ \t\f\v\ufeff]*(?:#|%:)", re.MULTILINE)
+#: Blanks within a directive; a comment there (which may span lines) counts as one.
+_BLANKS = re.compile(r"[ \t\f\v\ufeff]*")
+_CLOSE = re.compile(r"\*/")
+_WORD = re.compile(r"(?:[A-Za-z0-9_$]|\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8})+")
+_UCN = re.compile(r"\\u([0-9A-Fa-f]{4})|\\U([0-9A-Fa-f]{8})")
+_NUMBER = re.compile(r"[0-9]+")
+_HEADER = re.compile(r'"[^"\n]*"|<[^>\n]*>')
+_HAS_INCLUDE = re.compile(r"(?<![A-Za-z0-9_$])__has_(?:include_next|include|embed)(?:__)?"
+                          r"(?![A-Za-z0-9_$])")
+#: The contexts that ask whether __has_include exists, which name no file.
+_TESTED = re.compile(r"(?<![A-Za-z0-9_$])(?:defined|ifdef|ifndef|elifdef|elifndef)"
+                     r"(?![A-Za-z0-9_$])[ \t\f\v]*\(?")
+
+
+def _check_file_names(source: str) -> None:
+    """ValueError where ``source`` names a file that is not a header of the include path,
+    or names one through a macro."""
+    lines = source.replace("\r\n", "\n").replace("\r", "\n")
+    for text in (lines, _TRIGRAPH.sub(lambda m: _TRIGRAPHS[m[0][2]], lines)):
+        _Scan(_SPLICE.sub("", text)).check()
+
+
+class _Scan:
+    """One translation of a source (lines joined, trigraphs replaced or not), checked."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        # Where each comment ends, found once: a skip looks its comment's end up, so that
+        # many directives before one far "*/" cost no more than the text's length.
+        self.closes = [m.start() for m in _CLOSE.finditer(text)]
+
+    def check(self) -> None:
+        for start in _DIRECTIVE.finditer(self.text):
+            self.directive(self.skip(start.end()))
+        self.has_include()
+
+    def skip(self, pos: int) -> int:
+        """The position after the blanks and comments at ``pos``."""
+        text = self.text
+        while True:
+            blanks = _BLANKS.match(text, pos)
+            pos = blanks.end() if blanks else pos
+            if not text.startswith("/*", pos):
+                return pos
+            at = bisect.bisect_left(self.closes, pos + 2)
+            if at == len(self.closes):
+                return len(text)  # the rest is a comment
+            pos = self.closes[at] + 2
+
+    def directive(self, pos: int) -> None:
+        text = self.text
+        word = _WORD.match(text, pos)
+        if word is None:
+            return
+        name = _UCN.sub(lambda m: chr(int(m[1] or m[2], 16)), word[0])
+        if name in _INCLUDES:
+            self.header(self.skip(word.end()), f"#{name}")
+        elif name == "line" or _NUMBER.fullmatch(name):
+            at = word.end()
+            if name == "line":
+                number = _NUMBER.match(text, self.skip(at))
+                if number is None:
+                    raise ValueError("#line takes a line number, not a macro")
+                at = number.end()
+            at = self.skip(at)
+            if not (at == len(text) or text.startswith(("\n", "//"), at)):
+                self.header(at, "#line", quoted_only=True)
+
+    def has_include(self) -> None:
+        """__has_include(NAME) as for #include; the bare word only where it is asked
+        whether it exists (an alias could apply it to a macro)."""
+        text = self.text
+        tested = {self.skip(m.end()) for m in _TESTED.finditer(text)}
+        for match in _HAS_INCLUDE.finditer(text):
+            at = self.skip(match.end())
+            if text.startswith("(", at):
+                self.header(self.skip(at + 1), match[0])
+            elif match.start() not in tested:
+                raise ValueError(f"{match[0]} must be applied to a header name, or tested "
+                                 "with defined or #ifdef")
+
+    def header(self, pos: int, directive: str, *, quoted_only: bool = False) -> None:
+        match = _HEADER.match(self.text, pos)
+        if match is None or (quoted_only and match[0].startswith("<")):
+            forms = '""' if quoted_only else '"" or <>'
+            raise ValueError(f"{directive} must name its file as a header name ({forms}), "
+                             "not through a macro")
+        name = match[0][1:-1]
+        if not name or name.startswith("/") or "\\" in name or ".." in name.split("/"):
+            raise ValueError(f"{directive} {match[0][:80]}: a source includes only headers of "
+                             "the include path, named relative to it and without '..' or '\\'")
 
 
 #: How often a long compile reports that it is still running (the worker turns that into a
@@ -193,10 +348,6 @@ def _wait(proc: subprocess.Popen[str], progress: Callable[[float], None] | None)
                 progress(elapsed)
 
 
-#: nvcc options that make it read files besides the source.
-_INCLUDE_OPTIONS = ("-I", "--include-path", "-include", "--pre-include", "-isystem")
-
-
 def _nvcc(nvcc: str, source: str, options: list[str], arch: str, *,
           preprocess: bool = False, progress: Callable[[float], None] | None = None) -> bytes:
     """The cubin of ``source``, or with ``preprocess`` its preprocessed text."""
@@ -207,10 +358,11 @@ def _nvcc(nvcc: str, source: str, options: list[str], arch: str, *,
         cmd = [nvcc, "-E" if preprocess else "--cubin", f"-arch={arch}", *options,
                "-o", out.name, src.name]
         try:
-            # Run inside the temporary folder, so that messages name the file alone.
-            proc = subprocess.Popen(cmd, cwd=tmp, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, encoding="utf-8",
-                                    errors="replace")
+            # Run inside the temporary folder, so that messages name the file alone, and keep
+            # nvcc's intermediate files there too (it puts them in $TMPDIR).
+            proc = subprocess.Popen(cmd, cwd=tmp, env={**os.environ, "TMPDIR": tmp},
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    encoding="utf-8", errors="replace")
         except OSError as exc:
             raise NoCompiler(f"cannot run {nvcc}: {exc}") from exc
         output = _wait(proc, progress)
@@ -223,10 +375,65 @@ def _nvcc(nvcc: str, source: str, options: list[str], arch: str, *,
             raise CompileError(f"nvcc wrote no cubin: {log}") from exc
 
 
-def _store(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (a reader sees all of it or nothing)."""
+# -- the cache ------------------------------------------------------------------------------
+#
+# An entry is a header, then the cubin: the header names the key the entry was written for
+# and the cubin's sha256, so that a file under another key's name, or a partial one, is a
+# miss. The folder and its entries must be this user's, and no one else may write to the
+# folder: a cubin from the cache runs on the GPU with this user's rights.
+
+_ENTRY_MAGIC = b"erlcuda-cubin 1\n"
+
+
+def _entry_head(key: str, cubin: bytes) -> bytes:
+    return b"%s%s %s\n" % (_ENTRY_MAGIC, key.encode(), hashlib.sha256(cubin).hexdigest().encode())
+
+
+_ENTRY_HEAD = len(_entry_head("0" * 64, b""))
+
+
+def _private_folder(folder: Path) -> bool:
+    """Whether the cache may use ``folder``: made (mode 0700) where missing, else a folder of
+    this user that neither its group nor others may write to."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = folder.stat()
+    except OSError:
+        return False
+    if not stat.S_ISDIR(info.st_mode):
+        return False
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        log.warning("the kernel cache %s is not used: it must be a folder of this user that "
+                    "no other may write to (chmod go-w)", folder)
+        return False
+    return True
+
+
+def _read_entry(path: Path, key: str) -> bytes | None:
+    """The cubin that ``path`` holds for ``key``; None where there is none, where the entry
+    is not a regular file of this user (a symlink is not followed), or where its header
+    names another key or another cubin."""
+    try:
+        # Without blocking: a FIFO there would wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                return None
+            data = f.read()
+    except OSError:
+        return None
+    cubin = data[_ENTRY_HEAD:]
+    return cubin if data[:_ENTRY_HEAD] == _entry_head(key, cubin) else None
+
+
+def _store(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a reader sees all of it or nothing), over
+    whatever is there, a symlink included (the link is replaced, not its target)."""
+    try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
     except OSError:
         return

@@ -626,7 +626,9 @@ class Worker:
             return _error(protocol.compile_error(exc.log))
         except usercode.NoCompiler as exc:
             return _error(protocol.backend_unavailable(f"user code needs nvcc: {exc}"))
-        except ValueError as exc:  # an option or a name nvcc must not see
+        except usercode.BadOption as exc:
+            return _error(protocol.bad_option("options", exc.option))
+        except ValueError as exc:  # a name or a source nvcc must not see
             return _error(protocol.bad_args(str(exc)))
         if self.unavailable is not None:
             return _error(self.unavailable)

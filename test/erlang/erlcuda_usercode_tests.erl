@@ -21,6 +21,10 @@ usercode_test_() ->
       [{"no GPU: backend_unavailable", {timeout, 120, fun unavailable/0}},
        {"a bad source: nvcc's log", {timeout, 120, fun compile_error/0}},
        {"declarations are checked before any compile", fun declarations/0},
+       {"malformed declarations and options are errors, never exceptions",
+        fun malformed/0},
+       {"nvcc options off the allow-list are refused, naming the flag",
+        {timeout, 120, fun refused_options/0}},
        {"info and kernels/0 answer while a load compiles", {timeout, 120, fun not_blocked/0}},
        {"loaded modules are loaded again into a new worker", {timeout, 120, fun replay/0}}]).
 
@@ -75,6 +79,85 @@ declarations() ->
                  erlcuda:load(m, ?SCALE, [{scale, []}], [{nvcc, "-O3"}])),
     ?assertMatch({error, {bad_args, _}}, erlcuda:unload("m")),
     ?assertEqual(ok, erlcuda:unload(never_loaded)).
+
+%% An improper kernel, param or option list raised (bad_generator, function_clause) out
+%% of load/3,4 and elementwise/4,5 instead of returning an error.
+malformed() ->
+    Deep = lists:foldl(fun(_, Acc) -> [Acc] end, {scale, [{in, f32}]}, lists:seq(1, 10000)),
+    Ok = [{scale, [{inout, f32}, {scalar, f32}, {scalar, i64}]}],
+    Kernels = [[{k, [{in, f32}]} | bad], [{k, [{in, f32} | bad]}], [{k, [{in, [f32]}]}],
+               [{k, {in, f32}}], [{k, [[{in, f32}]]}], [{k, [{in, f32}], extra}], {k, []},
+               k, [k], [[{k, []}]], <<"k">>, [{<<"k">>, []}], [{"k", []}], Deep, [Deep],
+               [{k, [{in, f32}]}, {k2, [{out, f32}]} | {k3, []}], [{k, [{in, f32} | {}]}],
+               [{k, [{scalar, {f32}}]}], [{k, lists:duplicate(300, {in, f32})}]],
+    Opts = [[{options, [<<"-O3">>]} | x], [{timeout, 1000} | {options, []}],
+            {options, [<<"-O3">>]}, [{options, [<<"-O3">> | x]}], [{options, <<"-O3">>}],
+            [{options, [[[[<<"-O3">> | x]]]]}], [{options, [-1]}], [{options, [{x}]}],
+            [{options, [[256]]}], [{options, [self()]}], [options], [{options}],
+            [{timeout, -1}], [{timeout, 1.5}], [{timeout, 1 bsl 40}], [x | y], x, <<"x">>,
+            #{options => x}, #{1 => 2}, [Deep], [{options, Deep}], [{options, [Deep]}]],
+    Sources = [[<<"ext">> | bad], [1 | 2], [-1], [[[[[x]]]]], {source}, 42, self()],
+    Loads = [{m, ?SCALE, K, []} || K <- Kernels]
+        ++ [{m, ?SCALE, Ok, O} || O <- Opts]
+        ++ [{m, S, Ok, []} || S <- Sources]
+        ++ [{"m", ?SCALE, Ok, []}, {[m | x], ?SCALE, Ok, []}, {Deep, ?SCALE, Ok, []}],
+    Vars = [[{x, f32} | bad], [{x, {scalar, f32}} | x], [{x, {scalar, [f32]}}],
+            [{x, {vector, f32}}], [{x, f32, extra}], [x], x, [Deep], Deep, [[{x, f32}]],
+            [{"x", f32}], [{x, f32}, {y, f32} | {z, f32}], lists:duplicate(300, {x, f32})],
+    Elementwise = [{saxpy, I, [{z, f32}], <<"z = x">>, []} || I <- Vars]
+        ++ [{saxpy, [{x, f32}], O, <<"z = x">>, []} || O <- Vars]
+        ++ [{saxpy, [{x, f32}], [{z, f32}], S, []} || S <- Sources]
+        ++ [{saxpy, [{x, f32}], [{z, f32}], <<"z = x">>, O} || O <- Opts]
+        ++ [{"saxpy", [{x, f32}], [{z, f32}], <<"z = x">>, []},
+            {Deep, [{x, f32}], [{z, f32}], <<"z = x">>, []}],
+    Results = [{Args, catch_all(fun() -> erlcuda:load(M, S, K, O) end)}
+               || {M, S, K, O} = Args <- Loads]
+        ++ [{Args, catch_all(fun() -> erlcuda:load(M, S, K) end)}
+            || {M, S, K, []} = Args <- Loads]
+        ++ [{Args, catch_all(fun() -> erlcuda:elementwise(N, I, Out, Op, O) end)}
+            || {N, I, Out, Op, O} = Args <- Elementwise]
+        ++ [{Args, catch_all(fun() -> erlcuda:elementwise(N, I, Out, Op) end)}
+            || {N, I, Out, Op, []} = Args <- Elementwise],
+    ?assertEqual([], [{Args, R} || {Args, R} <- Results,
+                                   not (is_tuple(R) andalso tuple_size(R) =:= 2
+                                        andalso element(1, R) =:= error)]),
+    ?assertEqual([], erlcuda_catalogue:modules()).
+
+catch_all(Fun) ->
+    try Fun()
+    catch Class:Reason -> {raised, Class, Reason}
+    end.
+
+%% nvcc ran the shell text of a -D value, and took -Xcompiler -oFILE or --keep-dir DIR. The
+%% worker refuses every option that is not on its list before nvcc runs.
+refused_options() ->
+    Dir = filename:join(os:getenv("TMPDIR", "/tmp"),
+                        "erlcuda-options-" ++ integer_to_list(erlang:unique_integer([positive]))),
+    ok = filelib:ensure_dir(filename:join(Dir, "x")),
+    Marker = filename:join(Dir, "ran"),
+    Shell = iolist_to_binary(["-DWIDTH=`touch ", Marker, "`"]),
+    Kernels = [{scale, [{inout, f32}, {scalar, f32}, {scalar, i64}]}],
+    Load = fun(Flags) -> erlcuda:load(m, ?SCALE, Kernels, [{options, Flags}]) end,
+    Elementwise = fun(Flags) ->
+                          erlcuda:elementwise(twice, [{x, f32}], [{y, f32}], <<"y = 2 * x">>,
+                                              [{options, Flags}])
+                  end,
+    try
+        ?assertEqual({error, {bad_option, {options, Shell}}}, Load(["-O3", Shell])),
+        ?assertEqual({error, {bad_option, {options, <<"-Xcompiler">>}}},
+                     Load([<<"-Xcompiler">>, ["-o", Marker]])),
+        ?assertEqual({error, {bad_option, {options, <<"-ccbin">>}}}, Load(["-ccbin", Dir])),
+        ?assertEqual({error, {bad_option, {options, Shell}}}, Elementwise([Shell])),
+        ?assertEqual({error, {bad_option, {options, <<"--keep">>}}},
+                     Elementwise(["--keep", "--keep-dir", Dir])),
+        ?assertEqual({ok, []}, file:list_dir(Dir)),
+        %% the allowed ones reach nvcc (then the cpu backend runs no user code)
+        ?assertMatch({error, {backend_unavailable, _}},
+                     Load(["-DWIDTH=4", <<"-O3">>, "--use_fast_math"])),
+        ?assertEqual([], erlcuda_catalogue:modules())
+    after
+        file:del_dir_r(Dir)
+    end.
 
 %% A load takes seconds (nvcc): the port owner, info/0 and the catalogue's readers do not
 %% wait for it.

@@ -206,6 +206,8 @@ def test_the_new_reasons() -> None:
     assert protocol.buffer_lost(2**64 - 1).term == ("buffer_lost", 2**64 - 1)
     assert protocol.compile_error("kernel.cu(1): error").term == ("compile",
                                                                   "kernel.cu(1): error")
+    assert protocol.bad_option("options", "-ccbin").term == ("bad_option",
+                                                             ("options", "-ccbin"))
 
 
 # -- checking a launch -----------------------------------------------------------------------
