@@ -408,7 +408,10 @@ load(Module, Source, Kernels) ->
 %% elements) for each pointer, and a number for each scalar; its reply is `{ok, [Value]}',
 %% one value per written pointer passed as data or a count (a buffer with `{keep, true}').
 %%
-%% Options: `{options, [NvccFlag]}', `{timeout, Ms}' (default 120000). Loading a module of
+%% Options: `{options, [NvccFlag]}' (from an allow-list: macro definitions of safe names
+%% and values, `-O0'..`-O3' and the precision and language flags the README lists; any
+%% other flag is `{error, {bad_option, {options, Flag}}}' before nvcc runs), `{timeout,
+%% Ms}' (default 120000). Loading a module of
 %% the same name replaces it; a new worker (after a crash) loads every module again before
 %% it takes jobs. Errors: `{compile, Log}' (nvcc's message), `{backend_unavailable, Text}'
 %% (no GPU: the source is still compiled where nvcc is installed), `{already_loaded,
