@@ -4,7 +4,7 @@
 %% may send and the hello that checks both sides speak the same version.
 %%
 %% Frames are a 4-byte big-endian length and that many bytes, on fds 3 and 4. The port is a
-%% byte stream that `deframe/1' cuts: a frame takes the memory of the bytes that came, where
+%% byte stream that `read/2' cuts: a frame takes the memory of the bytes that came, where
 %% a `{packet, 4}' port reserves the whole length its header names at once, never to give
 %% it back. The hot path is binary, fixed-layout frames
 %% (contract.json's `wire' section, the macros of erlcuda_contract.hrl):
@@ -25,13 +25,13 @@
 %%   from the worker: `{'r', Id, Reply}', `{'e', Id, Error}', `{'L', Level, Text}'.
 -module(erlcuda_protocol).
 
--export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, deframe/1, decode/1,
+-export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, reader/0, read/2, decode/1,
          each_result/2, message/4, message/5, f32_list/1, finish/2,
          max_result_bytes/0, file_result/1, vector_reply/1, fits/2,
          worker_command/2, hello_args/0, check_hello/1, load_atoms/0]).
 
 -export_type([event/0, command/0, reply/0, launch_arg/0, flags/0, file_arg/0, file_result/0,
-              ctx/0, shape/0, raw/0, expect/0]).
+              ctx/0, shape/0, raw/0, expect/0, reader/0]).
 
 -include("erlcuda_contract.hrl").
 
@@ -65,6 +65,10 @@
 -type ctx() :: none | #{epoch := non_neg_integer(), device := non_neg_integer(),
                         buffers := [erlcuda:buffer()], shape := shape(),
                         keep := [erlcuda_buffers:id()]}.
+%% What is left of the worker's stream between two reads: a part of a frame header, or the
+%% chunks of a frame not yet whole (the bytes it needs in all, and has).
+-opaque reader() :: binary()
+                  | {pending, pos_integer(), non_neg_integer(), [binary(), ...]}.
 %% What a job's reply must be: a vector of so many elements of a type (as data, or in
 %% shared memory), a scalar, or anything (what the launch does not fix).
 -type expect() :: {vector, erlcuda_vector:type(), non_neg_integer()} | scalar | any.
@@ -192,17 +196,32 @@ max_result_bytes() ->
 encode_call(Id, Function, Args) ->
     framed([term_to_binary({'C', Id, erlcuda, Function, Args})]).
 
-%% @doc The whole frames at the start of what the worker sent (what was left of the last call
-%% followed by what came since), and the bytes after them. Nothing is reserved for a
-%% length: a frame takes the memory of the bytes that came, whatever its header says.
--spec deframe(binary()) -> {[binary()], binary()}.
-deframe(Bytes) ->
-    deframe(Bytes, []).
+%% @doc A reader of the worker's byte stream, before any byte came.
+-spec reader() -> reader().
+reader() ->
+    <<>>.
 
-deframe(<<Len:32, Frame:Len/binary, Rest/binary>>, Acc) ->
-    deframe(Rest, [Frame | Acc]);
-deframe(Rest, Acc) ->
-    {lists:reverse(Acc), Rest}.
+%% @doc The whole frames that `Bytes', coming after what `Reader' holds, complete, and
+%% the reader of what is left. Nothing is reserved for a length: a frame takes the memory
+%% of the bytes that came, whatever its header says. The chunks of a frame not yet whole
+%% are kept apart and joined once, when its last byte comes (appending each chunk to a
+%% binary that was matched would copy it all again every time).
+-spec read(binary(), reader()) -> {[binary()], reader()}.
+read(Bytes, {pending, Need, Have, Chunks}) when Have + byte_size(Bytes) < Need ->
+    {[], {pending, Need, Have + byte_size(Bytes), [Bytes | Chunks]}};
+read(Bytes, {pending, _, _, Chunks}) ->
+    cut(iolist_to_binary(lists:reverse(Chunks, [Bytes])), []);
+read(Bytes, <<>>) ->
+    cut(Bytes, []);
+read(Bytes, Head) ->
+    cut(<<Head/binary, Bytes/binary>>, []).
+
+cut(<<Len:32, Frame:Len/binary, Rest/binary>>, Acc) ->
+    cut(Rest, [Frame | Acc]);
+cut(<<Len:32, _/binary>> = Part, Acc) ->
+    {lists:reverse(Acc), {pending, Len + 4, byte_size(Part), [Part]}};
+cut(Head, Acc) ->
+    {lists:reverse(Acc), Head}.
 
 %% @doc What a frame from the worker is. Terms are decoded with `[safe]': the worker can
 %% make no atom the node does not already know.

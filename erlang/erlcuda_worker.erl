@@ -55,8 +55,8 @@
                backoff = 0 :: non_neg_integer(),
                down_reason :: term(),
                last_frame = 0 :: integer(),
-               %% bytes of a frame not yet whole
-               inbuf = <<>> :: binary(),
+               %% what the port sent of a frame not yet whole
+               reader = erlcuda_protocol:reader() :: erlcuda_protocol:reader(),
                busy_since :: integer() | undefined,
                writer :: {pid(), erlcuda_writer:counters()} | undefined,
                shm = none :: erlcuda_shm:folder() | none,
@@ -118,13 +118,13 @@ handle_event(state_timeout, replay_timeout, replaying, #data{os_pid = OsPid} = D
     ?LOG_ERROR("erlcuda: the worker ~p did not load the user modules again in time; "
                "killing it", [OsPid]),
     kill_worker(replay_timeout, D);
-handle_event(info, {Port, {data, Bytes}}, State, #data{port = Port, inbuf = Buf} = D0) ->
+handle_event(info, {Port, {data, Bytes}}, State, #data{port = Port, reader = R} = D0) ->
     D = D0#data{last_frame = now_ms()},
-    case erlcuda_protocol:deframe(join(Buf, Bytes)) of
-        {[Frame], <<>>} ->
-            frame(erlcuda_protocol:decode(Frame), State, D#data{inbuf = <<>>});
+    case erlcuda_protocol:read(Bytes, R) of
+        {[Frame], Rest} ->
+            frame(erlcuda_protocol:decode(Frame), State, D#data{reader = Rest});
         {Frames, Rest} ->
-            {keep_state, D#data{inbuf = Rest},
+            {keep_state, D#data{reader = Rest},
              [{next_event, internal, {frame, Port, F}} || F <- Frames]}
     end;
 handle_event(internal, {frame, Port, Frame}, State, #data{port = Port} = D) ->
@@ -324,9 +324,6 @@ up(#data{port = Port, config = Config, hello = Info} = D) ->
 ready(#data{waiting = Waiting} = D) ->
     {next_state, ready, D#data{waiting = []}, [{reply, From, ok} || From <- Waiting]}.
 
-join(<<>>, Bytes) -> Bytes;
-join(Buf, Bytes) -> <<Buf/binary, Bytes/binary>>.
-
 %% Starting and stopping the worker.
 
 start_worker(#data{config = Previous} = D0) ->
@@ -340,7 +337,7 @@ start_worker(#data{config = Previous} = D0) ->
     Epoch = erlcuda_status:next_epoch(),
     ok = erlcuda_buffers:new_epoch(Epoch),
     D = D0#data{started = now_ms(), config = Config, shm = shm_folder(Config), epoch = Epoch,
-                inbuf = <<>>},
+                reader = erlcuda_protocol:reader()},
     #{python := Python, args := Args, env := Env} =
         erlcuda_protocol:worker_command(Config, D#data.shm),
     try open_port({spawn_executable, Python},

@@ -77,9 +77,25 @@ deframe_test() ->
     Call = iolist_to_binary(erlcuda_protocol:encode_call(3, info, [])),
     <<CLen:32, CBody/binary>> = Call,
     ?assertEqual({CLen, {'C', 3, erlcuda, info, []}}, {byte_size(CBody), binary_to_term(CBody)}),
-    Stream = <<Batch/binary, Call/binary, 0:32, 9:32, "part">>,
-    ?assertEqual({[<<$B, 2:32, L/binary, L/binary>>, CBody, <<>>], <<9:32, "part">>},
-                 erlcuda_protocol:deframe(Stream)),
+    Frames = [<<$B, 2:32, L/binary, L/binary>>, CBody, <<>>, binary:copy(<<7>>, 100000)],
+    Stream = iolist_to_binary([[<<(byte_size(F)):32>>, F] || F <- Frames]),
+    %% whole, and cut into pieces of every size from one byte up
+    ?assertEqual(Frames, read_all([Stream])),
+    [?assertEqual(Frames, read_all(pieces(Stream, Size))) || Size <- [1, 3, 4, 5, 777, 65536]],
     %% a header alone, however large its length, keeps nothing but itself
-    ?assertEqual({[], <<16#FFFFFFF0:32>>}, erlcuda_protocol:deframe(<<16#FFFFFFF0:32>>)),
-    ?assertEqual({[], <<1, 2>>}, erlcuda_protocol:deframe(<<1, 2>>)).
+    R = erlcuda_protocol:reader(),
+    {[], R1} = erlcuda_protocol:read(<<16#FFFFFFF0:32>>, R),
+    ?assert(erlang:external_size(R1) < 1024).
+
+read_all(Pieces) ->
+    {Frames, _} = lists:foldl(fun(P, {Acc, R}) ->
+                                      {New, R1} = erlcuda_protocol:read(P, R),
+                                      {Acc ++ New, R1}
+                              end, {[], erlcuda_protocol:reader()}, Pieces),
+    Frames.
+
+pieces(<<>>, _) -> [];
+pieces(Bin, Size) when byte_size(Bin) =< Size -> [Bin];
+pieces(Bin, Size) ->
+    <<P:Size/binary, Rest/binary>> = Bin,
+    [P | pieces(Rest, Size)].

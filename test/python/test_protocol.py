@@ -367,8 +367,8 @@ def test_the_erlang_module_lists_every_worker_atom() -> None:
     exports = re.search(r"-export\(\[([^\]]*)\]\)", source)
     assert exports is not None
     assert exports[1].split() == ["protocol/0,", "max_frame/0,", "max_elements/0,",
-                                  "element_types/0,", "kernels/0,", "cuda_codes/0,",
-                                  "reasons/0,", "worker_atoms/0"]
+                                  "max_devices/0,", "element_types/0,", "kernels/0,",
+                                  "cuda_codes/0,", "reasons/0,", "worker_atoms/0"]
     types = source.split("\nelement_types() -> [", 1)[1].split("].", 1)[0]
     assert [t.strip() for t in types.split(",")] == list(contract.ELEMENT_TYPES)
     body = source.split("\nworker_atoms() ->", 1)[1].split("].", 1)[0].strip(" \n[")
