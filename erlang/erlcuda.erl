@@ -227,9 +227,12 @@ info() ->
 %% @doc `info(cluster)': every node of the cluster, this one included, with its devices,
 %% the jobs in flight on each (`depths', as last published), its backend, its worker's
 %% status and the age of that figure (`age_ms').
--spec info(cluster) -> cluster_info().
+-spec info(cluster) -> cluster_info() | {error, {bad_args, binary()}}.
 info(cluster) ->
-    erlcuda_cluster:info().
+    erlcuda_cluster:info();
+info(Other) ->
+    {error, {bad_args, iolist_to_binary(io_lib:format("info/1 takes cluster, not ~0P",
+                                                      [Other, 8]))}}.
 
 %% @doc The codes a `{cuda, Code, Message}' error can carry.
 -spec error_codes() -> [cuda_code()].
