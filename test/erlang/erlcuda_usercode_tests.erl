@@ -174,20 +174,22 @@ not_blocked() ->
                                                                            {scalar, i32}]}])}
                 end),
     timer:sleep(100),
-    T0 = erlang:monotonic_time(millisecond),
     _ = erlcuda:kernels(),
     {ok, _} = erlcuda:launch_sync(reduce, [[1.0]]),
     #{backend := cpu} = erlcuda:info(),
-    T = erlang:monotonic_time(millisecond) - T0,
+    %% All three were answered while nvcc still compiled (where there is one: without it
+    %% the load fails at once).
+    Meanwhile = receive {loaded, _} = Early -> self() ! Early, done after 0 -> running end,
+    ?assertEqual(running, case os:find_executable("nvcc") of
+                              false -> running;
+                              _ -> Meanwhile
+                          end),
     receive {loaded, R} ->
             ?assertMatch({error, {Why, _}} when Why =:= backend_unavailable;
                                                 Why =:= compile, R)
     after 110000 -> exit(Pid, kill), error(load_hung)
     end,
-    Load = erlang:monotonic_time(millisecond) - L0,
-    ?debugFmt("the load took ~b ms; meanwhile a launch and info/0 took ~b ms", [Load, T]),
-    %% info/0 waits at most 2 s for a busy worker
-    ?assert(T < 3000).
+    ?debugFmt("the load took ~b ms", [erlang:monotonic_time(millisecond) - L0]).
 
 %% What the cpu backend allows: a module put into the catalogue as if a GPU worker had
 %% loaded it. A new worker gets a load call for it before it is published (here answered
