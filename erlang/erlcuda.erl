@@ -130,16 +130,22 @@ launch(Kernel, Args) ->
     {ok, job_id()} | {error, reason()}.
 launch(Kernel, Args, Opts) ->
     case erlcuda_remote:node_option(Opts) of
-        none ->
-            case erlcuda_job:validate(Kernel, Args, Opts) of
-                {ok, Job} -> erlcuda_submit:submit(Job, self());
-                %% Buffers of another node of the cluster: the launch runs there.
-                {error, {remote_buffer, B}} -> erlcuda_remote:follow(B, Kernel, Args, Opts, async);
-                {error, _} = Error -> Error
-            end;
-        {node, Node} ->
-            erlcuda_remote:launch(Node, Kernel, Args, Opts, async)
+        none -> launch_here(Kernel, Args, Opts);
+        {node, Node} -> here(erlcuda_remote:launch(Node, Kernel, Args, Opts, async),
+                             fun(O) -> launch_here(Kernel, Args, O) end)
     end.
+
+launch_here(Kernel, Args, Opts) ->
+    case erlcuda_job:validate(Kernel, Args, Opts) of
+        {ok, Job} -> erlcuda_submit:submit(Job, self());
+        %% Buffers of another node of the cluster: the launch runs there.
+        {error, {remote_buffer, B}} -> erlcuda_remote:follow(B, Kernel, Args, Opts, async);
+        {error, _} = Error -> Error
+    end.
+
+%% A launch with a node option that runs on this node after all.
+here({local, Opts}, Run) -> Run(Opts);
+here(Result, _) -> Result.
 
 %% @equiv launch_sync(Kernel, Args, [])
 -spec launch_sync(Kernel :: kernel(), Args :: [vector() | number()]) ->
@@ -159,7 +165,8 @@ launch_sync(Kernel, Args) ->
 launch_sync(Kernel, Args, Opts) ->
     case erlcuda_remote:node_option(Opts) of
         none -> launch_sync1(Kernel, Args, Opts);
-        {node, Node} -> erlcuda_remote:launch(Node, Kernel, Args, Opts, sync)
+        {node, Node} -> here(erlcuda_remote:launch(Node, Kernel, Args, Opts, sync),
+                             fun(O) -> launch_sync1(Kernel, Args, O) end)
     end.
 
 launch_sync1(Kernel, Args, Opts) ->

@@ -67,12 +67,12 @@
                 idle = 0 :: non_neg_integer()}).
 
 %% @doc The table of figures; created by the application's process so that it outlives
-%% the agent. The table of remote jobs' records too (erlcuda_remote).
+%% the agent. The table of remote jobs' records too (erlcuda_records).
 -spec create() -> ok.
 create() ->
     ?LOADS = ets:new(?LOADS, [set, public, named_table, {read_concurrency, true},
                               {write_concurrency, true}]),
-    erlcuda_remote:create().
+    erlcuda_records:create().
 
 -spec start_link() -> {ok, pid()} | ignore | {error, term()}.
 start_link() ->
@@ -181,11 +181,11 @@ init([]) ->
     Known = lists:usort(maps:values(Members)),
     _ = [forget(N) || N <- nodes_up(), not lists:member(N, Known)],
     Connected = nodes(),
-    _ = [erlcuda_remote:node_down(N) || N <- erlcuda_remote:recorded_nodes(),
+    _ = [erlcuda_records:node_down(N) || N <- erlcuda_records:recorded_nodes(),
                                         not lists:member(N, Connected)],
     %% and the proxies a predecessor watched are watched again.
     State = lists:foldl(fun({Id, Proxy}, S) -> watch(Id, Proxy, S) end,
-                        #state{ref = Ref, members = Members}, erlcuda_remote:watched()),
+                        #state{ref = Ref, members = Members}, erlcuda_records:watched()),
     _ = [welcome(P, N) || {P, N} <- maps:to_list(Members)],
     self() ! tick,
     {ok, State}.
@@ -231,14 +231,14 @@ handle_info({nodedown, Node}, #state{members = Members} = State) ->
     %% The figures go first: a caller that records a job after this finds the node gone
     %% and takes its record back itself (erlcuda_remote).
     forget(Node),
-    ok = erlcuda_remote:node_down(Node),
+    ok = erlcuda_records:node_down(Node),
     {noreply, State#state{members = maps:filter(fun(_, N) -> N =/= Node end, Members)}};
 handle_info({erlcuda_proxy, Id, Proxy}, State) when is_integer(Id), is_pid(Proxy) ->
     {noreply, watch(Id, Proxy, State)};
 handle_info({'DOWN', Mon, process, Proxy, Why}, #state{proxies = Proxies} = State) ->
     case maps:take(Mon, Proxies) of
         {Id, Rest} ->
-            ok = erlcuda_remote:proxy_down(node(Proxy), Id, Why),
+            ok = erlcuda_records:proxy_down(node(Proxy), Id, Why),
             {noreply, State#state{proxies = Rest}};
         error ->
             {noreply, State}
@@ -359,7 +359,7 @@ purge_excluded() ->
 %% A proxy of this node's launch job `Id' runs: watched while its job is recorded (one
 %% answered already, by a nodedown, is not).
 watch(Id, Proxy, #state{proxies = Proxies} = State) ->
-    case erlcuda_remote:watch(Proxy, Id) of
+    case erlcuda_records:watch(Proxy, Id) of
         true -> State#state{proxies = Proxies#{monitor(process, Proxy) => Id}};
         false -> State
     end.

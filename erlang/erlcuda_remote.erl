@@ -15,8 +15,8 @@
 %%   proxy to take its job back (`{erlcuda_cancel, Alias}'): a job still registered is
 %%   dropped there, with the buffers it was to keep; one answered meanwhile has the
 %%   buffers in its reply freed there.
-%% - launch: the caller records `{{Node, JobId}, Alias, Proxy}' here before the proxy is
-%%   spawned, and goes on. The proxy tells this node's agent (erlcuda_cluster) that it
+%% - launch: the caller records `{{Node, JobId}, Alias, Proxy}' (erlcuda_records) before
+%%   the proxy is spawned, and goes on. The proxy tells this node's agent (erlcuda_cluster) that it
 %%   runs; the agent monitors it, and the record goes with the proxy's 'DOWN': for a normal
 %%   exit the reply went first, on the same connection; for `noconnection' (and on a
 %%   nodedown, for a record whose proxy was not heard of yet) the agent answers
@@ -25,11 +25,9 @@
 %%   (its jobs answered `worker_down' by their proxies) leaves nothing behind here.
 -module(erlcuda_remote).
 
--export([create/0, node_option/1, launch/5, follow/5, proxy/7, watch/2, watched/0,
-         proxy_down/3, node_down/1, recorded_nodes/0, remote_node/1, free/2, give/3, buffer_info/2,
-         without_node/1]).
+-export([node_option/1, launch/5, follow/5, proxy/7, remote_node/1, free/2, give/3,
+         buffer_info/2, without_node/1]).
 
--define(RECORDS, erlcuda_remote).
 %% What `receive ... after' accepts.
 -define(MAX_TIMEOUT, 4294967295).
 %% Calls to another node about buffers.
@@ -38,15 +36,6 @@
 -define(REPICKS, 3).
 
 -type mode() :: async | sync.
-
-%% @doc The table of this node's launch jobs in flight on other nodes: `{{Node, JobId},
-%% Alias, Proxy}', Proxy `undefined' until the proxy is heard of, then its pid; created by
-%% the application's process so that it outlives the agent.
--spec create() -> ok.
-create() ->
-    ?RECORDS = ets:new(?RECORDS, [ordered_set, public, named_table,
-                                  {write_concurrency, true}]),
-    ok.
 
 %% @doc A launch's node option (the last one given, as for every option), or `none': the
 %% one check a local launch pays.
@@ -62,15 +51,16 @@ node_in([], Found) -> Found;
 node_in(_, _) -> none.
 
 %% @doc A launch (`async', as `erlcuda:launch/3') or a launch_sync (`sync') with a node
-%% option: run here, or sent to the node.
+%% option: sent to the node, or `{local, Opts}' when it runs here (with the options to run
+%% it with: no node option, and the device `{node, any}' chose).
 -spec launch(term(), term(), term(), erlcuda:options(), mode()) -> term().
 launch(Node, Kernel, Args, Opts, Mode) ->
     launch(Node, Kernel, Args, without_node(Opts), Mode, ?REPICKS).
 
 launch(Node, Kernel, Args, Opts, Mode, Repicks) ->
     case target(Node, Args, Opts) of
-        local -> local(Kernel, Args, Opts, Mode);
-        {local, Device} -> local(Kernel, Args, with_device(Opts, Device), Mode);
+        local -> {local, Opts};
+        {local, Device} -> {local, with_device(Opts, Device)};
         {remote, To, undefined} -> remote(To, Kernel, Args, Opts, Mode);
         {remote, To, Device} ->
             %% `{node, any}' chose it.
@@ -93,9 +83,6 @@ follow({erlcuda_buffer, Node, _, _, _, _, _} = Buffer, Kernel, Args, Opts, Mode)
         true -> launch(Node, Kernel, Args, Opts, Mode);
         false -> {error, {remote_buffer, Buffer}}
     end.
-
-local(Kernel, Args, Opts, async) -> erlcuda:launch(Kernel, Args, Opts);
-local(Kernel, Args, Opts, sync) -> erlcuda:launch_sync(Kernel, Args, Opts).
 
 %% Where a launch runs: here, on a node of the cluster (with the device `{node, any}'
 %% chose), or nowhere.
@@ -173,14 +160,14 @@ remote_async(Node, Kernel, Args, Opts) ->
     Id = erlcuda_jobs:next_id(),
     Alias = alias([reply]),
     Key = {Node, Id},
-    true = ets:insert(?RECORDS, {Key, Alias, undefined}),
+    ok = erlcuda_records:record(Key, Alias),
     %% Checked after the record is in: the agent forgets a node that went down before it
     %% answers the node's records, so either it answers this one or this caller sees the
     %% node gone and takes its record back.
     Sent = erlcuda_cluster:is_member(Node)
         andalso spawn_proxy(Node, [Alias, Id, self(), false, Kernel, Args, Opts],
                             [{reply, no}]) =/= error,
-    case Sent orelse ets:take(?RECORDS, Key) =:= [] of
+    case Sent orelse not erlcuda_records:take_back(Key) of
         true -> {ok, Id};
         false -> unalias(Alias), {error, {bad_node, Node}}
     end.
@@ -218,7 +205,7 @@ await(Req, Proxy, Alias, Node, Deadline) ->
     receive
         {erlcuda, Alias, Result} -> gone(Req), sync_result(Result);
         {erlcuda, Alias, {Tag, Value}, Stamps} -> gone(Req), {Tag, Value, Stamps};
-        {'DOWN', Req, process, _, Why} -> unalias(Alias), lost(Node, Why)
+        {'DOWN', Req, process, _, Why} -> unalias(Alias), erlcuda_records:lost(Node, Why)
     after remaining(Deadline) ->
         %% The proxy takes its job back, with what it was to keep, and ends at once: a
         %% reply it sent first comes before its 'DOWN', and the buffers in it are freed.
@@ -240,12 +227,6 @@ gone(Req) ->
 sync_result({f32, Bin}) -> erlcuda_protocol:f32_list(Bin);
 sync_result({deferred, Raw}) -> erlcuda_protocol:finish(Raw, list);
 sync_result(Result) -> Result.
-
-%% A proxy that ended without a reply: its node, or its connection, was lost.
-lost(Node, noconnection) -> {error, {node_down, Node}};
-lost(_, Why) -> {error, {internal, iolist_to_binary(io_lib:format("the job's proxy on its "
-                                                                  "node ended: ~0P",
-                                                                  [Why, 10]))}}.
 
 deadline(infinity) -> infinity;
 deadline(Ms) -> erlang:monotonic_time(millisecond) + Ms.
@@ -361,51 +342,6 @@ found_buffers(List) when is_list(List) ->
     lists:append([found_buffers(T) || T <- List]);
 found_buffers(_) ->
     [].
-
-%% The agent's side.
-
-%% @doc The proxy `Proxy' of this node's launch job `Id' runs: its record keeps it, and
-%% the agent monitors it. `false' when the job is answered already (its node went down).
--spec watch(pid(), erlcuda:job_id()) -> boolean().
-watch(Proxy, Id) ->
-    try ets:update_element(?RECORDS, {node(Proxy), Id}, {3, Proxy})
-    catch error:badarg -> false
-    end.
-
-%% @doc A watched proxy of this node's launch job `Id' ended: its record goes. A proxy
-%% that ended for `noconnection' is the job's `node_down'; one that ended in any other way
-%% but normally (it always replies before it exits) gets the job an error.
--spec proxy_down(node(), erlcuda:job_id(), term()) -> ok.
-proxy_down(Node, Id, Why) ->
-    case ets:take(?RECORDS, {Node, Id}) of
-        [{_, _, _}] when Why =:= normal -> ok;
-        [{_, Alias, _}] -> Alias ! {erlcuda, Id, lost(Node, Why)}, ok;
-        [] -> ok
-    end.
-
-%% @doc This node's launch jobs whose proxy is known, `{Id, Proxy}': an agent that restarted
-%% watches them again.
--spec watched() -> [{erlcuda:job_id(), pid()}].
-watched() ->
-    ets:select(?RECORDS, [{{{'_', '$1'}, '_', '$2'}, [{is_pid, '$2'}], [{{'$1', '$2'}}]}]).
-
-%% @doc `Node' went down: every job recorded for it is answered `{error, {node_down,
-%% Node}}', through its alias.
--spec node_down(node()) -> ok.
-node_down(Node) ->
-    Keys = ets:select(?RECORDS, [{{{Node, '_'}, '_', '_'}, [], [{element, 1, '$_'}]}]),
-    lists:foreach(fun(Key) -> proxy_down(Node, element(2, Key), noconnection) end, Keys).
-
-%% @doc The nodes this node has jobs recorded for.
--spec recorded_nodes() -> [node()].
-recorded_nodes() ->
-    try recorded(ets:first(?RECORDS), [])
-    catch error:badarg -> []
-    end.
-
-%% Keys are {Node, Id}, Id an integer: {Node, []} sorts after every key of Node.
-recorded('$end_of_table', Acc) -> lists:reverse(Acc);
-recorded({Node, _}, Acc) -> recorded(ets:next(?RECORDS, {Node, []}), [Node | Acc]).
 
 %% Buffers of other nodes.
 

@@ -1,0 +1,85 @@
+%% @private
+%% This node's records of its launch jobs in flight on other nodes (erlcuda_remote): an
+%% ETS table of `{{Node, JobId}, Alias, Proxy}', Proxy `undefined' until the job's proxy is
+%% heard of, then its pid. A caller records its job before its proxy is spawned; the agent
+%% (erlcuda_cluster) watches the proxy and answers through the alias when it is lost. A
+%% record goes with whoever takes it: the agent when the proxy ends or its node goes down,
+%% or the caller whose proxy could not be spawned.
+-module(erlcuda_records).
+
+-export([create/0, record/2, take_back/1, watch/2, watched/0, proxy_down/3, node_down/1,
+         recorded_nodes/0, lost/2]).
+
+-define(RECORDS, erlcuda_remote).
+
+%% @doc The table of this node's launch jobs in flight on other nodes: `{{Node, JobId},
+%% Alias, Proxy}', Proxy `undefined' until the proxy is heard of, then its pid; created by
+%% the application's process so that it outlives the agent.
+-spec create() -> ok.
+create() ->
+    ?RECORDS = ets:new(?RECORDS, [ordered_set, public, named_table,
+                                  {write_concurrency, true}]),
+    ok.
+
+%% @doc A caller's launch job `Key' on another node, replying through `Alias'.
+-spec record({node(), erlcuda:job_id()}, reference()) -> ok.
+record(Key, Alias) ->
+    true = ets:insert(?RECORDS, {Key, Alias, undefined}),
+    ok.
+
+%% @doc The caller takes its record back (its proxy could not be spawned): `false' when the
+%% agent took it first (and answered the job).
+-spec take_back({node(), erlcuda:job_id()}) -> boolean().
+take_back(Key) ->
+    ets:take(?RECORDS, Key) =/= [].
+
+%% @doc The proxy `Proxy' of this node's launch job `Id' runs: its record keeps it, and
+%% the agent monitors it. `false' when the job is answered already (its node went down).
+-spec watch(pid(), erlcuda:job_id()) -> boolean().
+watch(Proxy, Id) ->
+    try ets:update_element(?RECORDS, {node(Proxy), Id}, {3, Proxy})
+    catch error:badarg -> false
+    end.
+
+%% @doc A watched proxy of this node's launch job `Id' ended: its record goes. A proxy
+%% that ended for `noconnection' is the job's `node_down'; one that ended in any other way
+%% but normally (it always replies before it exits) gets the job an error.
+-spec proxy_down(node(), erlcuda:job_id(), term()) -> ok.
+proxy_down(Node, Id, Why) ->
+    case ets:take(?RECORDS, {Node, Id}) of
+        [{_, _, _}] when Why =:= normal -> ok;
+        [{_, Alias, _}] -> Alias ! {erlcuda, Id, lost(Node, Why)}, ok;
+        [] -> ok
+    end.
+
+%% @doc This node's launch jobs whose proxy is known, `{Id, Proxy}': an agent that restarted
+%% watches them again.
+-spec watched() -> [{erlcuda:job_id(), pid()}].
+watched() ->
+    ets:select(?RECORDS, [{{{'_', '$1'}, '_', '$2'}, [{is_pid, '$2'}], [{{'$1', '$2'}}]}]).
+
+%% @doc `Node' went down: every job recorded for it is answered `{error, {node_down,
+%% Node}}', through its alias.
+-spec node_down(node()) -> ok.
+node_down(Node) ->
+    Keys = ets:select(?RECORDS, [{{{Node, '_'}, '_', '_'}, [], [{element, 1, '$_'}]}]),
+    lists:foreach(fun(Key) -> proxy_down(Node, element(2, Key), noconnection) end, Keys).
+
+%% @doc The nodes this node has jobs recorded for.
+-spec recorded_nodes() -> [node()].
+recorded_nodes() ->
+    try recorded(ets:first(?RECORDS), [])
+    catch error:badarg -> []
+    end.
+
+%% Keys are {Node, Id}, Id an integer: {Node, []} sorts after every key of Node.
+recorded('$end_of_table', Acc) -> lists:reverse(Acc);
+recorded({Node, _}, Acc) -> recorded(ets:next(?RECORDS, {Node, []}), [Node | Acc]).
+
+%% @doc A proxy that ended without a reply: its node, or its connection, was lost.
+-spec lost(node(), term()) -> {error, erlcuda:reason()}.
+lost(Node, noconnection) -> {error, {node_down, Node}};
+lost(_, Why) -> {error, {internal, iolist_to_binary(io_lib:format("the job's proxy on its "
+                                                                  "node ended: ~0P",
+                                                                  [Why, 10]))}}.
+
