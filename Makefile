@@ -59,6 +59,7 @@ compile:
 lint:
 	$(PY) -m ruff check python test/python bench
 	$(REBAR) as test xref
+	escript test/lint/cycles.escript _build/default/lib/erlcuda/ebin
 	$(REBAR) dialyzer
 
 test-python:

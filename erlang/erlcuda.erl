@@ -279,7 +279,7 @@ download(Buffer) ->
 -spec download(Buffer :: buffer(), Opts :: options()) ->
     {ok, [number()] | binary()} | {error, reason()} | traced([number()] | binary()).
 download(Buffer, Opts) ->
-    case erlcuda_job:is_buffer(Buffer) of
+    case erlcuda_buffers:is_buffer(Buffer) of
         true -> with_options(Opts, fun(O) -> launch_sync(copy, [Buffer], O ++ [{keep, false}])
                                    end);
         false -> not_a_buffer(Buffer)
@@ -329,7 +329,7 @@ free(Buffer) ->
         local ->
             case Buffer of
                 {erlcuda_buffer, Node, _, _, _, _, _} when Node =/= node() ->
-                    case lists:member(Node, nodes()) orelse not erlcuda_job:is_buffer(Buffer) of
+                    case lists:member(Node, nodes()) orelse not erlcuda_buffers:is_buffer(Buffer) of
                         true -> erlcuda_buffers:free(Buffer);
                         false -> ok
                     end;
@@ -372,7 +372,7 @@ transfer(Buffer, Node) ->
 -spec transfer(Buffer :: buffer(), Node :: node(), Opts :: options()) ->
     {ok, buffer()} | {error, reason()}.
 transfer({erlcuda_buffer, From, _, _, _, Type, _} = Buffer, Node, Opts0) when is_atom(Node) ->
-    case erlcuda_job:is_buffer(Buffer) andalso with_options(Opts0, fun(O) -> O end) of
+    case erlcuda_buffers:is_buffer(Buffer) andalso with_options(Opts0, fun(O) -> O end) of
         false ->
             not_a_buffer(Buffer);
         {error, _} = Error ->
@@ -395,7 +395,7 @@ transfer({erlcuda_buffer, From, _, _, _, Type, _} = Buffer, Node, Opts0) when is
             end
     end;
 transfer({erlcuda_buffer, _, _, _, _, _, _} = Buffer, Node, _) ->
-    case erlcuda_job:is_buffer(Buffer) of
+    case erlcuda_buffers:is_buffer(Buffer) of
         true -> {error, {bad_option, {node, Node}}};
         false -> not_a_buffer(Buffer)
     end;
@@ -429,8 +429,8 @@ load(Module, Source, Kernels) ->
 -spec load(Module :: atom(), Source :: iodata(), Kernels :: [{atom(), [param()]}],
            Opts :: [load_option()]) -> ok | {error, reason()}.
 load(Module, Source, Kernels, Opts) ->
-    case erlcuda_catalogue:declare(Module, Source, Kernels, Opts) of
-        {ok, Declaration, Timeout} -> erlcuda_catalogue:load(Declaration, Timeout);
+    case erlcuda_loader:declare(Module, Source, Kernels, Opts) of
+        {ok, Declaration, Timeout} -> erlcuda_loader:load(Declaration, Timeout);
         {error, _} = Error -> Error
     end.
 
@@ -454,8 +454,8 @@ elementwise(Name, Inputs, Outputs, Operation) ->
                   Outputs :: [{atom(), element_type()}], Operation :: iodata(),
                   Opts :: [load_option()]) -> ok | {error, reason()}.
 elementwise(Name, Inputs, Outputs, Operation, Opts) ->
-    case erlcuda_catalogue:declare_elementwise(Name, Inputs, Outputs, Operation, Opts) of
-        {ok, Declaration, Timeout} -> erlcuda_catalogue:load(Declaration, Timeout);
+    case erlcuda_loader:declare_elementwise(Name, Inputs, Outputs, Operation, Opts) of
+        {ok, Declaration, Timeout} -> erlcuda_loader:load(Declaration, Timeout);
         {error, _} = Error -> Error
     end.
 
@@ -463,4 +463,4 @@ elementwise(Name, Inputs, Outputs, Operation, Opts) ->
 %% A module that is not loaded is `ok'.
 -spec unload(Module :: atom()) -> ok | {error, reason()}.
 unload(Module) ->
-    erlcuda_catalogue:unload(Module).
+    erlcuda_loader:unload(Module).

@@ -8,7 +8,7 @@
 %% its frame is written (`register/4', in the caller's process); this server only watches
 %% owners: one monitor per owner, and on its 'DOWN' it frees the owner's buffers with a
 %% `free' control call written after every launch already written or handed to the port's
-%% writer (`erlcuda_submit:control/2'), so a free never overtakes the launch that made the
+%% writer (`erlcuda_writer:control/2'), so a free never overtakes the launch that made the
 %% buffer.
 %%
 %% An owner is watched once: its first registration finds no row for it in the watch table
@@ -23,7 +23,7 @@
 -module(erlcuda_buffers).
 -behaviour(gen_server).
 
--export([create/0, start_link/0, next_ids/1, register/4, check/2, settle/1, abandon/3,
+-export([create/0, start_link/0, is_buffer/1, next_ids/1, register/4, check/2, settle/1, abandon/3,
          free/1, free/2, free_all/1, give/2, give/3, info/1, verify/1, new_epoch/1,
          count/0]).
 
@@ -115,6 +115,15 @@ settle(List) when is_list(List) ->
 settle(_) ->
     ok.
 
+%% @doc Whether a term is a buffer handle (of any node or epoch).
+-spec is_buffer(term()) -> boolean().
+is_buffer({erlcuda_buffer, Node, Epoch, Device, Id, Type, Elements})
+  when is_atom(Node), is_integer(Epoch), is_integer(Device), Device >= 0, is_integer(Id),
+       is_atom(Type), is_integer(Elements), Elements >= 0 ->
+    erlcuda_vector:is_type(Type);
+is_buffer(_) ->
+    false.
+
 %% @doc A job that was to keep results under `Ids' failed (or was never written): drop the
 %% registrations and free whatever the worker might hold under them.
 -spec abandon(non_neg_integer(), non_neg_integer(), [id()]) -> ok.
@@ -144,7 +153,7 @@ free(Buffer, Caller) ->
 %% @doc Free the caller's buffers found in a term (a reply nobody will read).
 -spec free_all(term()) -> ok.
 free_all(Term) when is_tuple(Term) ->
-    case erlcuda_job:is_buffer(Term) of
+    case is_buffer(Term) of
         true -> _ = free(Term), ok;
         false -> free_all(tuple_to_list(Term))
     end;
@@ -189,7 +198,7 @@ give(_, Pid, _) ->
 %% @doc What a handle says, with its owner (`undefined' once it is freed or lost).
 -spec info(term()) -> map() | {error, erlcuda:reason()}.
 info({erlcuda_buffer, Node, Epoch, Device, Id, Type, Elements} = B) ->
-    case erlcuda_job:is_buffer(B) of
+    case is_buffer(B) of
         true ->
             Owner = case Node =:= node() of
                         true -> case lookup(B) of
@@ -241,7 +250,7 @@ verify(B) ->
 %% The row of a local, current buffer: `gone' when it is freed, lost or of an earlier
 %% worker.
 lookup({erlcuda_buffer, Node, Epoch, _, Id, _, _} = B) ->
-    case erlcuda_job:is_buffer(B) of
+    case is_buffer(B) of
         false -> not_a_buffer(B);
         true when Node =/= node() -> {error, {remote_buffer, B}};
         true ->
@@ -296,7 +305,7 @@ send_free(Epoch, Device, Ids) when length(Ids) > ?FREE_CHUNK ->
     ok = send_free(Epoch, Device, Chunk),
     send_free(Epoch, Device, Rest);
 send_free(Epoch, Device, Ids) ->
-    erlcuda_submit:control(Epoch, erlcuda_protocol:encode_call(0, free, [Device, Ids])).
+    erlcuda_writer:control(Epoch, erlcuda_protocol:encode_call(0, free, [Device, Ids])).
 
 %% gen_server: the owners' monitors.
 

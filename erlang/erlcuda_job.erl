@@ -9,7 +9,7 @@
 %% a user kernel's launch shape and the shape of its reply).
 -module(erlcuda_job).
 
--export([validate/3, is_buffer/1]).
+-export([validate/3]).
 
 -export_type([job/0, general/0, arg/0, geometry/0]).
 
@@ -61,15 +61,6 @@ validate(Kernel, Args, Opts) ->
         {error, _} = Error ->
             Error
     end.
-
-%% @doc Whether a term is a buffer handle (of any node or epoch).
--spec is_buffer(term()) -> boolean().
-is_buffer({erlcuda_buffer, Node, Epoch, Device, Id, Type, Elements})
-  when is_atom(Node), is_integer(Epoch), is_integer(Device), Device >= 0, is_integer(Id),
-       is_atom(Type), is_integer(Elements), Elements >= 0 ->
-    erlcuda_vector:is_type(Type);
-is_buffer(_) ->
-    false.
 
 %% Options: a proper list of pairs, or a map. The seed's four have defaults and go into
 %% the job; the others into a map of their own, only where given.
@@ -165,7 +156,7 @@ builtin_args(#{name := Kernel, params := Params, result := Result} = Spec, Args,
     end.
 
 buffer_type([{erlcuda_buffer, _, _, _, _, T, _} = B | Rest], Types) ->
-    case is_buffer(B) of
+    case erlcuda_buffers:is_buffer(B) of
         true -> T;
         false -> buffer_type(Rest, Types)
     end;
@@ -187,7 +178,7 @@ values([#{name := Name} = P | Ps], [A | As], Type, General, Acc, Buffers) ->
     end.
 
 value(#{kind := vector, name := Name}, {erlcuda_buffer, _, _, _, _, _, _} = A, Type, _) ->
-    case is_buffer(A) of
+    case erlcuda_buffers:is_buffer(A) of
         true -> buffer_value(A, Name, Type);
         false -> data_value(A, Name, Type)
     end;
@@ -368,7 +359,7 @@ user_value(#{kind := scalar, type := Type}, A, Name) ->
 user_value(#{kind := vector, type := Type, access := Access}, A, Name) ->
     Written = Access =/= in,
     Max = erlcuda_contract:max_elements(),
-    case is_buffer(A) of
+    case erlcuda_buffers:is_buffer(A) of
         true ->
             case buffer_value(A, Name, Type) of
                 {ok, {buffer, B, {vector, N, Arg}}} -> {ok, {buffer, B, {Arg, N, false}}};

@@ -127,7 +127,7 @@ target(Node, _, _) ->
     {error, {bad_option, {node, Node}}}.
 
 buffers(Args) when is_list(Args) ->
-    try [A || A <- Args, erlcuda_job:is_buffer(A)]
+    try [A || A <- Args, erlcuda_buffers:is_buffer(A)]
     catch error:_ -> []
     end;
 buffers(_) ->
@@ -246,7 +246,7 @@ sync_options(Opts) ->
     end.
 
 free_found(Term) when is_tuple(Term) ->
-    case erlcuda_job:is_buffer(Term) of
+    case erlcuda_buffers:is_buffer(Term) of
         true ->
             _ = case remote_node(Term) of
                     local -> erlcuda_buffers:free(Term);
@@ -334,7 +334,7 @@ free_here(Term, Caller) ->
     ok.
 
 found_buffers(Term) when is_tuple(Term) ->
-    case erlcuda_job:is_buffer(Term) of
+    case erlcuda_buffers:is_buffer(Term) of
         true -> [Term];
         false -> found_buffers(tuple_to_list(Term))
     end;
@@ -350,7 +350,7 @@ found_buffers(_) ->
 %% local checks answer.
 -spec remote_node(term()) -> local | {remote, node()}.
 remote_node({erlcuda_buffer, Node, _, _, _, _, _} = Buffer) when Node =/= node() ->
-    case erlcuda_job:is_buffer(Buffer) andalso erlcuda_cluster:is_member(Node) of
+    case erlcuda_buffers:is_buffer(Buffer) andalso erlcuda_cluster:is_member(Node) of
         true -> {remote, Node};
         false -> local
     end;

@@ -3,7 +3,7 @@
 %% queue, register it, and write its frame to the port. No shared server is on this path.
 -module(erlcuda_submit).
 
--export([submit/2, control/2]).
+-export([submit/2]).
 
 %% @doc Write a checked job to the worker; the reply goes to `ReplyTo'.
 -spec submit(erlcuda_job:job(), erlcuda_jobs:reply_to()) ->
@@ -95,26 +95,6 @@ keep(none, _, _) -> ok;
 keep(#{keep := Ids, epoch := Epoch}, Device, ReplyTo) ->
     erlcuda_buffers:register(erlcuda_jobs:owner(ReplyTo), Device, Epoch, Ids).
 
-%% @doc Write a control frame that must not overtake the launches written before it (a
-%% `free'): to the port at once while the port's writer holds nothing, else through the
-%% writer, after what it holds. Only to the worker of `Epoch'; never waits.
--spec control(non_neg_integer(), iodata()) -> ok.
-control(Epoch, Frame) ->
-    case erlcuda_status:status() of
-        #{status := up, epoch := Epoch, port := Port, writer := Writer,
-          writer_counters := Counters} ->
-            Direct = case erlcuda_writer:pending(Counters) of
-                         P when P =< 0 -> port_write(Port, Frame);
-                         _ -> busy
-                     end,
-            case Direct of
-                busy -> erlcuda_writer:hand_over_control(Writer, Counters, Frame);
-                _ -> ok
-            end;
-        _ ->
-            ok
-    end.
-
 folder(#{dir := Dir}) -> Dir;
 folder(none) -> undefined.
 
@@ -123,7 +103,7 @@ folder(none) -> undefined.
 %% it waits for the writer only past the writer's byte bound, and at most until `Deadline'.
 write(#{port := Port, writer := Writer, writer_counters := Counters}, Frame, JobId, Deadline) ->
     Direct = case erlcuda_writer:pending(Counters) of
-                 P when P =< 0 -> port_write(Port, Frame);
+                 P when P =< 0 -> erlcuda_writer:direct(Port, Frame);
                  _ -> busy
              end,
     case Direct of
@@ -144,14 +124,6 @@ still_up(Writer, JobId) ->
     case erlcuda_status:status() of
         #{writer := Writer} -> {ok, JobId};
         _ -> port_closed(JobId)
-    end.
-
-port_write(Port, Frame) ->
-    try erlang:port_command(Port, Frame, [nosuspend]) of
-        true -> true;
-        false -> busy
-    catch
-        error:badarg -> closed
     end.
 
 %% The port died under us. If the owner's sweep took the job first, the caller already has

@@ -14,20 +14,19 @@ start_link() ->
 -spec init([]) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
 init([]) ->
     Flags = #{strategy => one_for_one, intensity => 5, period => 10},
-    %% Before the port owner: it tells the buffers of each new worker's epoch, and reads
-    %% the catalogue's modules to load them into each new worker.
+    %% Before the port owner: it tells the buffers of each new worker's epoch.
     Buffers = #{id => erlcuda_buffers,
                 start => {erlcuda_buffers, start_link, []},
                 restart => permanent,
                 shutdown => 5000,
                 type => worker,
                 modules => [erlcuda_buffers]},
-    Catalogue = #{id => erlcuda_catalogue,
-                  start => {erlcuda_catalogue, start_link, []},
-                  restart => permanent,
-                  shutdown => 5000,
-                  type => worker,
-                  modules => [erlcuda_catalogue]},
+    Loader = #{id => erlcuda_loader,
+               start => {erlcuda_loader, start_link, []},
+               restart => permanent,
+               shutdown => 5000,
+               type => worker,
+               modules => [erlcuda_loader]},
     Port = #{id => erlcuda_worker,
              start => {erlcuda_worker, start_link, []},
              restart => permanent,
@@ -42,4 +41,4 @@ init([]) ->
                 shutdown => infinity,
                 type => supervisor,
                 modules => [erlcuda_cluster_sup]},
-    {ok, {Flags, [Buffers, Catalogue, Port, Cluster]}}.
+    {ok, {Flags, [Buffers, Loader, Port, Cluster]}}.

@@ -9,10 +9,13 @@
 %% only while there are none, so one caller's frames keep their order) and their bytes: past
 %% ?MAX_PENDING_BYTES a caller waits until its frame is written, as it would wait on a busy
 %% port, so many callers of large jobs cannot pile up gigabytes here.
+%%
+%% What callers write themselves goes through `direct/2' too, and control frames that must
+%% keep their place behind the launches (a buffer's `free') through `control/2'.
 -module(erlcuda_writer).
 
 -export([start_link/1, init/1, new_counters/0, pending/1, hand_over/5, hand_over_control/3,
-         stats/1]).
+         control/2, direct/2, stats/1]).
 
 %% counters: frames handed over and not yet written; jobs written here; batch frames written;
 %% bytes handed over and not yet written
@@ -70,6 +73,37 @@ hand_over(Writer, Counters, Frame, Size, Deadline) ->
                 demonitor(Ref, [flush]),
                 late
             end
+    end.
+
+%% @doc Write a control frame that must not overtake the launches written before it (a
+%% `free'): to the port at once while the port's writer holds nothing, else through the
+%% writer, after what it holds. Only to the worker of `Epoch'; never waits.
+-spec control(non_neg_integer(), iodata()) -> ok.
+control(Epoch, Frame) ->
+    case erlcuda_status:status() of
+        #{status := up, epoch := Epoch, port := Port, writer := Writer,
+          writer_counters := Counters} ->
+            Direct = case pending(Counters) of
+                         P when P =< 0 -> direct(Port, Frame);
+                         _ -> busy
+                     end,
+            case Direct of
+                busy -> hand_over_control(Writer, Counters, Frame);
+                _ -> ok
+            end;
+        _ ->
+            ok
+    end.
+
+%% @doc Write a frame to the port now, never suspended: `true', `busy' (the port queue is
+%% over its limit: hand the frame over instead) or `closed'.
+-spec direct(port(), iodata()) -> true | busy | closed.
+direct(Port, Frame) ->
+    try erlang:port_command(Port, Frame, [nosuspend]) of
+        true -> true;
+        false -> busy
+    catch
+        error:badarg -> closed
     end.
 
 %% @doc Hand a control frame (a `free') to the writer, to be written alone after the

@@ -246,7 +246,7 @@ decode_test() ->
 
 declare_test() ->
     Src = <<"extern \"C\" __global__ void k(float *x, int n) {}">>,
-    {ok, D, 120000} = erlcuda_catalogue:declare(m, Src, [{k, [{inout, f32}, {scalar, i32}]}],
+    {ok, D, 120000} = erlcuda_loader:declare(m, Src, [{k, [{inout, f32}, {scalar, i32}]}],
                                                 []),
     ?assertEqual({load, [<<"m">>, Src, [], [{<<"k">>, [{inout, f32}, {scalar, i32}]}]]},
                  maps:get(call, D)),
@@ -254,7 +254,7 @@ declare_test() ->
     ?assertMatch(#{user := raw, module := m, general := true,
                    params := [#{kind := vector, type := f32, access := inout},
                               #{kind := scalar, type := i32}]}, Spec),
-    {ok, D2, 5000} = erlcuda_catalogue:declare(m, ["ext", <<"ern">>], [{k, []}],
+    {ok, D2, 5000} = erlcuda_loader:declare(m, ["ext", <<"ern">>], [{k, []}],
                                                [{options, ["-O3", <<"-lineinfo">>]},
                                                 {timeout, 5000}]),
     ?assertMatch({load, [_, <<"extern">>, [<<"-O3">>, <<"-lineinfo">>], _]}, maps:get(call, D2)),
@@ -268,15 +268,15 @@ declare_test() ->
            {m, Src, [{k, [{read, f32}]}], []},
            {m, Src, [{k, lists:duplicate(256, {in, f32})}], []},
            {m, Src, not_a_list, []}],
-    [?assertMatch({error, {bad_args, _}}, erlcuda_catalogue:declare(M, S, K, O))
+    [?assertMatch({error, {bad_args, _}}, erlcuda_loader:declare(M, S, K, O))
      || {M, S, K, O} <- Bad],
     ?assertEqual({error, {bad_option, {colour, red}}},
-                 erlcuda_catalogue:declare(m, Src, [{k, []}], [{colour, red}])),
+                 erlcuda_loader:declare(m, Src, [{k, []}], [{colour, red}])),
     ?assertEqual({error, {bad_option, {timeout, 0}}},
-                 erlcuda_catalogue:declare(m, Src, [{k, []}], [{timeout, 0}])).
+                 erlcuda_loader:declare(m, Src, [{k, []}], [{timeout, 0}])).
 
 declare_elementwise_test() ->
-    {ok, D, _} = erlcuda_catalogue:declare_elementwise(
+    {ok, D, _} = erlcuda_loader:declare_elementwise(
                    saxpy, [{a, {scalar, f32}}, {x, f32}, {y, f32}], [{z, f32}],
                    <<"z = a * x + y">>, []),
     ?assertEqual({elementwise, [<<"saxpy">>, [{<<"a">>, f32, scalar}, {<<"x">>, f32, vector},
@@ -298,7 +298,7 @@ declare_elementwise_test() ->
            {'2x', [{x, f32}], [{z, f32}], <<"z = x">>},
            {saxpy, not_a_list, [{z, f32}], <<"z">>}],
     [?assertMatch({error, {bad_args, _}},
-                  erlcuda_catalogue:declare_elementwise(N, I, O, Op, []))
+                  erlcuda_loader:declare_elementwise(N, I, O, Op, []))
      || {N, I, O, Op} <- Bad].
 
 %% A user kernel in the catalogue: its launches are checked here, without a worker.
@@ -306,12 +306,12 @@ user_kernels_test_() ->
     {setup,
      fun() ->
              Src = <<"extern \"C\" __global__ void k(float *x, double *y, int a) {}">>,
-             {ok, Raw, _} = erlcuda_catalogue:declare(
+             {ok, Raw, _} = erlcuda_loader:declare(
                               mod, Src, [{k, [{in, f32}, {inout, f64}, {scalar, i32}]}], []),
-             {ok, Ew, _} = erlcuda_catalogue:declare_elementwise(
+             {ok, Ew, _} = erlcuda_loader:declare_elementwise(
                              ew, [{a, {scalar, f32}}, {x, f32}, {y, f32}], [{z, f32}, {w, i32}],
                              <<"z = a * x + y; w = 1">>, []),
-             {ok, Ew1, _} = erlcuda_catalogue:declare_elementwise(
+             {ok, Ew1, _} = erlcuda_loader:declare_elementwise(
                               ew1, [{x, u8}], [{z, u8}], <<"z = x">>, []),
              [erlcuda_catalogue:commit(D) || D <- [Raw, Ew, Ew1]]
      end,

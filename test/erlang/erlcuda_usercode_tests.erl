@@ -163,9 +163,11 @@ refused_options() ->
 %% wait for it.
 not_blocked() ->
     Self = self(),
-    %% a source nvcc has not cached (compiled code is cached by source), of many kernels
+    %% a source nvcc has not cached (compiled code is cached by its preprocessed text, which
+    %% has no comments), of many kernels
     Source = iolist_to_binary(
-               [io_lib:format("// ~p\n", [erlang:unique_integer()]),
+               [io_lib:format("__device__ int erlcuda_unique_~b;\n",
+                              [erlang:unique_integer([positive])]),
                 [io_lib:format("extern \"C\" __global__ void k~b(float *x, int n) {\n"
                                "  for (int i = 0; i < n; i++) x[i] = sinf(x[i]) * ~b.0f;\n}\n",
                                [I, I]) || I <- lists:seq(1, 200)]]),
@@ -196,7 +198,7 @@ not_blocked() ->
 %% backend_unavailable, which the port owner logs), the catalogue keeps it, and launches of
 %% its kernel are checked on this side and answered by the worker.
 replay() ->
-    {ok, D, _} = erlcuda_catalogue:declare_elementwise(twice, [{x, f32}], [{y, f32}],
+    {ok, D, _} = erlcuda_loader:declare_elementwise(twice, [{x, f32}], [{y, f32}],
                                                        <<"y = 2 * x">>, []),
     ok = erlcuda_catalogue:commit(D),
     ?assertEqual([twice], erlcuda_catalogue:modules()),
