@@ -234,7 +234,11 @@ handle_info({nodedown, Node}, #state{members = Members} = State) ->
     ok = erlcuda_records:node_down(Node),
     {noreply, State#state{members = maps:filter(fun(_, N) -> N =/= Node end, Members)}};
 handle_info({erlcuda_proxy, Id, Proxy}, State) when is_integer(Id), is_pid(Proxy) ->
-    {noreply, watch(Id, Proxy, State)};
+    %% Told whether or not its job is still recorded (one answered node_down is not), so
+    %% that it stops telling.
+    State1 = watch(Id, Proxy, State),
+    Proxy ! {erlcuda_watched, Id},
+    {noreply, State1};
 handle_info({'DOWN', Mon, process, Proxy, Why}, #state{proxies = Proxies} = State) ->
     case maps:take(Mon, Proxies) of
         {Id, Rest} ->

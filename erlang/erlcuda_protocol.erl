@@ -71,7 +71,8 @@
                   | {pending, pos_integer(), non_neg_integer(), [binary(), ...]}.
 %% What a job's reply must be: a vector of so many elements of a type (as data, or in
 %% shared memory), a scalar, or anything (what the launch does not fix).
--type expect() :: {vector, erlcuda_vector:type(), non_neg_integer()} | scalar | any.
+-type expect() :: {vector, erlcuda_vector:type(), non_neg_integer()} | scalar
+                | {keep, [erlcuda_buffers:id()]} | any.
 %% A result decoded but not yet made into Erlang terms: vectors still binaries.
 -type raw() :: {vec, erlcuda_vector:type(), binary()} | {scalar, float()}
              | {buffer, erlcuda:buffer()} | [raw()].
@@ -157,9 +158,9 @@ file_result({wire, ?WIRE_TAG_FILE, <<Bytes:64, PartBytes:64>>})
 file_result(_) ->
     no.
 
-%% @doc Whether a job's record is of the kind, element type and length its job expects: a
-%% worker that answered another job's id with its record is caught here, not believed. An
-%% error fits every job.
+%% @doc Whether a job's record is of the kind, element type and length its job expects, or
+%% names the buffers it was to keep: a worker that answered another job's id with its record
+%% is caught here, not believed. An error fits every job.
 -spec fits(expect(), reply()) -> boolean().
 fits(any, _) ->
     true;
@@ -167,6 +168,13 @@ fits(_, {wire, ?WIRE_TAG_ERROR, _}) ->
     true;
 fits(Expect, {wire, ?WIRE_TAG_TRACED, <<Tag:8, Len:32, Inner:Len/binary, _/binary>>}) ->
     fits(Expect, {wire, Tag, Inner});
+fits({keep, Ids}, {wire, ?WIRE_TAG_HANDLE, <<Id:64, _/binary>>}) ->
+    lists:member(Id, Ids);
+fits({keep, _} = Keep, {wire, ?WIRE_TAG_LIST, <<_:32, Items/binary>>}) ->
+    items_fit(Keep, Items);
+fits({keep, _}, _) ->
+    %% scalars, and what is not kept
+    true;
 fits(scalar, {wire, ?WIRE_TAG_SCALAR, <<_:64>>}) ->
     true;
 fits({vector, f32, N}, {wire, ?WIRE_TAG_VECTOR, Bin}) ->
@@ -177,6 +185,12 @@ fits({vector, Type, N}, {wire, ?WIRE_TAG_FILE, <<Bytes:64, _:64>>}) ->
     Bytes =:= N * erlcuda_vector:size(Type);
 fits(_, _) ->
     false.
+
+items_fit(Expect, <<Tag:8, Len:32, Payload:Len/binary, Rest/binary>>) ->
+    fits(Expect, {wire, Tag, Payload}) andalso items_fit(Expect, Rest);
+items_fit(_, _) ->
+    %% a list cut short reads as malformed when its reply is made
+    true.
 
 %% @doc A vector result read from shared memory, as if its record had carried it.
 -spec vector_reply(binary()) -> reply().

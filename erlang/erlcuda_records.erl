@@ -1,14 +1,14 @@
 %% @private
 %% This node's records of its launch jobs in flight on other nodes (erlcuda_remote): an
-%% ETS table of `{{Node, JobId}, Alias, Proxy}', Proxy `undefined' until the job's proxy is
-%% heard of, then its pid. A caller records its job before its proxy is spawned; the agent
+%% ETS table of `{{Node, JobId}, Alias, Proxy, Traced}', Proxy `undefined' until the job's
+%% proxy is heard of, then its pid; Traced whether its reply carries stamps. A caller records its job before its proxy is spawned; the agent
 %% (erlcuda_cluster) watches the proxy and answers through the alias when it is lost. A
 %% record goes with whoever takes it: the agent when the proxy ends or its node goes down,
 %% or the caller whose proxy could not be spawned.
 -module(erlcuda_records).
 
--export([create/0, record/2, take_back/1, watch/2, watched/0, proxy_down/3, node_down/1,
-         recorded_nodes/0, lost/2]).
+-export([create/0, record/3, take_back/1, watch/2, watched/0, proxy_down/3, node_down/1,
+         recorded_nodes/0, lost/2, error_message/3]).
 
 -define(RECORDS, erlcuda_remote).
 
@@ -21,10 +21,11 @@ create() ->
                                   {write_concurrency, true}]),
     ok.
 
-%% @doc A caller's launch job `Key' on another node, replying through `Alias'.
--spec record({node(), erlcuda:job_id()}, reference()) -> ok.
-record(Key, Alias) ->
-    true = ets:insert(?RECORDS, {Key, Alias, undefined}),
+%% @doc A caller's launch job `Key' on another node, replying through `Alias' (with stamps
+%% when `Traced').
+-spec record({node(), erlcuda:job_id()}, reference(), boolean()) -> ok.
+record(Key, Alias, Traced) ->
+    true = ets:insert(?RECORDS, {Key, Alias, undefined, Traced}),
     ok.
 
 %% @doc The caller takes its record back (its proxy could not be spawned): `false' when the
@@ -47,8 +48,8 @@ watch(Proxy, Id) ->
 -spec proxy_down(node(), erlcuda:job_id(), term()) -> ok.
 proxy_down(Node, Id, Why) ->
     case ets:take(?RECORDS, {Node, Id}) of
-        [{_, _, _}] when Why =:= normal -> ok;
-        [{_, Alias, _}] -> Alias ! {erlcuda, Id, lost(Node, Why)}, ok;
+        [{_, _, _, _}] when Why =:= normal -> ok;
+        [{_, Alias, _, Traced}] -> Alias ! error_message(Id, lost(Node, Why), Traced), ok;
         [] -> ok
     end.
 
@@ -56,13 +57,14 @@ proxy_down(Node, Id, Why) ->
 %% watches them again.
 -spec watched() -> [{erlcuda:job_id(), pid()}].
 watched() ->
-    ets:select(?RECORDS, [{{{'_', '$1'}, '_', '$2'}, [{is_pid, '$2'}], [{{'$1', '$2'}}]}]).
+    ets:select(?RECORDS, [{{{'_', '$1'}, '_', '$2', '_'}, [{is_pid, '$2'}],
+                           [{{'$1', '$2'}}]}]).
 
 %% @doc `Node' went down: every job recorded for it is answered `{error, {node_down,
 %% Node}}', through its alias.
 -spec node_down(node()) -> ok.
 node_down(Node) ->
-    Keys = ets:select(?RECORDS, [{{{Node, '_'}, '_', '_'}, [], [{element, 1, '$_'}]}]),
+    Keys = ets:select(?RECORDS, [{{{Node, '_'}, '_', '_', '_'}, [], [{element, 1, '$_'}]}]),
     lists:foreach(fun(Key) -> proxy_down(Node, element(2, Key), noconnection) end, Keys).
 
 %% @doc The nodes this node has jobs recorded for.
@@ -83,3 +85,12 @@ lost(_, Why) -> {error, {internal, iolist_to_binary(io_lib:format("the job's pro
                                                                   "node ended: ~0P",
                                                                   [Why, 10]))}}.
 
+
+%% @doc The reply of a remote job answered with an error away from its worker: with this
+%% side's stamp when the job is traced, as a local job's.
+-spec error_message(erlcuda:job_id() | reference(), {error, erlcuda:reason()}, boolean()) ->
+    tuple().
+error_message(Tag, Error, true) ->
+    {erlcuda, Tag, Error, #{<<"forward">> => erlang:monotonic_time(nanosecond)}};
+error_message(Tag, Error, false) ->
+    {erlcuda, Tag, Error}.

@@ -14,7 +14,9 @@
 %%   `noconnection' before the reply is `{error, {node_down, Node}}'. A timeout tells the
 %%   proxy to take its job back (`{erlcuda_cancel, Alias}'): a job still registered is
 %%   dropped there, with the buffers it was to keep; one answered meanwhile has the
-%%   buffers in its reply freed there.
+%%   buffers in its reply freed there. A node that has not even answered the spawn by
+%%   then has the request abandoned. The buffers a job keeps are its proxy's until it
+%%   hands them to the caller with the reply.
 %% - launch: the caller records `{{Node, JobId}, Alias, Proxy}' (erlcuda_records) before
 %%   the proxy is spawned, and goes on. The proxy tells this node's agent (erlcuda_cluster) that it
 %%   runs; the agent monitors it, and the record goes with the proxy's 'DOWN': for a normal
@@ -30,8 +32,13 @@
 
 %% What `receive ... after' accepts.
 -define(MAX_TIMEOUT, 4294967295).
-%% Calls to another node about buffers.
+%% Calls to another node about buffers, and the wait for the proxy of a job that keeps
+%% buffers once its launch_sync timed out.
 -define(CALL_TIMEOUT, 5000).
+%% How often a proxy tells the caller's agent again that it runs, while that agent
+%% restarts, and how long it waits between two.
+-define(ANNOUNCES, 50).
+-define(ANNOUNCE_MS, 100).
 %% How many times `{node, any}' chooses again when the node it chose left meanwhile.
 -define(REPICKS, 3).
 
@@ -152,15 +159,16 @@ is_node_option(_) -> false.
 remote(Node, Kernel, Args, Opts, Mode) ->
     case sync_options(Opts) of
         {error, _} = Error -> Error;
-        {ok, Timeout} when Mode =:= sync -> remote_sync(Node, Kernel, Args, Opts, Timeout);
-        {ok, _} -> remote_async(Node, Kernel, Args, Opts)
+        {ok, Timeout, Keeps} when Mode =:= sync ->
+            remote_sync(Node, Kernel, Args, Opts, Timeout, Keeps);
+        {ok, _, _} -> remote_async(Node, Kernel, Args, Opts)
     end.
 
 remote_async(Node, Kernel, Args, Opts) ->
     Id = erlcuda_jobs:next_id(),
     Alias = alias([reply]),
     Key = {Node, Id},
-    ok = erlcuda_records:record(Key, Alias),
+    ok = erlcuda_records:record(Key, Alias, traced(Opts)),
     %% Checked after the record is in: the agent forgets a node that went down before it
     %% answers the node's records, so either it answers this one or this caller sees the
     %% node gone and takes its record back.
@@ -172,14 +180,14 @@ remote_async(Node, Kernel, Args, Opts) ->
         false -> unalias(Alias), {error, {bad_node, Node}}
     end.
 
-remote_sync(Node, Kernel, Args, Opts, Timeout) ->
+remote_sync(Node, Kernel, Args, Opts, Timeout, Keeps) ->
     Alias = alias([reply]),
-    Deadline = deadline(Timeout),
     case erlcuda_cluster:is_member(Node)
         andalso spawn_proxy(Node, [Alias, Alias, self(), true, Kernel, Args, Opts],
                             [monitor, {reply, yes}]) of
         Req when is_reference(Req) ->
-            await_spawn(Req, Alias, Node, Deadline);
+            await_spawn(#{req => Req, alias => Alias, node => Node, keeps => Keeps,
+                          traced => traced(Opts)}, deadline(Timeout));
         _ ->
             unalias(Alias),
             {error, {bad_node, Node}}
@@ -190,35 +198,77 @@ spawn_proxy(Node, Args, Opts) ->
     catch error:_ -> error
     end.
 
-%% The spawn's reply comes before anything else from the proxy.
-await_spawn(Req, Alias, Node, Deadline) ->
+%% The spawn's reply comes before anything else from the proxy. A node that gives none
+%% within the timeout (stopped, or cut off and not yet known to be) has the request
+%% abandoned: the caller goes at once, or, for a job that keeps buffers, once the proxy
+%% has taken the job back (at most ?CALL_TIMEOUT later).
+await_spawn(#{req := Req, alias := Alias, node := Node, keeps := Keeps} = W, Deadline) ->
     receive
         {spawn_reply, Req, ok, Proxy} ->
-            await(Req, Proxy, Alias, Node, Deadline);
+            await(W#{proxy => Proxy}, Deadline);
         {spawn_reply, Req, error, _} ->
             unalias(Alias),
             {error, {bad_node, Node}}
+    after remaining(Deadline) ->
+        case Keeps of
+            true -> late_spawn(W, deadline(?CALL_TIMEOUT));
+            false -> abandon(W)
+        end
+    end.
+
+late_spawn(#{req := Req, alias := Alias} = W, Until) ->
+    receive
+        {spawn_reply, Req, ok, Proxy} -> timed_out(W#{proxy => Proxy}, Until);
+        {spawn_reply, Req, error, _} -> unalias(Alias), {error, timeout}
+    after remaining(Until) ->
+        abandon(W)
+    end.
+
+abandon(#{req := Req, alias := Alias} = W) ->
+    case erlang:spawn_request_abandon(Req) of
+        true ->
+            unalias(Alias),
+            {error, timeout};
+        false ->
+            %% Its reply came meanwhile.
+            receive
+                {spawn_reply, Req, ok, Proxy} -> timed_out(W#{proxy => Proxy}, deadline(0));
+                {spawn_reply, Req, error, _} -> unalias(Alias), {error, timeout}
+            end
     end.
 
 %% launch_sync's wait, as for a local job (the reply names the alias).
-await(Req, Proxy, Alias, Node, Deadline) ->
+await(#{req := Req, alias := Alias, node := Node} = W, Deadline) ->
     receive
         {erlcuda, Alias, Result} -> gone(Req), sync_result(Result);
         {erlcuda, Alias, {Tag, Value}, Stamps} -> gone(Req), {Tag, Value, Stamps};
-        {'DOWN', Req, process, _, Why} -> unalias(Alias), erlcuda_records:lost(Node, Why)
+        {'DOWN', Req, process, _, Why} ->
+            unalias(Alias),
+            case {erlcuda_records:lost(Node, Why), W} of
+                {{error, R}, #{traced := true}} -> {error, R, #{}};
+                {Error, _} -> Error
+            end
     after remaining(Deadline) ->
-        %% The proxy takes its job back, with what it was to keep, and ends at once: a
-        %% reply it sent first comes before its 'DOWN', and the buffers in it are freed.
-        Proxy ! {erlcuda_cancel, Alias},
-        receive {'DOWN', Req, process, _, _} -> ok end,
-        unalias(Alias),
-        receive
-            {erlcuda, Alias, R} -> free_found(R);
-            {erlcuda, Alias, R, _} -> free_found(R)
-        after 0 -> ok
-        end,
-        {error, timeout}
+        timed_out(W, deadline(?CALL_TIMEOUT))
     end.
+
+%% The proxy takes its job back, with what it was to keep, and ends at once. For a job that
+%% keeps buffers the caller waits for its end (a reply sent first comes before its 'DOWN',
+%% and the buffers in it are freed here), until `Until' for a node that does not answer;
+%% any other goes at once.
+timed_out(#{req := Req, alias := Alias, proxy := Proxy, keeps := Keeps}, Until) ->
+    Proxy ! {erlcuda_cancel, Alias},
+    _ = Keeps andalso receive {'DOWN', Req, process, _, _} -> true
+                      after remaining(Until) -> false
+                      end,
+    unalias(Alias),
+    gone(Req),
+    receive
+        {erlcuda, Alias, R} -> free_found(R);
+        {erlcuda, Alias, R, _} -> free_found(R)
+    after 0 -> ok
+    end,
+    {error, timeout}.
 
 gone(Req) ->
     _ = demonitor(Req, [flush]),
@@ -234,14 +284,16 @@ deadline(Ms) -> erlang:monotonic_time(millisecond) + Ms.
 remaining(infinity) -> infinity;
 remaining(Deadline) -> max(Deadline - erlang:monotonic_time(millisecond), 0).
 
-%% What the caller needs of the options: launch_sync's timeout. The rest is checked on the
-%% executing node.
+%% What the caller needs of the options: launch_sync's timeout, and whether results stay
+%% on the device (their buffers are freed if the wait ends first). The rest is checked on
+%% the executing node.
 sync_options(Opts) when is_map(Opts) ->
     sync_options(maps:to_list(Opts));
 sync_options(Opts) ->
+    Keeps = proplists:get_value(keep, lists:reverse(Opts), false) =:= true,
     case proplists:get_value(timeout, lists:reverse(Opts), 5000) of
-        infinity -> {ok, infinity};
-        T when is_integer(T), T >= 0, T =< ?MAX_TIMEOUT -> {ok, T};
+        infinity -> {ok, infinity, Keeps};
+        T when is_integer(T), T >= 0, T =< ?MAX_TIMEOUT -> {ok, T, Keeps};
         T -> {error, {bad_option, {timeout, T}}}
     end.
 
@@ -265,27 +317,62 @@ free_found(_) ->
 %% @doc The proxy of a caller of another node: the same validate and submit as a local
 %% caller's, then the job's one reply, or its refusal, forwarded to the caller's alias
 %% under `Tag' (the job id of a launch, the alias of a launch_sync). A launch's proxy tells
-%% the caller's agent first, which watches it.
+%% the caller's agent first, which watches it, and ends only once the agent said so.
 -spec proxy(reference(), erlcuda:job_id() | reference(), pid(), boolean(), term(), term(),
             term()) -> ok.
 proxy(Alias, Tag, Caller, Sync, Kernel, Args, Opts) ->
-    %% The caller's agent (erlcuda_cluster) watches a launch's proxy.
-    _ = Sync orelse ({erlcuda_cluster, node(Caller)} ! {erlcuda_proxy, Tag, self()}),
+    Agent = {erlcuda_cluster, node(Caller)},
+    Watch = case Sync of
+                true -> none;
+                false -> announce(Agent, Tag)
+            end,
     Reply = try run(Caller, Sync, Kernel, Args, Opts)
             catch Class:Why -> {error, {internal, iolist_to_binary(
                                                     io_lib:format("~0P", [{Class, Why}, 20]))}}
             end,
-    case Reply of
-        cancelled -> ok;
-        {traced, R, Stamps} -> Alias ! {erlcuda, Tag, R, Stamps}, ok;
-        R -> Alias ! {erlcuda, Tag, R}, ok
+    _ = case Reply of
+            cancelled -> ok;
+            {traced, R, Stamps} -> Alias ! {erlcuda, Tag, R, Stamps};
+            {error, _} = E -> Alias ! erlcuda_records:error_message(Tag, E, traced(Opts));
+            R -> Alias ! {erlcuda, Tag, R}
+        end,
+    watched(Watch, Agent, Tag, ?ANNOUNCES).
+
+%% The caller's agent is told this proxy runs, and watched meanwhile: an agent that
+%% restarts before it answers is told again.
+announce(Agent, Tag) ->
+    Mon = monitor(process, Agent),
+    Agent ! {erlcuda_proxy, Tag, self()},
+    Mon.
+
+watched(none, _, _, _) ->
+    ok;
+watched(Mon, Agent, Tag, Left) ->
+    receive
+        {erlcuda_watched, Tag} ->
+            demonitor(Mon, [flush]),
+            ok;
+        {'DOWN', Mon, process, _, noconnection} ->
+            %% its node answers the job node_down
+            ok;
+        {'DOWN', Mon, process, _, _} when Left > 0 ->
+            timer:sleep(?ANNOUNCE_MS),
+            watched(announce(Agent, Tag), Agent, Tag, Left - 1);
+        {'DOWN', Mon, process, _, _} ->
+            ok
     end.
+
+traced(Opts) when is_map(Opts) -> maps:get(trace, Opts, false) =:= true;
+traced(Opts) when is_list(Opts) -> proplists:get_value(trace, lists:reverse(Opts)) =:= true;
+traced(_) -> false.
 
 run(Caller, Sync, Kernel, Args, Opts) ->
     case erlcuda_job:validate(Kernel, Args, Opts) of
         {ok, Job} ->
+            %% The buffers the job keeps are the proxy's until it hands them over with the
+            %% reply: a proxy that dies first takes them with it.
             Mine = alias(),
-            case erlcuda_submit:submit(job_deadline(Job, Sync), {erlcuda_proxy, Mine, Caller}) of
+            case erlcuda_submit:submit(job_deadline(Job, Sync), {erlcuda_proxy, Mine, self()}) of
                 {ok, Id} -> wait(Id, Mine, Caller, Sync);
                 {error, _} = Error -> Error
             end;
@@ -298,16 +385,20 @@ job_deadline(#{timeout := T} = Job, true) when is_integer(T) ->
 job_deadline(Job, _) ->
     Job.
 
-%% The job's reply, made final for a launch (a launch_sync's caller makes its own floats).
-%% The port owner is watched: a job it can no longer answer is `worker_down'.
+%% The job's reply, made final for a launch (a launch_sync's caller makes its own floats),
+%% its buffers given to the caller. The port owner is watched: a job it can no longer
+%% answer is `worker_down'.
 wait(Id, Mine, Caller, Sync) ->
     Owner = monitor(process, erlcuda_worker),
     receive
-        {erlcuda, Mine, Result} -> demonitor(Owner, [flush]), final(Result, Sync);
-        {erlcuda, Mine, R, Stamps} -> demonitor(Owner, [flush]), {traced, R, Stamps};
-        {erlcuda_cancel, _} -> demonitor(Owner, [flush]), cancel(Id, Mine, Caller);
+        {erlcuda, Mine, Result} ->
+            demonitor(Owner, [flush]), hand_over(final(Result, Sync), Caller);
+        {erlcuda, Mine, R, Stamps} ->
+            demonitor(Owner, [flush]), {traced, hand_over(R, Caller), Stamps};
+        {erlcuda_cancel, _} ->
+            demonitor(Owner, [flush]), cancel(Id, Mine);
         {'DOWN', Owner, process, _, Why} ->
-            receive {erlcuda, Mine, Result} -> final(Result, Sync)
+            receive {erlcuda, Mine, Result} -> hand_over(final(Result, Sync), Caller)
             after 0 -> {error, {worker_down, Why}}
             end
     end.
@@ -315,22 +406,26 @@ wait(Id, Mine, Caller, Sync) ->
 final(Result, true) -> Result;
 final(Result, false) -> sync_result(Result).
 
+hand_over(Result, Caller) ->
+    _ = [erlcuda_buffers:give(B, Caller) || B <- found_buffers(Result)],
+    Result.
+
 %% The caller stopped waiting: a job still registered is dropped (its buffers freed after
 %% it); one answered meanwhile has its reply here, whose buffers go.
-cancel(Id, Mine, Caller) ->
+cancel(Id, Mine) ->
     case erlcuda_jobs:cancel(Id) of
         true ->
             cancelled;
         false ->
             receive
-                {erlcuda, Mine, R} -> free_here(R, Caller);
-                {erlcuda, Mine, R, _} -> free_here(R, Caller)
+                {erlcuda, Mine, R} -> free_here(R);
+                {erlcuda, Mine, R, _} -> free_here(R)
             end,
             cancelled
     end.
 
-free_here(Term, Caller) ->
-    _ = [erlcuda_buffers:free(B, Caller) || B <- found_buffers(Term)],
+free_here(Term) ->
+    _ = [erlcuda_buffers:free(B) || B <- found_buffers(Term)],
     ok.
 
 found_buffers(Term) when is_tuple(Term) ->

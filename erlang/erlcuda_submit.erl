@@ -53,7 +53,7 @@ route1(#{device := Want, kernel := Kernel, args := Args, format := Format, trace
                                                          format => Format, trace => Trace,
                                                          files => [F || {F, _} <- Plan],
                                                          shm => folder(Shm), ctx => Ctx,
-                                                         expect => maps:get(expect, Job, any)}),
+                                                         expect => expect(Job, Ctx)}),
                             Deadline = maps:get(deadline, Job, infinity),
                             case erlcuda_shm:stage(Plan) of
                                 ok ->
@@ -94,6 +94,10 @@ general(#{trace := Trace}, _, _) ->
 keep(none, _, _) -> ok;
 keep(#{keep := Ids, epoch := Epoch}, Device, ReplyTo) ->
     erlcuda_buffers:register(erlcuda_jobs:owner(ReplyTo), Device, Epoch, Ids).
+
+%% What the job's reply must be: a job that keeps buffers answers with the ids it was given.
+expect(_, #{keep := [_ | _] = Ids}) -> {keep, Ids};
+expect(Job, _) -> maps:get(expect, Job, any).
 
 folder(#{dir := Dir}) -> Dir;
 folder(none) -> undefined.

@@ -122,7 +122,10 @@ handle_event(info, {Port, {data, Bytes}}, State, #data{port = Port, reader = R} 
     D = D0#data{last_frame = now_ms()},
     case erlcuda_protocol:read(Bytes, R) of
         {[Frame], Rest} ->
-            frame(erlcuda_protocol:decode(Frame), State, D#data{reader = Rest});
+            %% What the reader holds now must outlive a handler that keeps the state as it
+            %% was before this event.
+            keeping(frame(erlcuda_protocol:decode(Frame), State, D#data{reader = Rest}),
+                    D#data{reader = Rest});
         {Frames, Rest} ->
             {keep_state, D#data{reader = Rest},
              [{next_event, internal, {frame, Port, F}} || F <- Frames]}
@@ -323,6 +326,10 @@ up(#data{port = Port, config = Config, hello = Info} = D) ->
 
 ready(#data{waiting = Waiting} = D) ->
     {next_state, ready, D#data{waiting = []}, [{reply, From, ok} || From <- Waiting]}.
+
+%% An event's result, with `D' in place of the data it kept unchanged.
+keeping(keep_state_and_data, D) -> {keep_state, D};
+keeping(Result, _) -> Result.
 
 %% Starting and stopping the worker.
 

@@ -33,6 +33,14 @@ cluster_test_() ->
                                     fun caller_restarts/1},
                                    {"erlcuda restarts where the jobs run: no record stays",
                                     fun executing_restarts/1},
+                                   {"a stopped node: launch_sync keeps its timeout",
+                                    fun stopped_node/1},
+                                   {"the agent restarts under load: no record stays",
+                                    fun agent_restarts/1},
+                                   {"killed proxies take their buffers with them",
+                                    fun killed_proxies/1},
+                                   {"traced remote jobs answer with stamps",
+                                    fun traced_errors/1},
                                    {"a partition and a reconnect", fun partition/1},
                                    {"SIGKILL of a node under load", fun kill/1},
                                    {"a node that joins later takes work", fun join/1},
@@ -151,7 +159,7 @@ slow_registration(#{peers := Peers}) ->
     timer:sleep(100),
     {ok, Id} = erlcuda:launch(reduce, [[1.0]], [{node, N}, {device, 0}]),
     ok = erlcuda_test_util:wait_until(
-           fun() -> [P || {_, _, P} <- ets:lookup(erlcuda_remote, {N, Id}), is_pid(P)] =/= []
+           fun() -> [P || {_, _, P, _} <- ets:lookup(erlcuda_remote, {N, Id}), is_pid(P)] =/= []
            end, 50),
     true = erlang:disconnect_node(N),
     receive
@@ -178,8 +186,8 @@ cancel_early(#{peers := [{P1, N1} | _]}) ->
                                                 {timeout, 0}])
                || Args <- lists:duplicate(3, Big) ++ lists:duplicate(20, Keep)],
     ?assertEqual([{error, timeout}], lists:usort(Replies)),
-    %% every proxy ended with its caller's wait
-    ?assertEqual(0, proxies(P1)),
+    %% every proxy ends, its job taken back
+    ok = erlcuda_test_util:wait_until(fun() -> proxies(P1) =:= 0 end, 100),
     timer:sleep(300),
     erlcuda_test_util:no_message(),
     ok = erlcuda_test_util:wait_until(
@@ -213,10 +221,15 @@ drain(#{peers := [{P1, N1} | _]}) ->
     records_gone(),
     ok = erlcuda_test_util:wait_until(fun() -> proxies(P1) =:= 0 end, 50),
     Agent = whereis(erlcuda_cluster),
+    Last = lists:last(Ids),
     [Agent ! M || M <- [{erlcuda_proxy, bad, self()}, {erlcuda_proxy, 1, self()},
-                        {erlcuda_proxy, lists:last(Ids), self()},
+                        {erlcuda_proxy, Last, self()},
                         {'DOWN', make_ref(), process, self(), normal}]],
+    %% a proxy of no recorded job is told so too, and stops telling
+    [receive {erlcuda_watched, I} -> ok after 5000 -> error({no_answer, I}) end
+     || I <- [1, Last]],
     timer:sleep(100),
+    erlcuda_test_util:no_message(),
     ?assertEqual(Agent, whereis(erlcuda_cluster)),
     ?assertEqual(0, ets:info(erlcuda_remote, size)).
 
@@ -553,6 +566,105 @@ executing_restarts(#{peers := [_, {P2, N2} | _]}) ->
 
 is_worker_down({error, {worker_down, _}}) -> true;
 is_worker_down(_) -> false.
+
+%% A node that stops answering (SIGSTOP: its connection stays up until the tick time):
+%% a remote launch_sync answers timeout while it is still stopped, before its proxy even
+%% started and after, with {keep, true} too (that one waits for its proxy a few seconds).
+stopped_node(#{peers := [{P1, N1} | _]}) ->
+    OsPid = peer:call(P1, os, getpid, []),
+    Self = self(),
+    Call = fun(Opts) -> spawn(fun() ->
+                                       Self ! {stopped, Opts,
+                                               erlcuda:launch_sync(copy, [[1.0]],
+                                                                   [{node, N1} | Opts])}
+                               end)
+           end,
+    stall(N1, 0, 1500),
+    timer:sleep(100),
+    Call([{timeout, 300}]),
+    Call([{timeout, 300}, {keep, true}]),
+    timer:sleep(50),
+    "" = os:cmd("kill -STOP " ++ OsPid),
+    try
+        Call([{timeout, 200}]),
+        Call([{timeout, 200}, {keep, true}]),
+        Got = [receive {stopped, _, R} -> R after 15000 -> still_waiting end
+               || _ <- lists:seq(1, 4)],
+        ?assertEqual([{error, timeout}], lists:usort(Got))
+    after
+        os:cmd("kill -CONT " ++ OsPid)
+    end,
+    ok = wait_cluster([N1]),
+    timer:sleep(2000),
+    erlcuda_test_util:no_message(),
+    records_gone().
+
+%% The agent, which watches the proxies of this node's launches, is killed again and again
+%% while launches run on another node: every job is answered once, and no record stays
+%% (a proxy that told a dead agent it runs tells the next one).
+agent_restarts(#{peers := [{_, N1} | _]}) ->
+    Self = self(),
+    Callers = [spawn_link(fun() -> Self ! {caller, self(), async_loop(N1, 150)} end)
+               || _ <- lists:seq(1, 4)],
+    _ = [begin timer:sleep(150), exit(whereis(erlcuda_cluster), kill) end
+         || _ <- lists:seq(1, 3)],
+    Results = lists:append([receive {caller, C, R} -> R after 60000 -> [lost] end
+                            || C <- Callers]),
+    ?assertEqual(#{{ok, 1.0} => 600}, count(Results)),
+    ok = wait_cluster([N1]),
+    records_gone().
+
+%% 150 launches, at most 10 in flight, each answered: their replies.
+async_loop(Node, Jobs) ->
+    async_loop(Node, Jobs, [], []).
+
+async_loop(_, 0, [], Acc) ->
+    Acc;
+async_loop(Node, Left, InFlight, Acc) when Left > 0, length(InFlight) < 10 ->
+    case erlcuda:launch(reduce, [[1.0]], [{node, Node}]) of
+        {ok, Id} -> async_loop(Node, Left - 1, [Id | InFlight], Acc);
+        {error, _} = E -> async_loop(Node, Left - 1, InFlight, [E | Acc])
+    end;
+async_loop(Node, Left, InFlight, Acc) ->
+    receive
+        {erlcuda, Id, R} when is_integer(Id) ->
+            async_loop(Node, Left, lists:delete(Id, InFlight), [R | Acc])
+    after 20000 ->
+        Acc ++ [lost || _ <- InFlight]
+    end.
+
+%% Proxies of launches that keep buffers, killed there while their jobs wait on a stalled
+%% device: each job is answered once (an error), and the buffers they were to keep go.
+killed_proxies(#{peers := [{P1, N1} | _]}) ->
+    Base = peer:call(P1, erlcuda_buffers, count, []),
+    stall(N1, 0, 1000),
+    timer:sleep(100),
+    Ids = [begin {ok, Id} = erlcuda:launch(copy, [[1.0]], [{node, N1}, {device, 0},
+                                                          {keep, true}]), Id end
+           || _ <- lists:seq(1, 10)],
+    ok = erlcuda_test_util:wait_until(fun() -> proxies(P1) =:= 10 end, 50),
+    _ = [peer:call(P1, erlang, exit, [P, kill])
+         || P <- peer:call(P1, erlang, processes, []),
+            peer:call(P1, erlang, process_info, [P, initial_call])
+                =:= {initial_call, {erlcuda_remote, proxy, 7}}],
+    Replies = [receive_reply(Id) || Id <- Ids],
+    ?assertEqual([], [R || R <- Replies, element(1, R) =/= error]),
+    ok = erlcuda_test_util:wait_until(
+           fun() -> peer:call(P1, erlcuda_buffers, count, []) =:= Base end, 50),
+    records_gone().
+
+%% With {trace, true} a remote job's error keeps the traced shape, whoever answers it: the
+%% other node's check, or this node for a node gone.
+traced_errors(#{peers := [{_, N1} | _]}) ->
+    ?assertMatch({error, {bad_args, _}, #{}},
+                 erlcuda:launch_sync(vector_add, [[1.0], [1.0, 2.0]], [{node, N1},
+                                                                     {trace, true}])),
+    {ok, Id} = erlcuda:launch(vector_add, [[1.0], [1.0, 2.0]], [{node, N1}, {trace, true}]),
+    ?assertMatch({error, {bad_args, _}, #{}},
+                 receive {erlcuda, Id, R, Stamps} -> {element(1, R), element(2, R), Stamps}
+                 after 10000 -> no_reply
+                 end),
+    records_gone().
 
 restart_here(Peers) ->
     ok = application:stop(erlcuda),

@@ -409,21 +409,24 @@ holds_hostile_results_records_test_() ->
     end}).
 
 %% Records that do not fit the job they name: a wrong tag, a scalar of 4 bytes, a vector
-%% answering a reduce, a vector of 3 elements answering a vector_add of 4. Each such job is
+%% answering a reduce, a vector of 3 elements answering a vector_add of 4, a buffer the job
+%% was not to keep answering a copy that keeps (another caller's). Each such job is
 %% answered `{error, {internal, _}}' once (before, a reduce was answered with a list and a
 %% vector_add with three elements), and the worker that confused them is restarted.
 records_that_do_not_fit_their_job_test_() ->
     with_app([{python, fake_worker()}, {start_timeout, 10000}], {timeout, 60, fun() ->
         Owner = whereis(erlcuda_worker),
-        Jobs = [{reduce, [[3.0]]}, {reduce, [[9.0]]}, {reduce, [[12.0]]},
-                {vector_add, [[13.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]}],
+        Jobs = [{reduce, [[3.0]], []}, {reduce, [[9.0]], []}, {reduce, [[12.0]], []},
+                {vector_add, [[13.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], []},
+                {copy, [[14.0]], [{keep, true}]}],
         lists:foreach(
-          fun({Kernel, Args}) ->
+          fun({Kernel, Args, Opts}) ->
                   #{worker_os_pid := Os} = erlcuda:info(),
                   ?assertMatch({error, {internal, _}},
-                               erlcuda:launch_sync(Kernel, Args, [{timeout, 5000}])),
+                               erlcuda:launch_sync(Kernel, Args, [{timeout, 5000} | Opts])),
                   erlcuda_test_util:wait_restarted(Os, 100)
           end, Jobs),
+        ?assertEqual(0, erlcuda_buffers:count()),
         {ok, Id} = erlcuda:launch(reduce, [[12.0]]),
         ?assertMatch({error, {internal, _}},
                      receive {erlcuda, Id, R} -> R after 5000 -> no_reply end),
@@ -563,6 +566,7 @@ fake_bomb_mib() -> 256.
 %%   8 an error payload that is not ETF                      9 a scalar of 4 bytes
 %%  10 an error payload of compressed ETF inflating to 256 MiB      11 a scalar +inf
 %%  12 an f32 vector of 4 elements                                 13 one of 3 elements
+%%  14 a buffer of id 2^62
 fake_worker() ->
     _ = application:load(erlcuda),
     {ok, Vsn} = application:get_key(erlcuda, vsn),
@@ -624,6 +628,7 @@ fake_worker() ->
 "    elif s == 11: results(rec(j, S, f64(float('inf'))))\n"
 "    elif s == 12: results(rec(j, ord('v'), bytes(16)))\n"
 "    elif s == 13: results(rec(j, ord('v'), bytes(12)))\n"
+"    elif s == 14: results(rec(j, ord('h'), struct.pack('>QBQ', 1 << 62, 0, 1)))\n"
 "while True:\n"
 "    (n,) = struct.unpack('>I', read(4))\n"
 "    messages, _ = protocol.decode_all(read(n))\n"
