@@ -568,33 +568,10 @@ fake_bomb_mib() -> 256.
 %%  12 an f32 vector of 4 elements                                 13 one of 3 elements
 %%  14 a buffer of id 2^62
 fake_worker() ->
-    _ = application:load(erlcuda),
-    {ok, Vsn} = application:get_key(erlcuda, vsn),
-    Hello = #{backend => cpu, devices => 2, status => ok, version => list_to_binary(Vsn),
-              protocol => erlcuda_contract:protocol(),
-              device_info => [#{jobs => 0, launches => 0, max_batch => 0, errors => 0,
-                                queue => 0} || _ <- [1, 2]]},
-    <<131, Body/binary>> = term_to_binary(Hello),
-    Script = filename:join(tmp_dir(), "fake_worker"),
-    ok = file:write_file(Script, [
-"#!", erlcuda_paths:python(default), "\n"
-"import os, struct, sys, zlib\n"
-"from erlcuda import protocol, etf\n"
-"HELLO = bytes.fromhex('", binary:encode_hex(Body), "')\n"
-"NEVER = b'", ?NEVER_ATOM, "'\n"
-"BOMB_MIB = ", integer_to_list(fake_bomb_mib()), "\n"
-"def read(n):\n"
-"    b = bytearray()\n"
-"    while len(b) < n:\n"
-"        c = os.read(3, n - len(b))\n"
-"        if not c:\n"
-"            os._exit(0)\n"
-"        b += c\n"
-"    return bytes(b)\n"
-"def send(body):\n"
-"    data = memoryview(struct.pack('>I', len(body)) + body)\n"
-"    while data:\n"
-"        data = data[os.write(4, data):]\n"
+    erlcuda_test_util:fake_worker(
+      "fake_worker", 2,
+      ["NEVER = b'", ?NEVER_ATOM, "'\n"
+       "BOMB_MIB = ", integer_to_list(fake_bomb_mib()), "\n"], [
 "def results(*records):\n"
 "    send(b'R' + struct.pack('>I', len(records)) + b''.join(records))\n"
 "def rec(job, tag, payload, n=None):\n"
@@ -629,14 +606,5 @@ fake_worker() ->
 "    elif s == 12: results(rec(j, ord('v'), bytes(16)))\n"
 "    elif s == 13: results(rec(j, ord('v'), bytes(12)))\n"
 "    elif s == 14: results(rec(j, ord('h'), struct.pack('>QBQ', 1 << 62, 0, 1)))\n"
-"while True:\n"
-"    (n,) = struct.unpack('>I', read(4))\n"
-"    messages, _ = protocol.decode_all(read(n))\n"
-"    for m in messages:\n"
-"        if isinstance(m, protocol.Call):\n"
-"            send(b'\\x83h\\x03w\\x01r' + etf.encode_bytes(m.call_id)[1:] + HELLO)\n"
-"        else:\n"
-"            s = int(m.args[0][0]) if m.args and len(m.args[0]) else 0\n"
-"            answer(m.job_id, s)\n"]),
-    ok = file:change_mode(Script, 8#755),
-    Script.
+"def launch(m):\n"
+"    answer(m.job_id, int(m.args[0][0]) if m.args and len(m.args[0]) else 0)\n"]).

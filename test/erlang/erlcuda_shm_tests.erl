@@ -501,55 +501,24 @@ trace_messages(Acc) ->
 %%   5 nothing, the record saying 2^40 bytes in parts of 2^24
 %%   6 a regular file of 8 bytes, the record saying 2^40 bytes in one part
 fake_worker() ->
-    _ = application:load(erlcuda),
-    {ok, Vsn} = application:get_key(erlcuda, vsn),
-    Hello = #{backend => cpu, devices => 1, status => ok, version => list_to_binary(Vsn),
-              protocol => erlcuda_contract:protocol(),
-              device_info => [#{jobs => 0, launches => 0, max_batch => 0, errors => 0,
-                                queue => 0}]},
-    <<131, Body/binary>> = term_to_binary(Hello),
-    Script = filename:join(string:trim(os:cmd("mktemp -d")), "fake_shm_worker"),
-    ok = file:write_file(Script, [
-"#!", erlcuda_paths:python(default), "\n"
-"import os, struct, sys\n"
-"from erlcuda import protocol, etf\n"
-"HELLO = bytes.fromhex('", binary:encode_hex(Body), "')\n"
-"DIR = sys.argv[sys.argv.index('--shm-dir') + 1]\n"
-"TARGET = os.path.join(os.path.dirname(DIR), 'target')\n"
-"MIB = 1 << 20\n"
-"def read(n):\n"
-"    b = bytearray()\n"
-"    while len(b) < n:\n"
-"        c = os.read(3, n - len(b))\n"
-"        if not c:\n"
-"            os._exit(0)\n"
-"        b += c\n"
-"    return bytes(b)\n"
-"def send(body):\n"
-"    data = memoryview(struct.pack('>I', len(body)) + body)\n"
-"    while data:\n"
-"        data = data[os.write(4, data):]\n"
+    erlcuda_test_util:fake_worker(
+      "fake_shm_worker", 1,
+      ["DIR = sys.argv[sys.argv.index('--shm-dir') + 1]\n"
+       "TARGET = os.path.join(os.path.dirname(DIR), 'target')\n"
+       "MIB = 1 << 20\n"], [
 "def file_record(j, nbytes, part):\n"
 "    payload = struct.pack('>QQ', nbytes, part)\n"
 "    send(b'R' + struct.pack('>IQBI', 1, j, ord('f'), len(payload)) + payload)\n"
-"def write(path, data):\n"
+"def put(path, data):\n"
 "    with open(path, 'wb') as f:\n"
 "        f.write(data)\n"
 "def answer(j, s):\n"
 "    path = os.path.join(DIR, 'r%d.0' % j)\n"
-"    if s == 1: write(path, struct.pack('<2f', 1.0, 2.0)); file_record(j, 8, MIB)\n"
+"    if s == 1: put(path, struct.pack('<2f', 1.0, 2.0)); file_record(j, 8, MIB)\n"
 "    elif s == 2: os.symlink(TARGET, path); file_record(j, 8, MIB)\n"
 "    elif s == 3: os.mkfifo(path); file_record(j, 8, MIB)\n"
 "    elif s == 4: os.mkdir(path); file_record(j, 8, MIB)\n"
 "    elif s == 5: file_record(j, 1 << 40, 1 << 24)\n"
-"    elif s == 6: write(path, bytes(8)); file_record(j, 1 << 40, 1 << 40)\n"
-"while True:\n"
-"    (n,) = struct.unpack('>I', read(4))\n"
-"    messages, _ = protocol.decode_all(read(n))\n"
-"    for m in messages:\n"
-"        if isinstance(m, protocol.Call):\n"
-"            send(b'\\x83h\\x03w\\x01r' + etf.encode_bytes(m.call_id)[1:] + HELLO)\n"
-"        else:\n"
-"            answer(m.job_id, int(m.args[0][0]))\n"]),
-    ok = file:change_mode(Script, 8#755),
-    Script.
+"    elif s == 6: put(path, bytes(8)); file_record(j, 1 << 40, 1 << 40)\n"
+"def launch(m):\n"
+"    answer(m.job_id, int(m.args[0][0]))\n"]).

@@ -2,7 +2,7 @@
 -module(erlcuda_test_util).
 
 -export([wait_restarted/2, stall/2, with_app/3, reset/2, in_flight/0, wait_until/2,
-         no_message/0]).
+         no_message/0, fake_worker/4]).
 
 %% Jobs in flight over every device, as info/0 counts them.
 in_flight() ->
@@ -56,3 +56,48 @@ stall(Device, Ms) ->
     Self = self(),
     spawn(fun() -> Self ! {stalled, erlcuda_worker:call(stall, [Device, Ms], Ms + 5000)} end),
     timer:sleep(50).
+
+%% A stand-in worker (a Python script, to be given as the `python' env) of `Devices'
+%% devices: it answers every control call with a valid hello, and every launch `m' (a
+%% protocol.Launch) by calling `launch(m)', which `Python' defines (with any helpers it
+%% needs: `send(body)' writes one frame, `write(data)' raw bytes, `read(n)' reads n).
+fake_worker(Name, Devices, Consts, Python) ->
+    _ = application:load(erlcuda),
+    {ok, Vsn} = application:get_key(erlcuda, vsn),
+    Hello = #{backend => cpu, devices => Devices, status => ok,
+              version => list_to_binary(Vsn), protocol => erlcuda_contract:protocol(),
+              device_info => [#{jobs => 0, launches => 0, max_batch => 0, errors => 0,
+                                queue => 0} || _ <- lists:seq(1, Devices)]},
+    <<131, Body/binary>> = term_to_binary(Hello),
+    Script = filename:join(string:trim(os:cmd("mktemp -d")), Name),
+    ok = file:write_file(Script, [
+"#!", erlcuda_paths:python(default), "\n"
+"import os, struct, sys, time, zlib\n"
+"from erlcuda import protocol, etf\n"
+"HELLO = bytes.fromhex('", binary:encode_hex(Body), "')\n",
+Consts,
+"def read(n):\n"
+"    b = bytearray()\n"
+"    while len(b) < n:\n"
+"        c = os.read(3, n - len(b))\n"
+"        if not c:\n"
+"            os._exit(0)\n"
+"        b += c\n"
+"    return bytes(b)\n"
+"def write(data):\n"
+"    data = memoryview(data)\n"
+"    while data:\n"
+"        data = data[os.write(4, data):]\n"
+"def send(body):\n"
+"    write(struct.pack('>I', len(body)) + body)\n",
+Python,
+"while True:\n"
+"    (n,) = struct.unpack('>I', read(4))\n"
+"    for m in protocol.decode_all(read(n))[0]:\n"
+"        if isinstance(m, protocol.Call):\n"
+"            if m.call_id:\n"
+"                send(b'\\x83h\\x03w\\x01r' + etf.encode_bytes(m.call_id)[1:] + HELLO)\n"
+"        else:\n"
+"            launch(m)\n"]),
+    ok = file:change_mode(Script, 8#755),
+    Script.

@@ -116,43 +116,13 @@ frame_after_a_log_frame_test_() ->
 %% The stand-in worker: control calls answered with a hello, reduce([S]) with S, after a
 %% log line, cut 10 bytes into the results frame.
 cut_worker() ->
-    _ = application:load(erlcuda),
-    {ok, Vsn} = application:get_key(erlcuda, vsn),
-    Hello = #{backend => cpu, devices => 1, status => ok, version => list_to_binary(Vsn),
-              protocol => erlcuda_contract:protocol(),
-              device_info => [#{jobs => 0, launches => 0, max_batch => 0, errors => 0,
-                                queue => 0}]},
-    <<131, Body/binary>> = term_to_binary(Hello),
     Log = term_to_binary({'L', info, <<"hello">>}),
-    script("cut_worker", [
-"#!", erlcuda_paths:python(default), "\n"
-"import os, struct, time\n"
-"from erlcuda import protocol, etf\n"
-"HELLO = bytes.fromhex('", binary:encode_hex(Body), "')\n"
-"LOG = bytes.fromhex('", binary:encode_hex(<<(byte_size(Log)):32, Log/binary>>), "')\n"
-"def read(n):\n"
-"    b = bytearray()\n"
-"    while len(b) < n:\n"
-"        c = os.read(3, n - len(b))\n"
-"        if not c:\n"
-"            os._exit(0)\n"
-"        b += c\n"
-"    return bytes(b)\n"
-"def frame(body):\n"
-"    return struct.pack('>I', len(body)) + body\n"
-"def write(data):\n"
-"    data = memoryview(data)\n"
-"    while data:\n"
-"        data = data[os.write(4, data):]\n"
-"while True:\n"
-"    (n,) = struct.unpack('>I', read(4))\n"
-"    for m in protocol.decode_all(read(n))[0]:\n"
-"        if isinstance(m, protocol.Call):\n"
-"            if m.call_id:\n"
-"                write(frame(b'\\x83h\\x03w\\x01r' + etf.encode_bytes(m.call_id)[1:] + HELLO))\n"
-"        else:\n"
-"            r = frame(b'R' + struct.pack('>IQBI', 1, m.job_id, ord('s'), 8)\n"
-"                      + struct.pack('<d', float(m.args[0][0])))\n"
-"            write(LOG + r[:10])\n"
-"            time.sleep(0.02)\n"
-"            write(r[10:])\n"]).
+    erlcuda_test_util:fake_worker(
+      "cut_worker", 1,
+      ["LOG = bytes.fromhex('", binary:encode_hex(<<(byte_size(Log)):32, Log/binary>>), "')\n"], [
+"def launch(m):\n"
+"    body = b'R' + struct.pack('>IQBI', 1, m.job_id, ord('s'), 8)\n"
+"    r = struct.pack('>I', len(body) + 8) + body + struct.pack('<d', float(m.args[0][0]))\n"
+"    write(LOG + r[:10])\n"
+"    time.sleep(0.02)\n"
+"    write(r[10:])\n"]).
