@@ -297,20 +297,13 @@ sync_options(Opts) ->
         T -> {error, {bad_option, {timeout, T}}}
     end.
 
-free_found(Term) when is_tuple(Term) ->
-    case erlcuda_buffers:is_buffer(Term) of
-        true ->
-            _ = case remote_node(Term) of
-                    local -> erlcuda_buffers:free(Term);
-                    {remote, Node} -> free(Node, Term)
-                end,
-            ok;
-        false -> free_found(tuple_to_list(Term))
-    end;
-free_found(List) when is_list(List) ->
-    lists:foreach(fun free_found/1, List);
-free_found(_) ->
-    ok.
+free_found(Term) ->
+    lists:foreach(fun(B) ->
+                          _ = case remote_node(B) of
+                                  local -> erlcuda_buffers:free(B);
+                                  {remote, Node} -> free(Node, B)
+                              end
+                  end, found_buffers(Term)).
 
 %% The proxy, on the executing node.
 
