@@ -15,8 +15,11 @@
 %%   proxy to take its job back (`{erlcuda_cancel, Alias}'): a job still registered is
 %%   dropped there, with the buffers it was to keep; one answered meanwhile has the
 %%   buffers in its reply freed there. A node that has not even answered the spawn by
-%%   then has the request abandoned. The buffers a job keeps are its proxy's until it
-%%   hands them to the caller with the reply.
+%%   then has the request abandoned, and its agent told (erlcuda_proxies): a proxy that
+%%   starts there later runs nothing. The buffers a job keeps are its proxy's until it
+%%   hands them to the caller with the reply; a proxy whose caller gave up, or whose
+%%   connection to the caller dropped since it started (the caller's side answered
+%%   node_down then), frees them instead.
 %% - launch: the caller records `{{Node, JobId}, Alias, Proxy}' (erlcuda_records) before
 %%   the proxy is spawned, and goes on. The proxy tells this node's agent (erlcuda_cluster) that it
 %%   runs; the agent monitors it, and the record goes with the proxy's 'DOWN': for a normal
@@ -224,9 +227,11 @@ late_spawn(#{req := Req, alias := Alias} = W, Until) ->
         abandon(W)
     end.
 
-abandon(#{req := Req, alias := Alias} = W) ->
+abandon(#{req := Req, alias := Alias, node := Node} = W) ->
     case erlang:spawn_request_abandon(Req) of
         true ->
+            %% The proxy may still start there, when that node runs again.
+            ok = erlcuda_cluster:abandon(Node, Alias),
             unalias(Alias),
             {error, timeout};
         false ->
@@ -310,10 +315,25 @@ free_found(Term) ->
 %% @doc The proxy of a caller of another node: the same validate and submit as a local
 %% caller's, then the job's one reply, or its refusal, forwarded to the caller's alias
 %% under `Tag' (the job id of a launch, the alias of a launch_sync). A launch's proxy tells
-%% the caller's agent first, which watches it, and ends only once the agent said so.
+%% the caller's agent first, which watches it, and ends only once the agent said so. A
+%% launch_sync's proxy is found by its alias (erlcuda_proxies): its caller may give up
+%% before it starts.
 -spec proxy(reference(), erlcuda:job_id() | reference(), pid(), boolean(), term(), term(),
             term()) -> ok.
 proxy(Alias, Tag, Caller, Sync, Kernel, Args, Opts) ->
+    %% A connection that drops, even for a moment, ends the job for the caller (its side
+    %% answers node_down): from then on nothing is given to it.
+    true = erlang:monitor_node(node(Caller), true),
+    case not Sync orelse erlcuda_proxies:enter(Alias) of
+        true ->
+            serve(Alias, Tag, Caller, Sync, Kernel, Args, Opts),
+            Sync andalso erlcuda_proxies:leave(Alias),
+            ok;
+        false ->
+            ok
+    end.
+
+serve(Alias, Tag, Caller, Sync, Kernel, Args, Opts) ->
     Agent = {erlcuda_cluster, node(Caller)},
     Watch = case Sync of
                 true -> none;
@@ -323,13 +343,34 @@ proxy(Alias, Tag, Caller, Sync, Kernel, Args, Opts) ->
             catch Class:Why -> {error, {internal, iolist_to_binary(
                                                     io_lib:format("~0P", [{Class, Why}, 20]))}}
             end,
-    _ = case Reply of
-            cancelled -> ok;
-            {traced, R, Stamps} -> Alias ! {erlcuda, Tag, R, Stamps};
-            {error, _} = E -> Alias ! erlcuda_records:error_message(Tag, E, traced(Opts));
-            R -> Alias ! {erlcuda, Tag, R}
-        end,
+    deliver(Reply, Alias, Tag, Caller, traced(Opts)),
     watched(Watch, Agent, Tag, ?ANNOUNCES).
+
+%% The reply goes to a caller that still waits for it, with the buffers it names given to
+%% the caller first; one whose connection dropped or who gave up meanwhile gets nothing,
+%% and the buffers are freed here.
+deliver(cancelled, _, _, _, _) ->
+    ok;
+deliver(Reply, Alias, Tag, Caller, Traced) ->
+    case still_wanted(node(Caller)) of
+        true ->
+            _ = [erlcuda_buffers:give(B, Caller) || B <- found_buffers(Reply)],
+            Alias ! message(Reply, Tag, Traced),
+            ok;
+        false ->
+            free_here(Reply)
+    end.
+
+still_wanted(Node) ->
+    receive
+        {nodedown, Node} -> false;
+        {erlcuda_cancel, _} -> false
+    after 0 -> true
+    end.
+
+message({traced, R, Stamps}, Tag, _) -> {erlcuda, Tag, R, Stamps};
+message({error, _} = E, Tag, Traced) -> erlcuda_records:error_message(Tag, E, Traced);
+message(R, Tag, _) -> {erlcuda, Tag, R}.
 
 %% The caller's agent is told this proxy runs, and watched meanwhile: an agent that
 %% restarts before it answers is told again.
@@ -378,30 +419,31 @@ job_deadline(#{timeout := T} = Job, true) when is_integer(T) ->
 job_deadline(Job, _) ->
     Job.
 
-%% The job's reply, made final for a launch (a launch_sync's caller makes its own floats),
-%% its buffers given to the caller. The port owner is watched: a job it can no longer
-%% answer is `worker_down'.
+%% The job's reply, made final for a launch (a launch_sync's caller makes its own floats).
+%% The port owner is watched: a job it can no longer answer is `worker_down'. A caller
+%% that stopped waiting, or whose connection dropped, has the job taken back.
 wait(Id, Mine, Caller, Sync) ->
     Owner = monitor(process, erlcuda_worker),
+    Node = node(Caller),
     receive
         {erlcuda, Mine, Result} ->
-            demonitor(Owner, [flush]), hand_over(final(Result, Sync), Caller);
+            demonitor(Owner, [flush]), final(Result, Sync);
         {erlcuda, Mine, R, Stamps} ->
-            demonitor(Owner, [flush]), {traced, hand_over(R, Caller), Stamps};
+            demonitor(Owner, [flush]), {traced, R, Stamps};
         {erlcuda_cancel, _} ->
             demonitor(Owner, [flush]), cancel(Id, Mine);
+        {nodedown, Node} ->
+            demonitor(Owner, [flush]), cancel(Id, Mine);
         {'DOWN', Owner, process, _, Why} ->
-            receive {erlcuda, Mine, Result} -> hand_over(final(Result, Sync), Caller)
+            receive
+                {erlcuda, Mine, Result} -> final(Result, Sync);
+                {erlcuda, Mine, R, Stamps} -> {traced, R, Stamps}
             after 0 -> {error, {worker_down, Why}}
             end
     end.
 
 final(Result, true) -> Result;
 final(Result, false) -> sync_result(Result).
-
-hand_over(Result, Caller) ->
-    _ = [erlcuda_buffers:give(B, Caller) || B <- found_buffers(Result)],
-    Result.
 
 %% The caller stopped waiting: a job still registered is dropped (its buffers freed after
 %% it); one answered meanwhile has its reply here, whose buffers go.

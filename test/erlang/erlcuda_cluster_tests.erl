@@ -39,6 +39,8 @@ cluster_test_() ->
                                     fun agent_restarts/1},
                                    {"killed proxies take their buffers with them",
                                     fun killed_proxies/1},
+                                   {"keep jobs whose connection dropped keep nothing there",
+                                    fun cut_keep_jobs/1},
                                    {"traced remote jobs answer with stamps",
                                     fun traced_errors/1},
                                    {"a partition and a reconnect", fun partition/1},
@@ -572,30 +574,37 @@ is_worker_down(_) -> false.
 %% started and after, with {keep, true} too (that one waits for its proxy a few seconds).
 stopped_node(#{peers := [{P1, N1} | _]}) ->
     OsPid = peer:call(P1, os, getpid, []),
+    Base = peer:call(P1, erlcuda_buffers, count, []),
     Self = self(),
-    Call = fun(Opts) -> spawn(fun() ->
-                                       Self ! {stopped, Opts,
-                                               erlcuda:launch_sync(copy, [[1.0]],
-                                                                   [{node, N1} | Opts])}
-                               end)
+    %% Each caller lives on after its answer: a buffer handed to it would stay its own.
+    Call = fun(Opts) -> spawn_link(fun() ->
+                                           Self ! {stopped, Opts,
+                                                   erlcuda:launch_sync(copy, [[1.0]],
+                                                                       [{node, N1} | Opts])},
+                                           receive done -> ok end
+                                   end)
            end,
     stall(N1, 0, 1500),
     timer:sleep(100),
-    Call([{timeout, 300}]),
-    Call([{timeout, 300}, {keep, true}]),
+    Early = [Call([{timeout, 300}]), Call([{timeout, 300}, {keep, true}])],
     timer:sleep(50),
     "" = os:cmd("kill -STOP " ++ OsPid),
-    try
-        Call([{timeout, 200}]),
-        Call([{timeout, 200}, {keep, true}]),
-        Got = [receive {stopped, _, R} -> R after 15000 -> still_waiting end
-               || _ <- lists:seq(1, 4)],
-        ?assertEqual([{error, timeout}], lists:usort(Got))
-    after
-        os:cmd("kill -CONT " ++ OsPid)
-    end,
+    Callers = try
+                  Late = [Call([{timeout, 200}]), Call([{timeout, 200}, {keep, true}])],
+                  Got = [receive {stopped, _, R} -> R after 15000 -> still_waiting end
+                         || _ <- lists:seq(1, 4)],
+                  ?assertEqual([{error, timeout}], lists:usort(Got)),
+                  Early ++ Late
+              after
+                  os:cmd("kill -CONT " ++ OsPid)
+              end,
     ok = wait_cluster([N1]),
-    timer:sleep(2000),
+    %% The proxies of the calls that gave up, started or not when the node stopped, run
+    %% nothing for them: no buffer there is theirs.
+    ok = erlcuda_test_util:wait_until(fun() -> proxies(P1) =:= 0 end, 100),
+    timer:sleep(1000),
+    ?assertEqual(Base, peer:call(P1, erlcuda_buffers, count, [])),
+    [C ! done || C <- Callers],
     erlcuda_test_util:no_message(),
     records_gone().
 
@@ -651,6 +660,39 @@ killed_proxies(#{peers := [{P1, N1} | _]}) ->
     ?assertEqual([], [R || R <- Replies, element(1, R) =/= error]),
     ok = erlcuda_test_util:wait_until(
            fun() -> peer:call(P1, erlcuda_buffers, count, []) =:= Base end, 50),
+    records_gone().
+
+%% Keep jobs, launch and launch_sync, wait on a stalled device there when this node's
+%% connection to that node drops: each is answered node_down at once, and when the
+%% connection is back (the callers alive) their proxies have ended and freed what the
+%% jobs were to keep, none handed to a caller that was told node_down.
+cut_keep_jobs(#{peers := [{P1, N1} | _]}) ->
+    Base = peer:call(P1, erlcuda_buffers, count, []),
+    stall(N1, 0, 1500),
+    timer:sleep(100),
+    Keep = [{node, N1}, {device, 0}, {keep, true}],
+    Ids = [begin {ok, Id} = erlcuda:launch(copy, [[1.0]], Keep), Id end
+           || _ <- lists:seq(1, 6)],
+    Self = self(),
+    Syncs = [spawn_link(fun() ->
+                                Self ! {sync, self(), erlcuda:launch_sync(
+                                                        copy, [[2.0]],
+                                                        [{timeout, infinity} | Keep])},
+                                receive done -> ok end
+                        end) || _ <- lists:seq(1, 3)],
+    ok = erlcuda_test_util:wait_until(fun() -> proxies(P1) =:= 9 end, 50),
+    true = erlang:disconnect_node(N1),
+    Down = {error, {node_down, N1}},
+    ?assertEqual(lists:duplicate(6, Down), [receive_reply(Id) || Id <- Ids]),
+    ?assertEqual(lists:duplicate(3, Down),
+                 [receive {sync, S, R} -> R after 10000 -> no_reply end || S <- Syncs]),
+    true = net_kernel:connect_node(N1),
+    ok = wait_cluster([N1]),
+    ok = erlcuda_test_util:wait_until(fun() -> proxies(P1) =:= 0 end, 50),
+    timer:sleep(2000),  % the stall ends there
+    ?assertEqual(Base, peer:call(P1, erlcuda_buffers, count, [])),
+    [S ! done || S <- Syncs],
+    erlcuda_test_util:no_message(),
     records_gone().
 
 %% With {trace, true} a remote job's error keeps the traced shape, whoever answers it: the
