@@ -19,7 +19,9 @@ demo: setup compile
 	erl -noshell -pa _build/default/lib/erlcuda/ebin -pa _build/demo \
 	  -eval 'erlcuda_demo:main(), halt().'
 
-test: setup setup-elixir compile lint test-python test-erlang test-elixir test-release
+# Every stage runs, whichever fails; the failures are listed together at the end.
+test: setup setup-elixir compile
+	MAKE="$(MAKE)" test/stages lint test-python test-erlang test-elixir test-release
 
 # On the GPU machine (`. .gpu-kit/setup.sh` first): the gpu-marked pytest tests and the
 # eunit group that runs with backend = cuda; the CPU tests run too.
