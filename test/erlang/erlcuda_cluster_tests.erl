@@ -298,7 +298,8 @@ spread(#{peers := Peers}) ->
                                    || {M, Bf} <- lists:zip(Mid, Before)]),
         ?debugFmt("by node: jobs per device ~w", [NodeShares]),
         ?assertEqual(2000, lists:sum(NodeShares)),
-        [?assert(S > 100) || S <- NodeShares],
+        %% every device takes a part (a fair share is a sixth: about 330)
+        [?assert(S > 50) || S <- NodeShares],
         ByAny = callers(1000, 3, fun(_, _) -> [{node, any}] end),
         ?assertEqual(lists:duplicate(3000, right), ByAny),
         After = [jobs(P) || {P, _} <- Peers],
@@ -306,7 +307,7 @@ spread(#{peers := Peers}) ->
                                   || {Af, M} <- lists:zip(After, Mid)]),
         ?debugFmt("by any: jobs per device ~w", [AnyShares]),
         ?assertEqual(3000, lists:sum(AnyShares)),
-        [?assert(S > 150) || S <- AnyShares],
+        [?assert(S > 75) || S <- AnyShares],
         %% an excluded node is never chosen by `any'
         ?assertEqual(Local, local_jobs()),
         records_gone()
@@ -356,6 +357,8 @@ stale(#{peers := [_, {P2, N2} | _]}) ->
           end,
     try
         ok = application:set_env(erlcuda, cluster_prefer, [N2]),
+        Fresh = fun() -> maps:get(age_ms, maps:get(N2, erlcuda:info(cluster))) < 500 end,
+        ok = erlcuda_test_util:wait_until(Fresh, 50),
         Before = lists:sum(jobs(P2)),
         Any(),
         ?assertEqual(Before + 30, lists:sum(jobs(P2))),
@@ -364,8 +367,7 @@ stale(#{peers := [_, {P2, N2} | _]}) ->
         Any(),
         ?assertEqual(Before + 30, lists:sum(jobs(P2))),
         ok = peer:call(P2, sys, resume, [erlcuda_cluster]),
-        ok = erlcuda_test_util:wait_until(
-               fun() -> maps:get(age_ms, maps:get(N2, erlcuda:info(cluster))) < 500 end, 50),
+        ok = erlcuda_test_util:wait_until(Fresh, 50),
         Any(),
         ?assertEqual(Before + 60, lists:sum(jobs(P2)))
     after
@@ -389,7 +391,7 @@ rate(#{peers := [{_, N1} | _]}) ->
     ?debugFmt("~b jobs in 1 s; the node's rate: ~.1f jobs/s", [Jobs, Rate]),
     ?assert(Rate > Jobs / 4 andalso Rate < Jobs * 4),
     %% Idle a second, the rate is forgotten; busy on a stalled device, it is measured
-    %% slow (found by a hostile review: it read 0.0, "not measured", and drew callers).
+    %% slow, not 0.0 ("not measured"), which would draw callers to it.
     RateOf = fun() -> maps:get(rate, maps:get(N1, erlcuda:info(cluster))) end,
     ok = erlcuda_test_util:wait_until(fun() -> RateOf() == 0 end, 30),
     stall(N1, 0, 1500),
@@ -720,20 +722,25 @@ kill(#{peers := [{P1, N1}, {P2, N2}, {P3, N3}]}) ->
     try
         OsPid = peer:call(P3, os, getpid, []),
         {ok, B3} = erlcuda:upload([1.0], [{node, N3}]),
-        T0 = erlang:monotonic_time(millisecond),
-        Killer = spawn(fun() -> timer:sleep(300), _ = os:cmd("kill -9 " ++ OsPid) end),
+        Self = self(),
+        _ = spawn(fun() ->
+                          timer:sleep(300),
+                          _ = os:cmd("kill -9 " ++ OsPid),
+                          Self ! {killed, erlang:monotonic_time(millisecond)}
+                  end),
         Results = lists:append(parallel([fun() -> async_caller(C, 40) end
                                          || C <- lists:seq(1, 300)])),
-        Ms = erlang:monotonic_time(millisecond) - T0,
-        exit(Killer, kill),
+        End = erlang:monotonic_time(millisecond),
+        Killed = receive {killed, At} -> At after 30000 -> error(not_killed) end,
         Count = count(Results),
-        ?debugFmt("kill under load: ~p in ~b ms", [Count, Ms]),
+        ?debugFmt("kill under load: ~p, the load ending ~b ms after the kill",
+                  [Count, End - Killed]),
         ?assertEqual(12000, length(Results)),
         ?assertEqual([], maps:keys(maps:without([right, {node_down, N3}], Count))),
-        %% A load that ran well past the kill (at 300 ms) had jobs on the killed node: at
-        %% least one of them answers node_down. (A load ending near the kill may have had
-        %% none left there: that made this check fail now and then.)
-        ?assert(Ms < 600 orelse maps:get({node_down, N3}, Count, 0) > 0),
+        %% A load still running well after the kill had jobs in flight on the killed node
+        %% then: at least one of them answers node_down. One that ended about as the kill
+        %% came may have had none left there.
+        ?assert(End < Killed + 300 orelse maps:get({node_down, N3}, Count, 0) > 0),
         %% the rest of the cluster serves; the dead node is gone from it
         ok = erlcuda_test_util:wait_until(fun() -> not maps:is_key(N3, erlcuda:info(cluster))
                                           end, 50),

@@ -153,12 +153,12 @@ holds_worker_death_with_a_writer_backlog_test_() ->
         signal(Os, "STOP"),
         Callers = [spawn(fun() -> Self ! {result, self(), one_job(I, Mb)} end)
                    || I <- lists:seq(1, 100)],
-        timer:sleep(700),
-        Blocked = length([C || C <- Callers,
-                               {current_function, {erlcuda_writer, hand_over, 5}} =:=
-                                   process_info(C, current_function)]),
-        ?debugFmt("callers blocked on the writer's ack when the worker died: ~b", [Blocked]),
-        ?assert(Blocked > 0),
+        Blocked = fun() -> length([C || C <- Callers,
+                                        {current_function, {erlcuda_writer, hand_over, 5}} =:=
+                                            process_info(C, current_function)])
+                  end,
+        ok = wait_until(fun() -> Blocked() > 0 end, 150),
+        ?debugFmt("callers blocked on the writer's ack when the worker died: ~b", [Blocked()]),
         kill9(Os),
         Results = [receive {result, C, R} -> R after 15000 -> hung end || C <- Callers],
         ?assertEqual([], [R || R <- Results, not is_worker_down(R)]),
