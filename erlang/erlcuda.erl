@@ -45,6 +45,10 @@
          buffer_info/1, transfer/2, transfer/3]).
 -export([load/3, load/4, elementwise/4, elementwise/5, unload/1]).
 
+%% How long a timed-out launch_sync whose job was answered already waits for that reply,
+%% to free the buffers it keeps.
+-define(LATE_KEEP_MS, 5000).
+
 -export_type([kernel/0, vector/0, device/0, format/0, option/0, options/0, job_id/0,
               result/0, reason/0, cuda_code/0, stamps/0, buffer/0, element_type/0,
               param/0, load_option/0, buffer_info/0, cluster_info/0, traced/1]).
@@ -173,16 +177,13 @@ launch_sync1(Kernel, Args, Opts) ->
     case erlcuda_job:validate(Kernel, Args, Opts) of
         {ok, #{timeout := Timeout} = Job} ->
             Alias = alias([explicit_unalias]),
-            Deadline = case Timeout of
-                           infinity -> infinity;
-                           _ -> erlang:monotonic_time(millisecond) + Timeout
-                       end,
+            Deadline = erlcuda_await:deadline(Timeout),
             Keeps = case Job of
                         #{general := #{keep := N}} -> N > 0;
                         #{} -> false
                     end,
             case erlcuda_submit:submit(Job#{deadline => Deadline}, Alias) of
-                {ok, JobId} -> await(JobId, Alias, remaining(Deadline), Keeps);
+                {ok, JobId} -> await(JobId, Alias, Deadline, Keeps);
                 {error, _} = Error -> unalias(Alias), Error
             end;
         {error, {remote_buffer, B}} ->
@@ -191,37 +192,22 @@ launch_sync1(Kernel, Args, Opts) ->
             Error
     end.
 
-remaining(infinity) -> infinity;
-remaining(Deadline) -> max(Deadline - erlang:monotonic_time(millisecond), 0).
-
 %% The reply names the alias (erlcuda_jobs), never a job id: nothing else can match.
-await(JobId, Alias, Timeout, Keeps) ->
-    receive
-        {erlcuda, Alias, {f32, Bin}} -> unalias(Alias), erlcuda_protocol:f32_list(Bin);
-        {erlcuda, Alias, {deferred, Raw}} -> unalias(Alias), erlcuda_protocol:finish(Raw, list);
-        {erlcuda, Alias, Result} -> unalias(Alias), Result;
-        {erlcuda, Alias, {Tag, Value}, Stamps} -> unalias(Alias), {Tag, Value, Stamps}
-    after Timeout ->
-        %% Buffers the job was to keep must not outlive the wait: a job still registered
-        %% is taken back (its buffers freed after it); one already answered has its reply
-        %% on the way or here, and the buffers in it are freed.
-        Late = case Keeps andalso erlcuda_jobs:cancel(JobId) of
-                   false when Keeps -> 5000;
-                   _ -> 0
-               end,
-        receive
-            {erlcuda, Alias, R} -> _ = erlcuda_buffers:free_all(R);
-            {erlcuda, Alias, R, _} -> _ = erlcuda_buffers:free_all(R)
-        after Late -> ok
-        end,
-        unalias(Alias),
-        %% A reply that came in just before the alias was dropped.
-        receive
-            {erlcuda, Alias, _} -> ok;
-            {erlcuda, Alias, _, _} -> ok
-        after 0 -> ok
-        end,
-        {error, timeout}
+await(JobId, Alias, Deadline, Keeps) ->
+    case erlcuda_await:reply(Alias, Deadline, none) of
+        {ok, Result} ->
+            unalias(Alias),
+            Result;
+        _ ->
+            %% Buffers the job was to keep must not outlive the wait: a job still
+            %% registered is taken back (its buffers freed after it); one already answered
+            %% has its reply on the way or here, and the buffers in it are freed.
+            Late = case Keeps andalso erlcuda_jobs:cancel(JobId) of
+                       false when Keeps -> ?LATE_KEEP_MS;
+                       _ -> 0
+                   end,
+            erlcuda_await:drop(Alias, Late, fun erlcuda_buffers:free_all/1),
+            {error, timeout}
     end.
 
 %% @doc The backend, its devices with their counters and memory, the worker's OS pid and

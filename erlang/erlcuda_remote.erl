@@ -242,19 +242,21 @@ abandon(#{req := Req, alias := Alias, node := Node} = W) ->
             end
     end.
 
-%% launch_sync's wait, as for a local job (the reply names the alias).
+%% launch_sync's wait, as for a local job (the reply names the alias), with the proxy's
+%% 'DOWN' too.
 await(#{req := Req, alias := Alias, node := Node} = W, Deadline) ->
-    receive
-        {erlcuda, Alias, Result} -> gone(Req), sync_result(Result);
-        {erlcuda, Alias, {Tag, Value}, Stamps} -> gone(Req), {Tag, Value, Stamps};
-        {'DOWN', Req, process, _, Why} ->
+    case erlcuda_await:reply(Alias, Deadline, Req) of
+        {ok, Result} ->
+            gone(Req),
+            Result;
+        {down, Why} ->
             unalias(Alias),
             case {erlcuda_records:lost(Node, Why), W} of
                 {{error, R}, #{traced := true}} -> {error, R, #{}};
                 {Error, _} -> Error
-            end
-    after remaining(Deadline) ->
-        timed_out(W, deadline(?CALL_TIMEOUT))
+            end;
+        timeout ->
+            timed_out(W, deadline(?CALL_TIMEOUT))
     end.
 
 %% The proxy takes its job back, with what it was to keep, and ends at once. For a job that
@@ -266,28 +268,17 @@ timed_out(#{req := Req, alias := Alias, proxy := Proxy, keeps := Keeps}, Until) 
     _ = Keeps andalso receive {'DOWN', Req, process, _, _} -> true
                       after remaining(Until) -> false
                       end,
-    unalias(Alias),
     gone(Req),
-    receive
-        {erlcuda, Alias, R} -> free_found(R);
-        {erlcuda, Alias, R, _} -> free_found(R)
-    after 0 -> ok
-    end,
+    erlcuda_await:drop(Alias, 0, fun free_found/1),
     {error, timeout}.
 
 gone(Req) ->
     _ = demonitor(Req, [flush]),
     ok.
 
-sync_result({f32, Bin}) -> erlcuda_protocol:f32_list(Bin);
-sync_result({deferred, Raw}) -> erlcuda_protocol:finish(Raw, list);
-sync_result(Result) -> Result.
+deadline(Ms) -> erlcuda_await:deadline(Ms).
 
-deadline(infinity) -> infinity;
-deadline(Ms) -> erlang:monotonic_time(millisecond) + Ms.
-
-remaining(infinity) -> infinity;
-remaining(Deadline) -> max(Deadline - erlang:monotonic_time(millisecond), 0).
+remaining(Deadline) -> erlcuda_await:remaining(Deadline).
 
 %% What the caller needs of the options: launch_sync's timeout, and whether results stay
 %% on the device (their buffers are freed if the wait ends first). The rest is checked on
@@ -443,7 +434,7 @@ wait(Id, Mine, Caller, Sync) ->
     end.
 
 final(Result, true) -> Result;
-final(Result, false) -> sync_result(Result).
+final(Result, false) -> erlcuda_await:result(Result).
 
 %% The caller stopped waiting: a job still registered is dropped (its buffers freed after
 %% it); one answered meanwhile has its reply here, whose buffers go.
