@@ -28,9 +28,9 @@
 -export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, reader/0, read/2, decode/1,
          each_result/2, message/4, message/5, f32_list/1, finish/2,
          max_result_bytes/0, file_result/1, vector_reply/1, fits/2,
-         worker_command/2, hello_args/0, check_hello/1, load_atoms/0]).
+         hello_args/0, check_hello/1, load_atoms/0]).
 
--export_type([event/0, command/0, reply/0, launch_arg/0, flags/0, file_arg/0, file_result/0,
+-export_type([event/0, reply/0, launch_arg/0, flags/0, file_arg/0, file_result/0,
               ctx/0, shape/0, raw/0, expect/0, reader/0]).
 
 -include("erlcuda_contract.hrl").
@@ -40,8 +40,6 @@
                | {log, logger:level(), unicode:chardata()}
                | {unexpected, term()}
                | {undecodable, non_neg_integer()}.
--type command() :: #{python := file:filename(), args := [string()],
-                     env := [{string(), string()}]}.
 %% One job's record of a results frame: its tag and payload, still undecoded.
 -type reply() :: {wire, byte(), binary()}.
 %% A launch's argument: a vector's bytes, a dim, or a vector in the worker's shared-memory
@@ -438,31 +436,6 @@ log_level(Level) ->
     case lists:member(Level, ?LOG_LEVELS) of
         true -> Level;
         false -> info
-    end.
-
-%% @doc The interpreter, arguments and environment that start the worker.
--spec worker_command(erlcuda_config:config(), erlcuda_shm:folder() | none) -> command().
-worker_command(Config, Shm) ->
-    #{backend := Backend, cpu_devices := CpuDevices, batching := Batching,
-      max_batch := MaxBatch, spin_us := SpinUs, worker_args := Extra,
-      test_hooks := TestHooks, bench_hooks := BenchHooks, python := Python} = Config,
-    BufferLimit = maps:get(buffer_limit, Config, infinity),
-    Args = ["-m", "erlcuda", "serve", "--backend", atom_to_list(Backend),
-            "--cpu-devices", integer_to_list(CpuDevices),
-            "--max-batch", integer_to_list(case Batching of true -> MaxBatch; false -> 1 end),
-            "--spin-us", case SpinUs of auto -> "-1"; Us -> integer_to_list(Us) end]
-        ++ ["--test-hooks" || TestHooks] ++ ["--bench-hooks" || BenchHooks]
-        ++ case BufferLimit of infinity -> []; _ -> ["--buffer-limit", integer_to_list(BufferLimit)] end
-        ++ case Shm of #{dir := Dir} -> ["--shm-dir", Dir]; none -> [] end ++ Extra,
-    #{python => erlcuda_paths:python(Python),
-      args => Args,
-      env => [{"PYTHONPATH", python_path(erlcuda_paths:python_dir())},
-              {"PYTHONUNBUFFERED", "1"}]}.
-
-python_path(Ours) ->
-    case os:getenv("PYTHONPATH") of
-        Path when is_list(Path), Path =/= "" -> Ours ++ ":" ++ Path;
-        _ -> Ours
     end.
 
 %% @doc The hello's arguments: this side's version and protocol, which the worker checks.

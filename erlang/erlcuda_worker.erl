@@ -346,7 +346,7 @@ start_worker(#data{config = Previous} = D0) ->
     D = D0#data{started = now_ms(), config = Config, shm = shm_folder(Config), epoch = Epoch,
                 reader = erlcuda_protocol:reader()},
     #{python := Python, args := Args, env := Env} =
-        erlcuda_protocol:worker_command(Config, D#data.shm),
+        erlcuda_worker_start:worker_command(Config, D#data.shm),
     try open_port({spawn_executable, Python},
                   [{args, Args}, {env, Env}, stream, binary, exit_status, nouse_stdio,
                    hide]) of
