@@ -1,7 +1,7 @@
 %% @private
 %% The worker's wire format, and only this module knows it: how a launch and a control call
-%% are framed, what the worker's frames mean, the command line that starts it, the atoms it
-%% may send and the hello that checks both sides speak the same version.
+%% are framed, what the worker's frames mean, and the atoms it may send. The command line
+%% that starts the worker and the check of its hello are erlcuda_worker_start's.
 %%
 %% Frames are a 4-byte big-endian length and that many bytes, on fds 3 and 4. The port is a
 %% byte stream that `read/2' cuts: a frame takes the memory of the bytes that came, where
@@ -28,7 +28,7 @@
 -export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, reader/0, read/2, decode/1,
          each_result/2, message/4, message/5, f32_list/1, finish/2,
          max_result_bytes/0, file_result/1, vector_reply/1, fits/2,
-         hello_args/0, check_hello/1, load_atoms/0]).
+         load_atoms/0]).
 
 -export_type([event/0, reply/0, launch_arg/0, flags/0, file_arg/0, file_result/0,
               ctx/0, shape/0, raw/0, expect/0, reader/0]).
@@ -438,46 +438,8 @@ log_level(Level) ->
         false -> info
     end.
 
-%% @doc The hello's arguments: this side's version and protocol, which the worker checks.
--spec hello_args() -> [binary() | pos_integer()].
-hello_args() ->
-    [version(), erlcuda_contract:protocol()].
-
-%% @doc Whether the worker's hello answer lets it take jobs: `ok', or why not.
--spec check_hello(term()) -> ok | {unavailable, binary()} | {failed, term()}.
-check_hello(#{backend := _, devices := Devices} = Info)
-  when is_integer(Devices), Devices >= 0 ->
-    case Devices =< erlcuda_status:max_devices() of
-        true -> check_versions(Info);
-        false -> {failed, {devices, Devices}}
-    end;
-check_hello(Other) ->
-    {failed, Other}.
-
-check_versions(Info) ->
-    Ours = {version(), erlcuda_contract:protocol()},
-    Theirs = {maps:get(version, Info, <<"unknown">>), maps:get(protocol, Info, undefined)},
-    case {Theirs, maps:get(status, Info, ok)} of
-        {Ours, ok} -> ok;
-        {Ours, {_, Why}} when is_binary(Why) -> {unavailable, Why};
-        {{TheirVersion, TheirProtocol}, _} ->
-            {unavailable, iolist_to_binary(
-                            io_lib:format("version mismatch: the Erlang side is erlcuda ~ts "
-                                          "(protocol ~p), the worker is erlcuda ~ts (protocol "
-                                          "~p); install the worker from the same release",
-                                          [element(1, Ours), element(2, Ours),
-                                           printable(TheirVersion), TheirProtocol]))}
-    end.
-
-printable(V) when is_binary(V) -> V;
-printable(V) -> io_lib:format("~0p", [V]).
-
 %% @doc Make every atom the worker may send exist, so `[safe]' decoding accepts them.
 -spec load_atoms() -> ok.
 load_atoms() ->
     _ = erlcuda_contract:worker_atoms(),
     ok.
-
-version() ->
-    {ok, Vsn} = application:get_key(erlcuda, vsn),
-    list_to_binary(Vsn).

@@ -263,7 +263,7 @@ complete(Id, Reply, Shm) ->
     end.
 
 hello({ok, Info}, #data{os_pid = OsPid} = D) ->
-    case erlcuda_protocol:check_hello(Info) of
+    case erlcuda_worker_start:check_hello(Info) of
         ok ->
             ?LOG_NOTICE("erlcuda: worker ~p started: ~ts", [OsPid, maps:get(reason, Info, "")]),
             replay(erlcuda_catalogue:replay(), D#data{hello = Info});
@@ -361,7 +361,7 @@ start_worker(#data{config = Previous} = D0) ->
             %% The hello goes first, while nobody else knows the port: callers' frames could
             %% fill the pipe before the new worker reads it. If it is already closed, its
             %% exit follows.
-            {_, D1} = send_call(hello, erlcuda_protocol:hello_args(), hello,
+            {_, D1} = send_call(hello, erlcuda_worker_start:hello_args(), hello,
                                 D#data{port = Port, os_pid = OsPid, last_frame = now_ms(),
                                        writer = Writer}),
             %% With modules to load again, the port is published once they are loaded.
