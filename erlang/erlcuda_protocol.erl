@@ -25,10 +25,9 @@
 %%   from the worker: `{'r', Id, Reply}', `{'e', Id, Error}', `{'L', Level, Text}'.
 -module(erlcuda_protocol).
 
--export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, reader/0, read/2, decode/1,
-         each_result/2, message/4, message/5, f32_list/1, finish/2,
-         max_result_bytes/0, file_result/1, vector_reply/1, fits/2,
-         load_atoms/0]).
+-export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, reader/0, read/2,
+         decode/1, each_result/2, message/4, message/5, f32_list/1, finish/2,
+         max_result_bytes/0, file_result/1, vector_reply/1, fits/2, load_atoms/0]).
 
 -export_type([event/0, reply/0, launch_arg/0, flags/0, file_arg/0, file_result/0,
               ctx/0, shape/0, raw/0, expect/0, reader/0]).
@@ -131,11 +130,13 @@ encode_batch(Frames) ->
 batch_overhead(_Count) ->
     5.
 
-%% A plain binary is an f32 vector (element type 0), as in the seed's frames.
-arg(Bin) when is_binary(Bin) -> [<<?WIRE_ARG_VECTOR, 0:8, (byte_size(Bin)):64>>, Bin];
+%% A plain binary is an f32 vector: the built-in kernels' launches name no type.
+arg(Bin) when is_binary(Bin) ->
+    [<<?WIRE_ARG_VECTOR, ?ELEMENT_INDEX_F32:8, (byte_size(Bin)):64>>, Bin];
 arg(N) when is_integer(N) -> <<?WIRE_ARG_DIM, N:64>>;
 arg({file, Name, Bytes, PartBytes}) ->
-    <<?WIRE_ARG_FILE, 0:8, Bytes:64, PartBytes:64, (byte_size(Name)):8, Name/binary>>;
+    <<?WIRE_ARG_FILE, ?ELEMENT_INDEX_F32:8, Bytes:64, PartBytes:64, (byte_size(Name)):8,
+      Name/binary>>;
 arg({vector, Type, Bin}) ->
     [<<?WIRE_ARG_VECTOR, (erlcuda_vector:index(Type)):8, (byte_size(Bin)):64>>, Bin];
 arg({file, Type, Name, Bytes, PartBytes}) ->
@@ -176,7 +177,7 @@ fits({keep, _}, _) ->
 fits(scalar, {wire, ?WIRE_TAG_SCALAR, <<_:64>>}) ->
     true;
 fits({vector, f32, N}, {wire, ?WIRE_TAG_VECTOR, Bin}) ->
-    byte_size(Bin) =:= 4 * N;
+    byte_size(Bin) =:= ?ELEMENT_SIZE_F32 * N;
 fits({vector, Type, N}, {wire, ?WIRE_TAG_TYPED, <<Index:8, Bin/binary>>}) ->
     erlcuda_vector:type(Index) =:= Type andalso byte_size(Bin) =:= N * erlcuda_vector:size(Type);
 fits({vector, Type, N}, {wire, ?WIRE_TAG_FILE, <<Bytes:64, _:64>>}) ->
@@ -407,7 +408,7 @@ finish1(List, Format) when is_list(List) -> [finish1(R, Format) || R <- List].
 f32_list(Bin) ->
     %% The generator stops at the first pattern that is no float (an infinity or NaN).
     List = [F || <<F:32/float-little>> <= Bin],
-    case length(List) * 4 =:= byte_size(Bin) of
+    case length(List) * ?ELEMENT_SIZE_F32 =:= byte_size(Bin) of
         true -> {ok, List};
         false -> {error, {non_finite, ?NON_FINITE_VECTOR}}
     end.

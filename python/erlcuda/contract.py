@@ -312,9 +312,14 @@ worker_atoms() ->
 
 
 def erlang_header() -> str:
-    """The source of ``erlcuda_contract.hrl``: the wire's bytes as macros, for binary
-    patterns (which cannot call functions)."""
+    """The source of ``erlcuda_contract.hrl``: the wire's bytes, and each element type's
+    index and size, as macros, for binary patterns and guards (which cannot call
+    functions)."""
     lines = [f"-define({name}, {value})." for name, value in WIRE.macros().items()]
+    info = _RAW["element_info"]
+    for index, t in enumerate(ELEMENT_TYPES):
+        lines.append(f"-define(ELEMENT_INDEX_{t.upper()}, {index}).")
+        lines.append(f"-define(ELEMENT_SIZE_{t.upper()}, {info[t]['size']}).")
     return ("%% Generated from python/erlcuda/contract.json by python/erlcuda/contract.py at "
             "build time.\n%% Do not edit: change the JSON file, and both sides follow.\n"
             + "\n".join(lines) + "\n")
