@@ -297,40 +297,44 @@ message(JobId, {wire, ?WIRE_TAG_TRACED, <<Tag:8, Len:32, Inner:Len/binary, Stamp
 message(JobId, Reply, Format, Sync, Ctx) ->
     {erlcuda, JobId, result(Reply, Format, Sync, Ctx)}.
 
-result({wire, ?WIRE_TAG_VECTOR, Bin}, binary, _, none) when byte_size(Bin) rem 4 =:= 0 ->
-    {ok, own(Bin)};
-result({wire, ?WIRE_TAG_VECTOR, Bin}, list, true, none) when byte_size(Bin) rem 4 =:= 0 ->
-    {f32, own(Bin)};
-result({wire, ?WIRE_TAG_VECTOR, Bin}, list, false, none) when byte_size(Bin) rem 4 =:= 0 ->
-    f32_list(Bin);
-result({wire, ?WIRE_TAG_SCALAR, <<F:64/float-little>>}, _, _, none) ->
-    {ok, F};
-result({wire, ?WIRE_TAG_ERROR, Etf}, _, _, Ctx) ->
-    case term(Etf) of
-        {ok, Reason} -> {error, lost(Reason, Ctx)};
-        error -> malformed()
-    end;
+%% A record as its caller's result: decoded once (`raw/2'), then made into what `Format'
+%% asks. A plain launch's f32 vector for a `launch_sync' caller travels as `{f32, Bin}',
+%% any other vector for one as `{deferred, Raw}': that caller makes the numbers itself.
 result(Reply, Format, Sync, Ctx) ->
     case raw(Reply, Ctx) of
-        {ok, Raw} ->
-            Shaped = shape(Raw, Ctx),
-            case Format =:= list andalso Sync andalso has_vector(Shaped) of
-                true -> {deferred, Shaped};
-                false -> finish(Shaped, Format)
-            end;
-        {error, _} = Error ->
-            Error
+        {ok, Raw} -> made(shape(Raw, Ctx), Format, Sync, Ctx);
+        {error, _} = Error -> Error
     end.
 
-%% One record (or a list's item) decoded; vectors stay binaries.
-raw({wire, ?WIRE_TAG_VECTOR, Bin}, _) when byte_size(Bin) rem 4 =:= 0 ->
-    {ok, {vec, f32, own(Bin)}};
+%% Vectors that stay binaries are owned here (`own/1'); one made into numbers needs no copy.
+made({vec, _, Bin}, binary, _, _) -> {ok, own(Bin)};
+made({vec, f32, Bin}, list, true, none) -> {f32, own(Bin)};
+made({vec, f32, Bin}, list, false, none) -> f32_list(Bin);
+made({scalar, F}, _, _, _) -> {ok, F};
+made(Raw, list, true, _) ->
+    case has_vector(Raw) of
+        true -> {deferred, owned(Raw)};
+        false -> finish(Raw, list)
+    end;
+made(Raw, list, false, _) ->
+    finish(Raw, list);
+made(Raw, binary, _, _) ->
+    finish(owned(Raw), binary).
+
+owned({vec, Type, Bin}) -> {vec, Type, own(Bin)};
+owned(List) when is_list(List) -> [owned(R) || R <- List];
+owned(Raw) -> Raw.
+
+%% One record (or a list's item) decoded, the one reading of every tag; vectors stay
+%% sub-binaries of the frame.
+raw({wire, ?WIRE_TAG_VECTOR, Bin}, _) when byte_size(Bin) rem ?ELEMENT_SIZE_F32 =:= 0 ->
+    {ok, {vec, f32, Bin}};
 raw({wire, ?WIRE_TAG_TYPED, <<Index:8, Bin/binary>>}, _) ->
     case erlcuda_vector:type(Index) of
         error -> malformed();
         Type ->
             case byte_size(Bin) rem erlcuda_vector:size(Type) of
-                0 -> {ok, {vec, Type, own(Bin)}};
+                0 -> {ok, {vec, Type, Bin}};
                 _ -> malformed()
             end
     end;
