@@ -102,23 +102,14 @@ expect(Job, _) -> maps:get(expect, Job, any).
 folder(#{dir := Dir}) -> Dir;
 folder(none) -> undefined.
 
-%% The caller writes its frame itself while nothing waits for the writer and the port is
-%% not busy (a lone job pays no hop), else hands it to the port's writer. Never suspended;
-%% it waits for the writer only past the writer's byte bound, and at most until `Deadline'.
-write(#{port := Port, writer := Writer, writer_counters := Counters}, Frame, JobId, Deadline) ->
-    Direct = case erlcuda_writer:pending(Counters) of
-                 P when P =< 0 -> erlcuda_writer:direct(Port, Frame);
-                 _ -> busy
-             end,
-    case Direct of
-        true -> {ok, JobId};
+%% The frame goes to the port through erlcuda_writer (at once, or handed to the port's
+%% writer); the job is taken back where it may never be written.
+write(Status, Frame, JobId, Deadline) ->
+    case erlcuda_writer:launch(Status, Frame, Deadline) of
+        written -> {ok, JobId};
+        handed -> still_up(maps:get(writer, Status), JobId);
         closed -> port_closed(JobId);
-        busy ->
-            case erlcuda_writer:hand_over(Writer, Counters, Frame, iolist_size(Frame), Deadline) of
-                ok -> still_up(Writer, JobId);
-                gone -> port_closed(JobId);
-                late -> take_back(JobId, {error, timeout})
-            end
+        late -> take_back(JobId, {error, timeout})
     end.
 
 %% The writer took the frame; if the worker went down meanwhile (its writer is no longer the

@@ -494,11 +494,10 @@ tick_ms(#data{config = #{watchdog_ms := Limit}}) -> max(min(Limit div 4, ?SWEEP_
 %% Never suspended: a port whose worker stopped reading, full of launches, must not stop
 %% this process (and with it the watchdog that would free everyone).
 send_call(Fun, Args, Caller, #data{port = Port, next_call = Id, calls = Calls} = D) ->
-    try port_command(Port, erlcuda_protocol:encode_call(Id, Fun, Args), [nosuspend]) of
+    case erlcuda_writer:direct(Port, erlcuda_protocol:encode_call(Id, Fun, Args)) of
         true -> {ok, D#data{calls = Calls#{Id => Caller}, next_call = Id + 1}};
-        false -> {error, port_busy}
-    catch
-        error:badarg -> {error, {worker_down, port_closed}}
+        busy -> {error, port_busy};
+        closed -> {error, {worker_down, port_closed}}
     end.
 
 fail_calls(Why, State, #data{calls = Calls} = D) ->
