@@ -62,8 +62,9 @@ validate(Kernel, Args, Opts) ->
             Error
     end.
 
-%% Options: a proper list of pairs, or a map. The seed's four have defaults and go into
-%% the job; the others into a map of their own, only where given.
+%% Options: a proper list of pairs, or a map. The four every launch reads (device, format,
+%% timeout, trace) have defaults and go into the job; the others into a map of their own,
+%% only where given, so a plain launch carries nothing it does not use.
 options(Opts) when is_map(Opts) ->
     options(maps:to_list(Opts));
 options([]) ->
@@ -214,7 +215,8 @@ data_value(A, Name, Type) ->
             Error
     end.
 
-%% f32 vectors stay plain binaries: the frame of a plain launch is the seed's, byte for byte.
+%% f32 vectors stay plain binaries: a plain binary argument is the wire's f32 vector, so the
+%% common launch needs no tuple.
 wire_vector(f32, Bin) -> Bin;
 wire_vector(Type, Bin) -> {vector, Type, Bin}.
 

@@ -12,14 +12,14 @@
 %% (erlcuda_delivery) reads, deletes and sends, so that the shared port owner never copies it.
 %%
 %% An operand is written as parts: the files `<Name>.0', `<Name>.1', ... of `part_bytes/1'
-%% bytes each (the last one shorter; up to 8 parts of at least 1 MiB), each by a process of
-%% its own. Writes to one tmpfs file take its inode's lock, so one file is written by one
-%% core at a time: on the H200 machine a 64 MiB operand took 19.6 ms as one file and 3.7 ms
-%% as eight. The worker sends a result back as one part (`r<JobId>.0'), read into one
-%% binary in one call: parts would have to be joined into a new binary, a copy of the
-%% whole result on a normal scheduler, which held small jobs of other callers by 3 ms in
-%% the benchmark's hold section. Several parts are still read, at once, if a record names
-%% them, up to as many as an operand is cut into.
+%% bytes each (the last one shorter; at most contract.json's `limits.shm_parts' parts, each
+%% a whole number of ?PART_UNIT), each by a process of its own. Writes to one tmpfs file take
+%% its inode's lock, so one file is written by one core at a time, where parts are written
+%% by several at once. The worker sends a result back as one part (`r<JobId>.0'), read into
+%% one binary in one call: parts would have to be joined into a new binary, a copy of the
+%% whole result on a normal scheduler, which would hold up small jobs of other callers.
+%% Several parts are still read, at once, if a record names them, up to as many as an
+%% operand is cut into.
 %%
 %% Only regular files of this folder are written or read, never what a symlink names nor a
 %% FIFO: a part is written to a new file (whatever already stands at its path is refused),
