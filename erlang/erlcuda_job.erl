@@ -2,11 +2,12 @@
 %% Checking a launch (kernel, arguments, options) against the kernel's spec in the
 %% catalogue and packing its vectors. Runs in the caller's process.
 %%
-%% A plain launch (a built-in kernel, f32 data, none of the options added for buffers and
-%% user kernels) comes out as it always did: f32 vectors as binaries, dims as integers, and
-%% no `general' key. Anything else carries `general': what the submit path and the reply
-%% need besides the arguments (how many results stay on the device, the buffers it uses,
-%% a user kernel's launch shape and the shape of its reply).
+%% A plain launch (a built-in kernel, f32 data, none of the options of buffers and user
+%% kernels) comes out in its least form, which the submit path and the wire encode with the
+%% least work: f32 vectors as binaries, dims as integers, and no `general' key. Anything
+%% else carries `general': what the submit path and the reply need besides the arguments
+%% (how many results stay on the device, the buffers it uses, a user kernel's launch shape
+%% and the shape of its reply).
 -module(erlcuda_job).
 
 -export([validate/3]).
