@@ -248,7 +248,7 @@ def erlang_module() -> str:
          cuda_codes/0, reasons/0, worker_atoms/0]).
 %% Element types and limits.
 -export([element_size/1, element_index/1, element_type/1, element_range/1, shm_parts/0,
-         kernel_name_bytes/0]).
+         kernel_name_bytes/0, log_levels/0]).
 
 -export_type([builtin_kernel/0, cuda_code/0, element_type/0, spec/0, param/0]).
 
@@ -290,6 +290,10 @@ shm_parts() -> {limits["shm_parts"]}.
 %% @doc The most bytes of a kernel's name: the launch frame gives its length one byte.
 -spec kernel_name_bytes() -> pos_integer().
 kernel_name_bytes() -> {limits["kernel_name_bytes"]}.
+
+%% @doc The levels of the worker's log lines (each one of logger's).
+-spec log_levels() -> [logger:level()].
+log_levels() -> [{", ".join(_atom(x) for x in LOG_LEVELS)}].
 
 %% @doc The built-in kernels.
 -spec kernels() -> [spec()].

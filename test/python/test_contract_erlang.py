@@ -1,5 +1,6 @@
 """The Erlang module written from contract.json (``erlcuda_contract``) answers what the JSON
-file declares: each element type's size, wire index and range, and the limits."""
+file declares: each element type's size, wire index and range, the limits and the log
+levels."""
 
 from __future__ import annotations
 
@@ -32,9 +33,12 @@ Show = fun(#{name := N, size := S, index := I, back := B, range := R}) ->
                                       end])
        end,
 Past = length(Types),
-io:format("{\"types\": [~s], \"past\": \"~s\", \"shm_parts\": ~b, \"kernel_name_bytes\": ~b}~n",
+io:format("{\"types\": [~s], \"past\": \"~s\", \"shm_parts\": ~b, \"kernel_name_bytes\": ~b, "
+          "\"log_levels\": [~s]}~n",
           [lists:join(", ", [Show(T) || T <- Types]), erlcuda_contract:element_type(Past),
-           erlcuda_contract:shm_parts(), erlcuda_contract:kernel_name_bytes()]),
+           erlcuda_contract:shm_parts(), erlcuda_contract:kernel_name_bytes(),
+           lists:join(", ", [["\"", atom_to_list(L), "\""]
+                             || L <- erlcuda_contract:log_levels()])]),
 halt().
 """
 
@@ -68,6 +72,7 @@ def test_element_tables_agree_with_the_json(tables: dict) -> None:
 
 
 def test_limits_agree_with_the_json(tables: dict) -> None:
-    limits = json.loads(Path(contract.SOURCE).read_text(encoding="utf-8"))["limits"]
-    assert tables["shm_parts"] == limits["shm_parts"]
-    assert tables["kernel_name_bytes"] == limits["kernel_name_bytes"]
+    raw = json.loads(Path(contract.SOURCE).read_text(encoding="utf-8"))
+    assert tables["shm_parts"] == raw["limits"]["shm_parts"]
+    assert tables["kernel_name_bytes"] == raw["limits"]["kernel_name_bytes"]
+    assert tables["log_levels"] == raw["log_levels"]
