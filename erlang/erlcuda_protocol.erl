@@ -76,7 +76,6 @@
 
 %% The launch frame's bytes besides its arguments' data, at most.
 -define(LAUNCH_OVERHEAD, 512).
--define(LOG_LEVELS, [debug, info, notice, warning, error]).
 -define(NON_FINITE_VECTOR, <<"the result holds an infinity or NaN, which Erlang floats "
                              "cannot hold; {format, binary} returns the raw f32 values">>).
 
@@ -438,7 +437,7 @@ malformed() ->
     {error, {internal, <<"a malformed result record from the worker">>}}.
 
 log_level(Level) ->
-    case lists:member(Level, ?LOG_LEVELS) of
+    case lists:member(Level, erlcuda_contract:log_levels()) of
         true -> Level;
         false -> info
     end.
