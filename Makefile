@@ -62,6 +62,7 @@ lint:
 	$(PY) -m ruff check python test/python bench
 	$(REBAR) as test xref
 	escript test/lint/cycles.escript _build/default/lib/erlcuda/ebin
+	escript test/lint/port_writers.escript erlang
 	$(REBAR) dialyzer
 
 test-python:

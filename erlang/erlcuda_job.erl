@@ -2,11 +2,12 @@
 %% Checking a launch (kernel, arguments, options) against the kernel's spec in the
 %% catalogue and packing its vectors. Runs in the caller's process.
 %%
-%% A plain launch (a built-in kernel, f32 data, none of the options added for buffers and
-%% user kernels) comes out as it always did: f32 vectors as binaries, dims as integers, and
-%% no `general' key. Anything else carries `general': what the submit path and the reply
-%% need besides the arguments (how many results stay on the device, the buffers it uses,
-%% a user kernel's launch shape and the shape of its reply).
+%% A plain launch (a built-in kernel, f32 data, none of the options of buffers and user
+%% kernels) comes out in its least form, which the submit path and the wire encode with the
+%% least work: f32 vectors as binaries, dims as integers, and no `general' key. Anything
+%% else carries `general': what the submit path and the reply need besides the arguments
+%% (how many results stay on the device, the buffers it uses, a user kernel's launch shape
+%% and the shape of its reply).
 -module(erlcuda_job).
 
 -export([validate/3]).
@@ -62,8 +63,9 @@ validate(Kernel, Args, Opts) ->
             Error
     end.
 
-%% Options: a proper list of pairs, or a map. The seed's four have defaults and go into
-%% the job; the others into a map of their own, only where given.
+%% Options: a proper list of pairs, or a map. The four every launch reads (device, format,
+%% timeout, trace) have defaults and go into the job; the others into a map of their own,
+%% only where given, so a plain launch carries nothing it does not use.
 options(Opts) when is_map(Opts) ->
     options(maps:to_list(Opts));
 options([]) ->
@@ -214,7 +216,8 @@ data_value(A, Name, Type) ->
             Error
     end.
 
-%% f32 vectors stay plain binaries: the frame of a plain launch is the seed's, byte for byte.
+%% f32 vectors stay plain binaries: a plain binary argument is the wire's f32 vector, so the
+%% common launch needs no tuple.
 wire_vector(f32, Bin) -> Bin;
 wire_vector(Type, Bin) -> {vector, Type, Bin}.
 

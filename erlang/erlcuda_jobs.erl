@@ -186,9 +186,9 @@ fail_all(Why) ->
     Ids = ets:select(?TAB, [{pattern([{#job.id, '$1'}]), [], ['$1']}]),
     lists:foreach(fun(Id) -> complete(Id, {error, {worker_down, Why}}) end, Ids).
 
-%% @doc Drop the jobs of callers that died. A caller killed while suspended in
-%% `port_command' registered a job whose frame was never written: nothing would ever take
-%% its entry or give back its place in the device's queue.
+%% @doc Drop the jobs of callers that died. A caller killed after it registered its job and
+%% before its frame was written leaves a job nobody answers: nothing else would take its
+%% entry or give back its place in the device's queue.
 -spec sweep_dead_callers() -> non_neg_integer().
 sweep_dead_callers() ->
     Jobs = ets:select(?TAB, [{pattern([{#job.id, '$1'}, {#job.caller, '$2'}]), [],

@@ -192,12 +192,15 @@ module_name(M) when is_atom(M) ->
 module_name(M) ->
     bad("~0P is not a module name (an atom)", [M, 8]).
 
-%% A C identifier, which names a function or a variable in the source erlcuda writes.
+%% A C identifier, which names a function or a variable in the source erlcuda writes. A
+%% kernel's name travels in a launch frame, which gives its length one byte; the worker holds
+%% a variable's name to the same length.
 identifier(A, What) when is_atom(A) ->
     Bin = atom_to_binary(A, utf8),
-    case re:run(Bin, "^[A-Za-z_][A-Za-z0-9_]{0,254}$", [{capture, none}]) of
-        match -> {ok, A};
-        nomatch -> bad("~s: ~0p is not a C identifier", [What, A])
+    case byte_size(Bin) =< erlcuda_contract:kernel_name_bytes()
+         andalso re:run(Bin, "^[A-Za-z_][A-Za-z0-9_]*$", [{capture, none}]) =:= match of
+        true -> {ok, A};
+        false -> bad("~s: ~0p is not a C identifier", [What, A])
     end;
 identifier(A, What) ->
     bad("~s: ~0P is not an atom", [What, A, 8]).

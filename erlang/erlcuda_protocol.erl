@@ -1,7 +1,7 @@
 %% @private
 %% The worker's wire format, and only this module knows it: how a launch and a control call
-%% are framed, what the worker's frames mean, the command line that starts it, the atoms it
-%% may send and the hello that checks both sides speak the same version.
+%% are framed, what the worker's frames mean, and the atoms it may send. The command line
+%% that starts the worker and the check of its hello are erlcuda_worker_start's.
 %%
 %% Frames are a 4-byte big-endian length and that many bytes, on fds 3 and 4. The port is a
 %% byte stream that `read/2' cuts: a frame takes the memory of the bytes that came, where
@@ -25,12 +25,11 @@
 %%   from the worker: `{'r', Id, Reply}', `{'e', Id, Error}', `{'L', Level, Text}'.
 -module(erlcuda_protocol).
 
--export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, reader/0, read/2, decode/1,
-         each_result/2, message/4, message/5, f32_list/1, finish/2,
-         max_result_bytes/0, file_result/1, vector_reply/1, fits/2,
-         worker_command/2, hello_args/0, check_hello/1, load_atoms/0]).
+-export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, reader/0, read/2,
+         decode/1, each_result/2, message/4, message/5, f32_list/1, finish/2,
+         max_result_bytes/0, file_result/1, vector_reply/1, fits/2, load_atoms/0]).
 
--export_type([event/0, command/0, reply/0, launch_arg/0, flags/0, file_arg/0, file_result/0,
+-export_type([event/0, reply/0, launch_arg/0, flags/0, file_arg/0, file_result/0,
               ctx/0, shape/0, raw/0, expect/0, reader/0]).
 
 -include("erlcuda_contract.hrl").
@@ -40,8 +39,6 @@
                | {log, logger:level(), unicode:chardata()}
                | {unexpected, term()}
                | {undecodable, non_neg_integer()}.
--type command() :: #{python := file:filename(), args := [string()],
-                     env := [{string(), string()}]}.
 %% One job's record of a results frame: its tag and payload, still undecoded.
 -type reply() :: {wire, byte(), binary()}.
 %% A launch's argument: a vector's bytes, a dim, or a vector in the worker's shared-memory
@@ -79,7 +76,6 @@
 
 %% The launch frame's bytes besides its arguments' data, at most.
 -define(LAUNCH_OVERHEAD, 512).
--define(LOG_LEVELS, [debug, info, notice, warning, error]).
 -define(NON_FINITE_VECTOR, <<"the result holds an infinity or NaN, which Erlang floats "
                              "cannot hold; {format, binary} returns the raw f32 values">>).
 
@@ -133,11 +129,13 @@ encode_batch(Frames) ->
 batch_overhead(_Count) ->
     5.
 
-%% A plain binary is an f32 vector (element type 0), as in the seed's frames.
-arg(Bin) when is_binary(Bin) -> [<<?WIRE_ARG_VECTOR, 0:8, (byte_size(Bin)):64>>, Bin];
+%% A plain binary is an f32 vector: the built-in kernels' launches name no type.
+arg(Bin) when is_binary(Bin) ->
+    [<<?WIRE_ARG_VECTOR, ?ELEMENT_INDEX_F32:8, (byte_size(Bin)):64>>, Bin];
 arg(N) when is_integer(N) -> <<?WIRE_ARG_DIM, N:64>>;
 arg({file, Name, Bytes, PartBytes}) ->
-    <<?WIRE_ARG_FILE, 0:8, Bytes:64, PartBytes:64, (byte_size(Name)):8, Name/binary>>;
+    <<?WIRE_ARG_FILE, ?ELEMENT_INDEX_F32:8, Bytes:64, PartBytes:64, (byte_size(Name)):8,
+      Name/binary>>;
 arg({vector, Type, Bin}) ->
     [<<?WIRE_ARG_VECTOR, (erlcuda_vector:index(Type)):8, (byte_size(Bin)):64>>, Bin];
 arg({file, Type, Name, Bytes, PartBytes}) ->
@@ -178,7 +176,7 @@ fits({keep, _}, _) ->
 fits(scalar, {wire, ?WIRE_TAG_SCALAR, <<_:64>>}) ->
     true;
 fits({vector, f32, N}, {wire, ?WIRE_TAG_VECTOR, Bin}) ->
-    byte_size(Bin) =:= 4 * N;
+    byte_size(Bin) =:= ?ELEMENT_SIZE_F32 * N;
 fits({vector, Type, N}, {wire, ?WIRE_TAG_TYPED, <<Index:8, Bin/binary>>}) ->
     erlcuda_vector:type(Index) =:= Type andalso byte_size(Bin) =:= N * erlcuda_vector:size(Type);
 fits({vector, Type, N}, {wire, ?WIRE_TAG_FILE, <<Bytes:64, _:64>>}) ->
@@ -298,40 +296,44 @@ message(JobId, {wire, ?WIRE_TAG_TRACED, <<Tag:8, Len:32, Inner:Len/binary, Stamp
 message(JobId, Reply, Format, Sync, Ctx) ->
     {erlcuda, JobId, result(Reply, Format, Sync, Ctx)}.
 
-result({wire, ?WIRE_TAG_VECTOR, Bin}, binary, _, none) when byte_size(Bin) rem 4 =:= 0 ->
-    {ok, own(Bin)};
-result({wire, ?WIRE_TAG_VECTOR, Bin}, list, true, none) when byte_size(Bin) rem 4 =:= 0 ->
-    {f32, own(Bin)};
-result({wire, ?WIRE_TAG_VECTOR, Bin}, list, false, none) when byte_size(Bin) rem 4 =:= 0 ->
-    f32_list(Bin);
-result({wire, ?WIRE_TAG_SCALAR, <<F:64/float-little>>}, _, _, none) ->
-    {ok, F};
-result({wire, ?WIRE_TAG_ERROR, Etf}, _, _, Ctx) ->
-    case term(Etf) of
-        {ok, Reason} -> {error, lost(Reason, Ctx)};
-        error -> malformed()
-    end;
+%% A record as its caller's result: decoded once (`raw/2'), then made into what `Format'
+%% asks. A plain launch's f32 vector for a `launch_sync' caller travels as `{f32, Bin}',
+%% any other vector for one as `{deferred, Raw}': that caller makes the numbers itself.
 result(Reply, Format, Sync, Ctx) ->
     case raw(Reply, Ctx) of
-        {ok, Raw} ->
-            Shaped = shape(Raw, Ctx),
-            case Format =:= list andalso Sync andalso has_vector(Shaped) of
-                true -> {deferred, Shaped};
-                false -> finish(Shaped, Format)
-            end;
-        {error, _} = Error ->
-            Error
+        {ok, Raw} -> made(shape(Raw, Ctx), Format, Sync, Ctx);
+        {error, _} = Error -> Error
     end.
 
-%% One record (or a list's item) decoded; vectors stay binaries.
-raw({wire, ?WIRE_TAG_VECTOR, Bin}, _) when byte_size(Bin) rem 4 =:= 0 ->
-    {ok, {vec, f32, own(Bin)}};
+%% Vectors that stay binaries are owned here (`own/1'); one made into numbers needs no copy.
+made({vec, _, Bin}, binary, _, _) -> {ok, own(Bin)};
+made({vec, f32, Bin}, list, true, none) -> {f32, own(Bin)};
+made({vec, f32, Bin}, list, false, none) -> f32_list(Bin);
+made({scalar, F}, _, _, _) -> {ok, F};
+made(Raw, list, true, _) ->
+    case has_vector(Raw) of
+        true -> {deferred, owned(Raw)};
+        false -> finish(Raw, list)
+    end;
+made(Raw, list, false, _) ->
+    finish(Raw, list);
+made(Raw, binary, _, _) ->
+    finish(owned(Raw), binary).
+
+owned({vec, Type, Bin}) -> {vec, Type, own(Bin)};
+owned(List) when is_list(List) -> [owned(R) || R <- List];
+owned(Raw) -> Raw.
+
+%% One record (or a list's item) decoded, the one reading of every tag; vectors stay
+%% sub-binaries of the frame.
+raw({wire, ?WIRE_TAG_VECTOR, Bin}, _) when byte_size(Bin) rem ?ELEMENT_SIZE_F32 =:= 0 ->
+    {ok, {vec, f32, Bin}};
 raw({wire, ?WIRE_TAG_TYPED, <<Index:8, Bin/binary>>}, _) ->
     case erlcuda_vector:type(Index) of
         error -> malformed();
         Type ->
             case byte_size(Bin) rem erlcuda_vector:size(Type) of
-                0 -> {ok, {vec, Type, own(Bin)}};
+                0 -> {ok, {vec, Type, Bin}};
                 _ -> malformed()
             end
     end;
@@ -409,7 +411,7 @@ finish1(List, Format) when is_list(List) -> [finish1(R, Format) || R <- List].
 f32_list(Bin) ->
     %% The generator stops at the first pattern that is no float (an infinity or NaN).
     List = [F || <<F:32/float-little>> <= Bin],
-    case length(List) * 4 =:= byte_size(Bin) of
+    case length(List) * ?ELEMENT_SIZE_F32 =:= byte_size(Bin) of
         true -> {ok, List};
         false -> {error, {non_finite, ?NON_FINITE_VECTOR}}
     end.
@@ -435,76 +437,13 @@ malformed() ->
     {error, {internal, <<"a malformed result record from the worker">>}}.
 
 log_level(Level) ->
-    case lists:member(Level, ?LOG_LEVELS) of
+    case lists:member(Level, erlcuda_contract:log_levels()) of
         true -> Level;
         false -> info
     end.
-
-%% @doc The interpreter, arguments and environment that start the worker.
--spec worker_command(erlcuda_config:config(), erlcuda_shm:folder() | none) -> command().
-worker_command(Config, Shm) ->
-    #{backend := Backend, cpu_devices := CpuDevices, batching := Batching,
-      max_batch := MaxBatch, spin_us := SpinUs, worker_args := Extra,
-      test_hooks := TestHooks, bench_hooks := BenchHooks, python := Python} = Config,
-    BufferLimit = maps:get(buffer_limit, Config, infinity),
-    Args = ["-m", "erlcuda", "serve", "--backend", atom_to_list(Backend),
-            "--cpu-devices", integer_to_list(CpuDevices),
-            "--max-batch", integer_to_list(case Batching of true -> MaxBatch; false -> 1 end),
-            "--spin-us", case SpinUs of auto -> "-1"; Us -> integer_to_list(Us) end]
-        ++ ["--test-hooks" || TestHooks] ++ ["--bench-hooks" || BenchHooks]
-        ++ case BufferLimit of infinity -> []; _ -> ["--buffer-limit", integer_to_list(BufferLimit)] end
-        ++ case Shm of #{dir := Dir} -> ["--shm-dir", Dir]; none -> [] end ++ Extra,
-    #{python => erlcuda_paths:python(Python),
-      args => Args,
-      env => [{"PYTHONPATH", python_path(erlcuda_paths:python_dir())},
-              {"PYTHONUNBUFFERED", "1"}]}.
-
-python_path(Ours) ->
-    case os:getenv("PYTHONPATH") of
-        Path when is_list(Path), Path =/= "" -> Ours ++ ":" ++ Path;
-        _ -> Ours
-    end.
-
-%% @doc The hello's arguments: this side's version and protocol, which the worker checks.
--spec hello_args() -> [binary() | pos_integer()].
-hello_args() ->
-    [version(), erlcuda_contract:protocol()].
-
-%% @doc Whether the worker's hello answer lets it take jobs: `ok', or why not.
--spec check_hello(term()) -> ok | {unavailable, binary()} | {failed, term()}.
-check_hello(#{backend := _, devices := Devices} = Info)
-  when is_integer(Devices), Devices >= 0 ->
-    case Devices =< erlcuda_status:max_devices() of
-        true -> check_versions(Info);
-        false -> {failed, {devices, Devices}}
-    end;
-check_hello(Other) ->
-    {failed, Other}.
-
-check_versions(Info) ->
-    Ours = {version(), erlcuda_contract:protocol()},
-    Theirs = {maps:get(version, Info, <<"unknown">>), maps:get(protocol, Info, undefined)},
-    case {Theirs, maps:get(status, Info, ok)} of
-        {Ours, ok} -> ok;
-        {Ours, {_, Why}} when is_binary(Why) -> {unavailable, Why};
-        {{TheirVersion, TheirProtocol}, _} ->
-            {unavailable, iolist_to_binary(
-                            io_lib:format("version mismatch: the Erlang side is erlcuda ~ts "
-                                          "(protocol ~p), the worker is erlcuda ~ts (protocol "
-                                          "~p); install the worker from the same release",
-                                          [element(1, Ours), element(2, Ours),
-                                           printable(TheirVersion), TheirProtocol]))}
-    end.
-
-printable(V) when is_binary(V) -> V;
-printable(V) -> io_lib:format("~0p", [V]).
 
 %% @doc Make every atom the worker may send exist, so `[safe]' decoding accepts them.
 -spec load_atoms() -> ok.
 load_atoms() ->
     _ = erlcuda_contract:worker_atoms(),
     ok.
-
-version() ->
-    {ok, Vsn} = application:get_key(erlcuda, vsn),
-    list_to_binary(Vsn).

@@ -12,14 +12,14 @@
 %% (erlcuda_delivery) reads, deletes and sends, so that the shared port owner never copies it.
 %%
 %% An operand is written as parts: the files `<Name>.0', `<Name>.1', ... of `part_bytes/1'
-%% bytes each (the last one shorter; up to 8 parts of at least 1 MiB), each by a process of
-%% its own. Writes to one tmpfs file take its inode's lock, so one file is written by one
-%% core at a time: on the H200 machine a 64 MiB operand took 19.6 ms as one file and 3.7 ms
-%% as eight. The worker sends a result back as one part (`r<JobId>.0'), read into one
-%% binary in one call: parts would have to be joined into a new binary, a copy of the
-%% whole result on a normal scheduler, which held small jobs of other callers by 3 ms in
-%% the benchmark's hold section. Several parts are still read, at once, if a record names
-%% them, up to as many as an operand is cut into.
+%% bytes each (the last one shorter; at most contract.json's `limits.shm_parts' parts, each
+%% a whole number of ?PART_UNIT), each by a process of its own. Writes to one tmpfs file take
+%% its inode's lock, so one file is written by one core at a time, where parts are written
+%% by several at once. The worker sends a result back as one part (`r<JobId>.0'), read into
+%% one binary in one call: parts would have to be joined into a new binary, a copy of the
+%% whole result on a normal scheduler, which would hold up small jobs of other callers.
+%% Several parts are still read, at once, if a record names them, up to as many as an
+%% operand is cut into.
 %%
 %% Only regular files of this folder are written or read, never what a symlink names nor a
 %% FIFO: a part is written to a new file (whatever already stands at its path is refused),
@@ -41,9 +41,6 @@
 %% A part's size is a multiple of this, which is a multiple of every page size the worker
 %% may map parts with.
 -define(PART_UNIT, (1 bsl 20)).
-%% Operands are cut into this many parts at most: eight wrote a 64 MiB operand as fast as
-%% sixteen on the H200 machine. A result record naming more is no result the worker wrote.
--define(MAX_PARTS, 8).
 
 %% A worker's folder and the size from which a vector travels through it.
 -type folder() :: #{dir := file:filename(), threshold := pos_integer()}.
@@ -111,7 +108,7 @@ parts_of(Bin, I, Dir, JobId) ->
 %% @doc The bytes per part file of an operand of `Size' bytes.
 -spec part_bytes(non_neg_integer()) -> pos_integer().
 part_bytes(Size) ->
-    max(1, ceil_div(ceil_div(Size, ?MAX_PARTS), ?PART_UNIT)) * ?PART_UNIT.
+    max(1, ceil_div(ceil_div(Size, erlcuda_contract:shm_parts()), ?PART_UNIT)) * ?PART_UNIT.
 
 %% The part files of a vector of Size bytes at Base: `{Path, Offset, Length}'.
 parts(Base, Size, PartBytes) ->
@@ -181,7 +178,7 @@ result_files(Dir, JobId, {file, Bytes, PartBytes}) ->
     erlcuda_protocol:reply() | {error, erlcuda:reason()}.
 take_result(Dir, JobId, Bytes, PartBytes) ->
     Parts = result_parts(Dir, JobId, Bytes, PartBytes),
-    Reply = case part_count(Bytes, PartBytes) =< ?MAX_PARTS of
+    Reply = case part_count(Bytes, PartBytes) =< erlcuda_contract:shm_parts() of
                 true ->
                     case read_parts(Parts, Bytes) of
                         {ok, Bin} -> erlcuda_protocol:vector_reply(Bin);
@@ -189,7 +186,7 @@ take_result(Dir, JobId, Bytes, PartBytes) ->
                     end;
                 false ->
                     internal("a result record of ~b bytes in parts of ~b names more than ~b "
-                             "parts", [Bytes, PartBytes, ?MAX_PARTS])
+                             "parts", [Bytes, PartBytes, erlcuda_contract:shm_parts()])
             end,
     delete([Path || {Path, _, _} <- Parts]),
     Reply.
@@ -197,12 +194,14 @@ take_result(Dir, JobId, Bytes, PartBytes) ->
 internal(Format, Args) ->
     {error, {internal, iolist_to_binary(["shared memory: ", io_lib:format(Format, Args)])}}.
 
-%% The parts of a result a worker may have written: a record's first ?MAX_PARTS at most,
-%% so that a forged count makes no list, file name or process of its own.
+%% The parts of a result a worker may have written: a record's first parts, at most as many
+%% as the contract lets an operand be cut into, so that a forged count makes no list, file
+%% name or process of its own.
 result_parts(Dir, JobId, Bytes, PartBytes) ->
     Base = result_base(Dir, JobId),
+    Count = min(part_count(Bytes, PartBytes), erlcuda_contract:shm_parts()),
     [{part_name(Base, K), K * PartBytes, min(PartBytes, Bytes - K * PartBytes)}
-     || K <- lists:seq(0, min(part_count(Bytes, PartBytes), ?MAX_PARTS) - 1)].
+     || K <- lists:seq(0, Count - 1)].
 
 part_count(Bytes, PartBytes) ->
     max(1, ceil_div(Bytes, PartBytes)).

@@ -24,8 +24,8 @@ route(#{general := #{buffers := Buffers}} = Job, ReplyTo, #{epoch := Epoch} = St
 route(Job, ReplyTo, Status) ->
     route1(Job, ReplyTo, Status).
 
-route1(#{device := Want, kernel := Kernel, args := Args, format := Format, trace := Trace,
-         result_bytes := ResultBytes} = Job, ReplyTo, #{queues := Queues} = Status) ->
+route1(#{device := Want, kernel := Kernel, args := Args, trace := Trace,
+         result_bytes := ResultBytes} = Job, ReplyTo, Status) ->
     JobId = erlcuda_jobs:next_id(),
     Shm = maps:get(shm, Status, none),
     %% Operands and results over the threshold go through shared memory (traced jobs'
@@ -41,35 +41,9 @@ route1(#{device := Want, kernel := Kernel, args := Args, format := Format, trace
             case erlcuda_protocol:encode_launch(JobId, Device, Kernel, LaunchArgs,
                                                 Flags#{result_file => ResultFile}) of
                 {ok, Frame} ->
-                    case erlcuda_status:enqueue(Status, Device) of
-                        ok ->
-                            %% Registered before the files are written: every way the job
-                            %% ends deletes them, even this caller's death while it writes.
-                            %% Buffers it keeps belong to this caller from now on.
-                            ok = keep(Ctx, Device, ReplyTo),
-                            ok = erlcuda_jobs:register(#{id => JobId, reply_to => ReplyTo,
-                                                         caller => self(), device => Device,
-                                                         queues => Queues, kernel => Kernel,
-                                                         format => Format, trace => Trace,
-                                                         files => [F || {F, _} <- Plan],
-                                                         shm => folder(Shm), ctx => Ctx,
-                                                         expect => expect(Job, Ctx)}),
-                            Deadline = maps:get(deadline, Job, infinity),
-                            case erlcuda_shm:stage(Plan) of
-                                ok ->
-                                    write(Status, Frame, JobId, Deadline);
-                                {error, _} ->
-                                    %% No room in shared memory: the pipe carries it all.
-                                    case erlcuda_protocol:encode_launch(
-                                           JobId, Device, Kernel, Args,
-                                           Flags#{result_file => false}) of
-                                        {ok, Piped} -> write(Status, Piped, JobId, Deadline);
-                                        {error, _} = E -> take_back(JobId, E)
-                                    end
-                            end;
-                        overloaded ->
-                            {error, overloaded}
-                    end;
+                    enqueue(Job, ReplyTo, Status, #{id => JobId, device => Device,
+                                                    flags => Flags, ctx => Ctx, plan => Plan},
+                            Frame);
                 {error, _} = Error ->
                     Error
             end;
@@ -77,7 +51,46 @@ route1(#{device := Want, kernel := Kernel, args := Args, format := Format, trace
             Error
     end.
 
-%% The flags and reply context of a launch: a plain one's are the seed's.
+%% Counted into its device's queue, registered, its files written, then its frame.
+enqueue(Job, ReplyTo, Status, #{device := Device} = Launch, Frame) ->
+    case erlcuda_status:enqueue(Status, Device) of
+        ok ->
+            ok = register_job(Job, ReplyTo, Status, Launch),
+            stage(Job, Status, Launch, Frame);
+        overloaded ->
+            {error, overloaded}
+    end.
+
+%% Registered before the files are written: every way the job ends deletes them, even this
+%% caller's death while it writes. Buffers it keeps belong to this caller from now on.
+register_job(#{kernel := Kernel, format := Format, trace := Trace} = Job, ReplyTo,
+             #{queues := Queues} = Status,
+             #{id := JobId, device := Device, ctx := Ctx, plan := Plan}) ->
+    ok = keep(Ctx, Device, ReplyTo),
+    erlcuda_jobs:register(#{id => JobId, reply_to => ReplyTo, caller => self(),
+                            device => Device, queues => Queues, kernel => Kernel,
+                            format => Format, trace => Trace, files => [F || {F, _} <- Plan],
+                            shm => folder(maps:get(shm, Status, none)), ctx => Ctx,
+                            expect => expect(Job, Ctx)}).
+
+%% The operands' files written, then the frame; with no room in shared memory, the pipe
+%% carries it all.
+stage(#{kernel := Kernel, args := Args} = Job, Status,
+      #{id := JobId, device := Device, flags := Flags, plan := Plan}, Frame) ->
+    Deadline = maps:get(deadline, Job, infinity),
+    case erlcuda_shm:stage(Plan) of
+        ok ->
+            write(Status, Frame, JobId, Deadline);
+        {error, _} ->
+            case erlcuda_protocol:encode_launch(JobId, Device, Kernel, Args,
+                                                Flags#{result_file => false}) of
+                {ok, Piped} -> write(Status, Piped, JobId, Deadline);
+                {error, _} = E -> take_back(JobId, E)
+            end
+    end.
+
+%% The flags and reply context of a launch: a plain one has only its trace flag and no
+%% context (its reply needs no buffers, epoch or shape).
 general(#{trace := Trace, general := G}, Device, #{epoch := Epoch}) ->
     #{keep := NKeep, buffers := Buffers, shape := Shape} = G,
     Ids = erlcuda_buffers:next_ids(NKeep),
@@ -102,23 +115,14 @@ expect(Job, _) -> maps:get(expect, Job, any).
 folder(#{dir := Dir}) -> Dir;
 folder(none) -> undefined.
 
-%% The caller writes its frame itself while nothing waits for the writer and the port is
-%% not busy (a lone job pays no hop), else hands it to the port's writer. Never suspended;
-%% it waits for the writer only past the writer's byte bound, and at most until `Deadline'.
-write(#{port := Port, writer := Writer, writer_counters := Counters}, Frame, JobId, Deadline) ->
-    Direct = case erlcuda_writer:pending(Counters) of
-                 P when P =< 0 -> erlcuda_writer:direct(Port, Frame);
-                 _ -> busy
-             end,
-    case Direct of
-        true -> {ok, JobId};
+%% The frame goes to the port through erlcuda_writer (at once, or handed to the port's
+%% writer); the job is taken back where it may never be written.
+write(Status, Frame, JobId, Deadline) ->
+    case erlcuda_writer:launch(Status, Frame, Deadline) of
+        written -> {ok, JobId};
+        handed -> still_up(maps:get(writer, Status), JobId);
         closed -> port_closed(JobId);
-        busy ->
-            case erlcuda_writer:hand_over(Writer, Counters, Frame, iolist_size(Frame), Deadline) of
-                ok -> still_up(Writer, JobId);
-                gone -> port_closed(JobId);
-                late -> take_back(JobId, {error, timeout})
-            end
+        late -> take_back(JobId, {error, timeout})
     end.
 
 %% The writer took the frame; if the worker went down meanwhile (its writer is no longer the

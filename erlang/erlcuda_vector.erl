@@ -1,6 +1,7 @@
 %% @private
-%% Element types: their sizes, their index on the wire, and vectors converted between
-%% Erlang lists and little-endian binaries, with the range checks of each type.
+%% Element types, as contract.json declares them (sizes, index on the wire, ranges), and
+%% vectors converted between Erlang lists and little-endian binaries, with the range checks
+%% of each type.
 -module(erlcuda_vector).
 
 -export([types/0, is_type/1, size/1, index/1, type/1, pack/2, unpack/2, scalar/2]).
@@ -25,32 +26,18 @@ is_type(T) ->
 
 %% @doc Bytes per element.
 -spec size(type()) -> pos_integer().
-size(f32) -> 4;
-size(f64) -> 8;
-size(i32) -> 4;
-size(u32) -> 4;
-size(i64) -> 8;
-size(u8) -> 1.
+size(Type) ->
+    erlcuda_contract:element_size(Type).
 
-%% @doc The type's byte on the wire (its place in contract.json's element_types; the eunit
-%% suite checks that these clauses agree with it).
--spec index(type()) -> 0..5.
-index(f32) -> 0;
-index(f64) -> 1;
-index(i32) -> 2;
-index(u32) -> 3;
-index(i64) -> 4;
-index(u8) -> 5.
+%% @doc The type's byte on the wire (its place in contract.json's element_types).
+-spec index(type()) -> non_neg_integer().
+index(Type) ->
+    erlcuda_contract:element_index(Type).
 
 %% @doc The type of a byte on the wire; `error' for none.
 -spec type(byte()) -> type() | error.
-type(0) -> f32;
-type(1) -> f64;
-type(2) -> i32;
-type(3) -> u32;
-type(4) -> i64;
-type(5) -> u8;
-type(_) -> error.
+type(Byte) ->
+    erlcuda_contract:element_type(Byte).
 
 %% @doc A list of numbers as a little-endian binary of `Type': floats (or integers) within
 %% range for f32 and f64, integers within range for the integer types. `{error, Why}' names
@@ -70,16 +57,15 @@ pack(Type, List) ->
         error:_ -> {error, "not a proper list"}
     end.
 
-%% The f32 clause is the one the seed had: the common launch pays nothing more.
+%% f32 and f64 have a clause each, so the common launch pays no lookup; an integer type's
+%% width and range come from the contract. Bit syntax keeps the low bits of a negative
+%% integer, so one little-endian segment packs signed and unsigned types alike.
 pack_list(f32, List) -> << <<(f32(X)):32/float-little>> || X <- List >>;
 pack_list(f64, List) -> << <<(number(X)):64/float-little>> || X <- List >>;
-pack_list(i32, List) ->
-    << <<(int(X, -16#80000000, 16#7FFFFFFF)):32/signed-little>> || X <- List >>;
-pack_list(u32, List) -> << <<(int(X, 0, 16#FFFFFFFF)):32/unsigned-little>> || X <- List >>;
-pack_list(i64, List) ->
-    << <<(int(X, -16#8000000000000000, 16#7FFFFFFFFFFFFFFF)):64/signed-little>>
-       || X <- List >>;
-pack_list(u8, List) -> << <<(int(X, 0, 255)):8>> || X <- List >>.
+pack_list(Type, List) ->
+    {Min, Max} = erlcuda_contract:element_range(Type),
+    Bits = 8 * erlcuda_contract:element_size(Type),
+    << <<(int(X, Min, Max)):Bits/little>> || X <- List >>.
 
 f32(X) when is_number(X), X =< ?F32_MAX, X >= -?F32_MAX -> X;
 f32(X) when is_number(X) -> error(badarg);
@@ -102,10 +88,12 @@ unpack(f32, Bin) ->
 unpack(f64, Bin) ->
     List = [F || <<F:64/float-little>> <= Bin],
     finite(List, 8, Bin);
-unpack(i32, Bin) -> {ok, [X || <<X:32/signed-little>> <= Bin]};
-unpack(u32, Bin) -> {ok, [X || <<X:32/unsigned-little>> <= Bin]};
-unpack(i64, Bin) -> {ok, [X || <<X:64/signed-little>> <= Bin]};
-unpack(u8, Bin) -> {ok, binary_to_list(Bin)}.
+unpack(Type, Bin) ->
+    Bits = 8 * erlcuda_contract:element_size(Type),
+    case erlcuda_contract:element_range(Type) of
+        {Min, _} when Min < 0 -> {ok, [X || <<X:Bits/signed-little>> <= Bin]};
+        {_, _} -> {ok, [X || <<X:Bits/unsigned-little>> <= Bin]}
+    end.
 
 finite(List, Size, Bin) ->
     case length(List) * Size =:= byte_size(Bin) of

@@ -105,6 +105,8 @@ init([]) ->
 
 -spec handle_event(gen_statem:event_type(), term(), state(), #data{}) ->
     gen_statem:event_handler_result(state()).
+handle_event({call, From}, Request, State, D) ->
+    request(Request, From, State, D);
 %% The worker process.
 handle_event(internal, start, backing_off, D) ->
     start_worker(D);
@@ -118,18 +120,8 @@ handle_event(state_timeout, replay_timeout, replaying, #data{os_pid = OsPid} = D
     ?LOG_ERROR("erlcuda: the worker ~p did not load the user modules again in time; "
                "killing it", [OsPid]),
     kill_worker(replay_timeout, D);
-handle_event(info, {Port, {data, Bytes}}, State, #data{port = Port, reader = R} = D0) ->
-    D = D0#data{last_frame = now_ms()},
-    case erlcuda_protocol:read(Bytes, R) of
-        {[Frame], Rest} ->
-            %% What the reader holds now must outlive a handler that keeps the state as it
-            %% was before this event.
-            keeping(frame(erlcuda_protocol:decode(Frame), State, D#data{reader = Rest}),
-                    D#data{reader = Rest});
-        {Frames, Rest} ->
-            {keep_state, D#data{reader = Rest},
-             [{next_event, internal, {frame, Port, F}} || F <- Frames]}
-    end;
+handle_event(info, {Port, {data, Bytes}}, State, #data{port = Port} = D) ->
+    data(Bytes, State, D);
 handle_event(internal, {frame, Port, Frame}, State, #data{port = Port} = D) ->
     frame(erlcuda_protocol:decode(Frame), State, D);
 handle_event(internal, {frame, _, _}, _, _) ->
@@ -151,35 +143,6 @@ handle_event(info, tick, State, D) ->
     _ = erlcuda_jobs:sweep_dead_callers(),
     _ = erlang:send_after(tick_ms(D), self(), tick),
     watchdog(State, D);
-%% Callers.
-handle_event({call, From}, await_ready, State, D) when State =:= starting;
-                                                       State =:= replaying ->
-    {keep_state, D#data{waiting = [From | D#data.waiting]}};
-handle_event({call, From}, await_ready, _, D) ->
-    {keep_state_and_data, [{reply, From, start_result(D)}]};
-handle_event({call, From}, info, ready, #data{port = Port} = D) when Port =/= undefined ->
-    %% A worker busy with a long control call must not leave info/0 waiting: past
-    %% ?INFO_WAIT the answer is this side's view and the counters of the worker's hello.
-    Id = D#data.next_call,
-    case send_call(info, [], {info, From}, D) of
-        {ok, D1} ->
-            _ = erlang:send_after(?INFO_WAIT, self(), {info_timeout, Id}),
-            {keep_state, D1};
-        {error, _} ->
-            {keep_state_and_data, [{reply, From, unanswered_info(ready, D)}]}
-    end;
-handle_event({call, From}, info, State, D) ->
-    {keep_state_and_data, [{reply, From, merge_info(#{}, State, D)}]};
-handle_event({call, From}, {call, Fun, Args}, State, #data{port = Port} = D)
-  when Port =/= undefined, State =/= backing_off ->
-    case send_call(Fun, Args, {plain, From}, D) of
-        {ok, D1} -> {keep_state, D1};
-        {error, Why} -> {keep_state_and_data, [{reply, From, {error, Why}}]}
-    end;
-handle_event({call, From}, {call, _, _}, _, #data{down_reason = Why}) ->
-    {keep_state_and_data, [{reply, From, {error, {worker_down, Why}}}]};
-handle_event({call, From}, _, _, _) ->
-    {keep_state_and_data, [{reply, From, {error, unknown_call}}]};
 handle_event(info, {info_timeout, Id}, State, #data{calls = Calls} = D) ->
     case maps:take(Id, Calls) of
         {{info, From}, Rest} ->
@@ -190,6 +153,35 @@ handle_event(info, {info_timeout, Id}, State, #data{calls = Calls} = D) ->
 handle_event(_, _, _, _) ->
     %% Late messages of a closed port, replies of `kill', stray messages.
     keep_state_and_data.
+
+%% Callers: the calls of the API, answered in every state.
+request(await_ready, From, State, D) when State =:= starting; State =:= replaying ->
+    {keep_state, D#data{waiting = [From | D#data.waiting]}};
+request(await_ready, From, _, D) ->
+    {keep_state_and_data, [{reply, From, start_result(D)}]};
+request(info, From, ready, #data{port = Port} = D) when Port =/= undefined ->
+    %% A worker busy with a long control call must not leave info/0 waiting: past
+    %% ?INFO_WAIT the answer is this side's view and the counters of the worker's hello.
+    Id = D#data.next_call,
+    case send_call(info, [], {info, From}, D) of
+        {ok, D1} ->
+            _ = erlang:send_after(?INFO_WAIT, self(), {info_timeout, Id}),
+            {keep_state, D1};
+        {error, _} ->
+            {keep_state_and_data, [{reply, From, unanswered_info(ready, D)}]}
+    end;
+request(info, From, State, D) ->
+    {keep_state_and_data, [{reply, From, merge_info(#{}, State, D)}]};
+request({call, Fun, Args}, From, State, #data{port = Port} = D)
+  when Port =/= undefined, State =/= backing_off ->
+    case send_call(Fun, Args, {plain, From}, D) of
+        {ok, D1} -> {keep_state, D1};
+        {error, Why} -> {keep_state_and_data, [{reply, From, {error, Why}}]}
+    end;
+request({call, _, _}, From, _, #data{down_reason = Why}) ->
+    {keep_state_and_data, [{reply, From, {error, {worker_down, Why}}}]};
+request(_, From, _, _) ->
+    {keep_state_and_data, [{reply, From, {error, unknown_call}}]}.
 
 -spec terminate(term(), state(), #data{}) -> ok.
 terminate(Reason, _State, #data{port = Port, os_pid = OsPid} = D) ->
@@ -206,6 +198,21 @@ terminate(Reason, _State, #data{port = Port, os_pid = OsPid} = D) ->
     ok.
 
 %% The worker's frames.
+
+%% Bytes from the port: a lone whole frame is handled at once, several as events of their
+%% own, in order.
+data(Bytes, State, #data{port = Port, reader = R} = D0) ->
+    D = D0#data{last_frame = now_ms()},
+    case erlcuda_protocol:read(Bytes, R) of
+        {[Frame], Rest} ->
+            %% What the reader holds now must outlive a handler that keeps the state as it
+            %% was before this event.
+            keeping(frame(erlcuda_protocol:decode(Frame), State, D#data{reader = Rest}),
+                    D#data{reader = Rest});
+        {Frames, Rest} ->
+            {keep_state, D#data{reader = Rest},
+             [{next_event, internal, {frame, Port, F}} || F <- Frames]}
+    end.
 
 frame({results, Records}, _, #data{os_pid = OsPid, shm = Shm} = D) ->
     case erlcuda_protocol:each_result(fun(Id, Reply) -> complete(Id, Reply, Shm) end,
@@ -263,7 +270,7 @@ complete(Id, Reply, Shm) ->
     end.
 
 hello({ok, Info}, #data{os_pid = OsPid} = D) ->
-    case erlcuda_protocol:check_hello(Info) of
+    case erlcuda_worker_start:check_hello(Info) of
         ok ->
             ?LOG_NOTICE("erlcuda: worker ~p started: ~ts", [OsPid, maps:get(reason, Info, "")]),
             replay(erlcuda_catalogue:replay(), D#data{hello = Info});
@@ -346,7 +353,7 @@ start_worker(#data{config = Previous} = D0) ->
     D = D0#data{started = now_ms(), config = Config, shm = shm_folder(Config), epoch = Epoch,
                 reader = erlcuda_protocol:reader()},
     #{python := Python, args := Args, env := Env} =
-        erlcuda_protocol:worker_command(Config, D#data.shm),
+        erlcuda_worker_start:worker_command(Config, D#data.shm),
     try open_port({spawn_executable, Python},
                   [{args, Args}, {env, Env}, stream, binary, exit_status, nouse_stdio,
                    hide]) of
@@ -361,7 +368,7 @@ start_worker(#data{config = Previous} = D0) ->
             %% The hello goes first, while nobody else knows the port: callers' frames could
             %% fill the pipe before the new worker reads it. If it is already closed, its
             %% exit follows.
-            {_, D1} = send_call(hello, erlcuda_protocol:hello_args(), hello,
+            {_, D1} = send_call(hello, erlcuda_worker_start:hello_args(), hello,
                                 D#data{port = Port, os_pid = OsPid, last_frame = now_ms(),
                                        writer = Writer}),
             %% With modules to load again, the port is published once they are loaded.
@@ -494,11 +501,10 @@ tick_ms(#data{config = #{watchdog_ms := Limit}}) -> max(min(Limit div 4, ?SWEEP_
 %% Never suspended: a port whose worker stopped reading, full of launches, must not stop
 %% this process (and with it the watchdog that would free everyone).
 send_call(Fun, Args, Caller, #data{port = Port, next_call = Id, calls = Calls} = D) ->
-    try port_command(Port, erlcuda_protocol:encode_call(Id, Fun, Args), [nosuspend]) of
+    case erlcuda_writer:direct(Port, erlcuda_protocol:encode_call(Id, Fun, Args)) of
         true -> {ok, D#data{calls = Calls#{Id => Caller}, next_call = Id + 1}};
-        false -> {error, port_busy}
-    catch
-        error:badarg -> {error, {worker_down, port_closed}}
+        busy -> {error, port_busy};
+        closed -> {error, {worker_down, port_closed}}
     end.
 
 fail_calls(Why, State, #data{calls = Calls} = D) ->

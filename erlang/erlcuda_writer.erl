@@ -10,12 +10,13 @@
 %% ?MAX_PENDING_BYTES a caller waits until its frame is written, as it would wait on a busy
 %% port, so many callers of large jobs cannot pile up gigabytes here.
 %%
-%% What callers write themselves goes through `direct/2' too, and control frames that must
-%% keep their place behind the launches (a buffer's `free') through `control/2'.
+%% This is the one module that writes the port: a caller's launch (`launch/3', written by
+%% the caller itself or handed over), control frames that must keep their place behind the
+%% launches (a buffer's `free', `control/2'), and the port owner's calls (`direct/2').
 -module(erlcuda_writer).
 
--export([start_link/1, init/1, new_counters/0, pending/1, hand_over/5, hand_over_control/3,
-         control/2, direct/2, stats/1]).
+-export([start_link/1, init/1, new_counters/0, pending/1, launch/3, hand_over/5,
+         hand_over_control/3, control/2, direct/2, stats/1]).
 
 %% counters: frames handed over and not yet written; jobs written here; batch frames written;
 %% bytes handed over and not yet written
@@ -75,6 +76,25 @@ hand_over(Writer, Counters, Frame, Size, Deadline) ->
             end
     end.
 
+%% @doc Write a launch frame: by the caller itself while nothing waits for the writer and
+%% the port is not busy (a lone job pays no hop), else handed to the port's writer. Never
+%% suspended; it waits for the writer only past its byte bound, and at most until
+%% `Deadline'. `handed' when the writer took it, `closed' when the port or its writer is
+%% gone, `late' when the deadline passed first.
+-spec launch(erlcuda_status:status(), iodata(), integer() | infinity) ->
+    written | handed | closed | late.
+launch(#{port := Port, writer := Writer, writer_counters := Counters}, Frame, Deadline) ->
+    case now_or_busy(Port, Counters, Frame) of
+        true -> written;
+        closed -> closed;
+        busy ->
+            case hand_over(Writer, Counters, Frame, iolist_size(Frame), Deadline) of
+                ok -> handed;
+                gone -> closed;
+                late -> late
+            end
+    end.
+
 %% @doc Write a control frame that must not overtake the launches written before it (a
 %% `free'): to the port at once while the port's writer holds nothing, else through the
 %% writer, after what it holds. Only to the worker of `Epoch'; never waits.
@@ -83,16 +103,20 @@ control(Epoch, Frame) ->
     case erlcuda_status:status() of
         #{status := up, epoch := Epoch, port := Port, writer := Writer,
           writer_counters := Counters} ->
-            Direct = case pending(Counters) of
-                         P when P =< 0 -> direct(Port, Frame);
-                         _ -> busy
-                     end,
-            case Direct of
+            case now_or_busy(Port, Counters, Frame) of
                 busy -> hand_over_control(Writer, Counters, Frame);
                 _ -> ok
             end;
         _ ->
             ok
+    end.
+
+%% A frame written at once only while the writer holds none: one caller's frames keep their
+%% order.
+now_or_busy(Port, Counters, Frame) ->
+    case pending(Counters) of
+        P when P =< 0 -> direct(Port, Frame);
+        _ -> busy
     end.
 
 %% @doc Write a frame to the port now, never suspended: `true', `busy' (the port queue is

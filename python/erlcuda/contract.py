@@ -197,6 +197,36 @@ def _union(names: Sequence[str]) -> str:
     return " | ".join(_atom(n) for n in names)
 
 
+def _element_clauses() -> str:
+    """The clauses of the element-type functions, in the order of ``element_types`` (a
+    type's index on the wire is its place there)."""
+    info = _RAW["element_info"]
+    size = ";\n".join(f"element_size({_atom(t)}) -> {info[t]['size']}" for t in ELEMENT_TYPES)
+    index = ";\n".join(f"element_index({_atom(t)}) -> {i}" for i, t in enumerate(ELEMENT_TYPES))
+    byte = "".join(f"element_type({i}) -> {_atom(t)};\n" for i, t in enumerate(ELEMENT_TYPES))
+    ranges = ";\n".join(
+        f"element_range({_atom(t)}) -> "
+        + (f"{{{info[t]['min']}, {info[t]['max']}}}" if info[t]["kind"] == "int" else "float")
+        for t in ELEMENT_TYPES
+    )
+    return f"""%% @doc Bytes per element.
+-spec element_size(element_type()) -> pos_integer().
+{size}.
+
+%% @doc A type's byte on the wire: its place in the element types.
+-spec element_index(element_type()) -> 0..{len(ELEMENT_TYPES) - 1}.
+{index}.
+
+%% @doc The type a byte on the wire names; `error' for none.
+-spec element_type(byte()) -> element_type() | error.
+{byte}element_type(_) -> error.
+
+%% @doc The values an integer type holds, `{{Min, Max}}'; `float' for a float type.
+-spec element_range(element_type()) -> {{integer(), integer()}} | float.
+{ranges}.
+"""
+
+
 def erlang_module() -> str:
     """The source of ``erlcuda_contract.erl``."""
     kernels = ",\n     ".join(
@@ -208,6 +238,7 @@ def erlang_module() -> str:
         for k in KERNELS.values()
     )
     atoms = ", ".join(_atom(a) for a in sorted(ATOMS))
+    limits = _RAW["limits"]
     return f"""%% @private
 %% Generated from python/erlcuda/contract.json by python/erlcuda/contract.py at build time.
 %% Do not edit: change the JSON file, and both sides follow.
@@ -215,6 +246,9 @@ def erlang_module() -> str:
 
 -export([protocol/0, max_frame/0, max_elements/0, max_devices/0, element_types/0, kernels/0,
          cuda_codes/0, reasons/0, worker_atoms/0]).
+%% Element types and limits.
+-export([element_size/1, element_index/1, element_type/1, element_range/1, shm_parts/0,
+         kernel_name_bytes/0, log_levels/0]).
 
 -export_type([builtin_kernel/0, cuda_code/0, element_type/0, spec/0, param/0]).
 
@@ -247,6 +281,20 @@ max_devices() -> {MAX_DEVICES}.
 -spec element_types() -> [element_type()].
 element_types() -> [{", ".join(_atom(t) for t in ELEMENT_TYPES)}].
 
+{_element_clauses()}
+%% @doc The most part files one vector in shared memory is cut into; a result record that
+%% names more is no result the worker wrote.
+-spec shm_parts() -> pos_integer().
+shm_parts() -> {limits["shm_parts"]}.
+
+%% @doc The most bytes of a kernel's name: the launch frame gives its length one byte.
+-spec kernel_name_bytes() -> pos_integer().
+kernel_name_bytes() -> {limits["kernel_name_bytes"]}.
+
+%% @doc The levels of the worker's log lines (each one of logger's).
+-spec log_levels() -> [logger:level()].
+log_levels() -> [{", ".join(_atom(x) for x in LOG_LEVELS)}].
+
 %% @doc The built-in kernels.
 -spec kernels() -> [spec()].
 kernels() ->
@@ -268,9 +316,14 @@ worker_atoms() ->
 
 
 def erlang_header() -> str:
-    """The source of ``erlcuda_contract.hrl``: the wire's bytes as macros, for binary
-    patterns (which cannot call functions)."""
+    """The source of ``erlcuda_contract.hrl``: the wire's bytes, and each element type's
+    index and size, as macros, for binary patterns and guards (which cannot call
+    functions)."""
     lines = [f"-define({name}, {value})." for name, value in WIRE.macros().items()]
+    info = _RAW["element_info"]
+    for index, t in enumerate(ELEMENT_TYPES):
+        lines.append(f"-define(ELEMENT_INDEX_{t.upper()}, {index}).")
+        lines.append(f"-define(ELEMENT_SIZE_{t.upper()}, {info[t]['size']}).")
     return ("%% Generated from python/erlcuda/contract.json by python/erlcuda/contract.py at "
             "build time.\n%% Do not edit: change the JSON file, and both sides follow.\n"
             + "\n".join(lines) + "\n")

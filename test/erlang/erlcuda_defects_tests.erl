@@ -177,11 +177,12 @@ version_mismatch_test() ->
     application:load(erlcuda),
     Info = #{backend => cpu, devices => 1, status => ok, version => <<"0.0.1">>,
              protocol => 1},
-    {unavailable, Why} = erlcuda_protocol:check_hello(Info),
+    {unavailable, Why} = erlcuda_worker_start:check_hello(Info),
     ?assertMatch({match, _}, re:run(Why, "version mismatch.*0\\.0\\.1")),
     {ok, Vsn} = application:get_key(erlcuda, vsn),
-    ?assertEqual(ok, erlcuda_protocol:check_hello(Info#{version => list_to_binary(Vsn),
-                                                        protocol => erlcuda_contract:protocol()})).
+    ?assertEqual(ok, erlcuda_worker_start:check_hello(
+                       Info#{version => list_to_binary(Vsn),
+                             protocol => erlcuda_contract:protocol()})).
 
 %% telemetry events, through a stand-in module for the optional telemetry application.
 telemetry_test_() ->

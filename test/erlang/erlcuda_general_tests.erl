@@ -18,6 +18,23 @@ types_match_the_contract_test() ->
     ?assertEqual(error, erlcuda_vector:type(6)),
     ?assertEqual([4, 8, 4, 4, 8, 1], [erlcuda_vector:size(T) || T <- Types]).
 
+%% Each integer type takes exactly the range the contract gives it, and the part limit of
+%% shared memory is the contract's.
+ranges_are_the_contracts_test() ->
+    Ints = [{T, erlcuda_contract:element_range(T)}
+            || T <- erlcuda_contract:element_types(), erlcuda_contract:element_range(T) =/= float],
+    ?assertEqual([i32, u32, i64, u8], [T || {T, _} <- Ints]),
+    lists:foreach(
+      fun({T, {Min, Max}}) ->
+              {ok, Bin} = erlcuda_vector:pack(T, [Min, Max]),
+              ?assertEqual({ok, [Min, Max]}, erlcuda_vector:unpack(T, Bin)),
+              ?assertMatch({error, _}, erlcuda_vector:pack(T, [Min - 1])),
+              ?assertMatch({error, _}, erlcuda_vector:pack(T, [Max + 1]))
+      end, Ints),
+    Big = 64 * erlcuda_shm:part_bytes(0) * erlcuda_contract:shm_parts(),
+    ?assert(erlcuda_shm:part_bytes(Big) * erlcuda_contract:shm_parts() >= Big),
+    ?assert(erlcuda_shm:part_bytes(Big) * (erlcuda_contract:shm_parts() - 1) < Big).
+
 pack_round_trips_test() ->
     Cases = [{f32, [1.5, -2.0, 0.0, 3]}, {f64, [1.0e300, -1.0e-300, 2, 0.1]},
              {i32, [-2147483648, 0, 2147483647]}, {u32, [0, 4294967295]},

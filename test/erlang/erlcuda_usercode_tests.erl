@@ -164,10 +164,11 @@ refused_options() ->
 not_blocked() ->
     Self = self(),
     %% a source nvcc has not cached (compiled code is cached by its preprocessed text, which
-    %% has no comments), of many kernels
+    %% has no comments), of many kernels; the cache outlives the node, and unique_integer/1
+    %% counts the same way in every new node, so the name is drawn at random
     Source = iolist_to_binary(
                [io_lib:format("__device__ int erlcuda_unique_~b;\n",
-                              [erlang:unique_integer([positive])]),
+                              [rand:uniform(1 bsl 62)]),
                 [io_lib:format("extern \"C\" __global__ void k~b(float *x, int n) {\n"
                                "  for (int i = 0; i < n; i++) x[i] = sinf(x[i]) * ~b.0f;\n}\n",
                                [I, I]) || I <- lists:seq(1, 200)]]),
