@@ -5,7 +5,7 @@
 %% out, so a late result never reaches the caller.
 -module(erlcuda_await).
 
--export([deadline/1, remaining/1, reply/3, drop/3, result/1]).
+-export([deadline/1, remaining/1, reply/3, drop/3, result/1, message/1]).
 
 -export_type([deadline/0]).
 
@@ -23,31 +23,41 @@ remaining(Deadline) -> max(Deadline - erlang:monotonic_time(millisecond), 0).
 
 %% @doc The reply through `Alias', as launch_sync returns it, until `Deadline'. With the
 %% monitor `Mon' of the process that is to send it (a proxy on another node), its 'DOWN'
-%% ends the wait too; `none' for a local job.
+%% ends the wait too, and a result it holds (`held': one that names buffers, which it gives
+%% once told it is taken) is one more answer; `none' for a local job.
 -spec reply(reference(), deadline(), reference() | none) ->
-    {ok, term()} | {down, term()} | timeout.
+    {ok, term()} | {held, pid(), tuple()} | {down, term()} | timeout.
 reply(Alias, Deadline, Mon) ->
     receive
         {erlcuda, Alias, Result} -> {ok, result(Result)};
         {erlcuda, Alias, {Tag, Value}, Stamps} -> {ok, {Tag, Value, Stamps}};
+        {erlcuda_held, Alias, Proxy, Message} -> {held, Proxy, Message};
         {'DOWN', Mon, process, _, Why} -> {down, Why}
     after remaining(Deadline) ->
         timeout
     end.
 
+%% @doc A reply message, as launch_sync returns its content.
+-spec message(tuple()) -> term().
+message({erlcuda, _, Result}) -> result(Result);
+message({erlcuda, _, {Tag, Value}, Stamps}) -> {Tag, Value, Stamps}.
+
 %% @doc The wait is over: a reply that comes within `Ms' more has the buffers in it freed
-%% with `Free', and `Alias' is dropped with whatever came through it.
+%% with `Free', and `Alias' is dropped with whatever came through it (a held result is
+%% refused: its proxy frees what it names).
 -spec drop(reference(), timeout(), fun((term()) -> term())) -> ok.
 drop(Alias, Ms, Free) ->
     receive
         {erlcuda, Alias, R} -> _ = Free(R);
-        {erlcuda, Alias, R, _} -> _ = Free(R)
+        {erlcuda, Alias, R, _} -> _ = Free(R);
+        {erlcuda_held, Alias, Proxy, _} -> Proxy ! {erlcuda_cancel, Alias}
     after Ms -> ok
     end,
     unalias(Alias),
     receive
         {erlcuda, Alias, Late} -> _ = Free(Late), ok;
-        {erlcuda, Alias, Late, _} -> _ = Free(Late), ok
+        {erlcuda, Alias, Late, _} -> _ = Free(Late), ok;
+        {erlcuda_held, Alias, Held, _} -> Held ! {erlcuda_cancel, Alias}, ok
     after 0 -> ok
     end.
 

@@ -19,14 +19,14 @@
 %% on other nodes (each tells it `{erlcuda_proxy, JobId, Pid}' as it starts), and their
 %% 'DOWN' ends the job's record; a proxy lost with its connection, and on a nodedown every
 %% job recorded for that node, is answered `{error, {node_down, Node}}' through the job's
-%% one-shot alias. A launch_sync of this node that abandoned its spawn request tells the
-%% agent of the node it went to, `{erlcuda_abandon, Alias}', which stops the proxy there
-%% (erlcuda_proxies).
+%% one-shot alias. A proxy whose result names buffers hands it to the agent
+%% (`{erlcuda_held, JobId, Proxy, Message}'), which holds it in the record and tells the
+%% proxy to give the buffers to the caller; the proxy's normal end then delivers it.
 -module(erlcuda_cluster).
 -behaviour(gen_server).
 
 -export([create/0, start_link/0, is_member/1, pick/1, sent/2, info/0, local_load/0,
-         nodes_up/0, abandon/2]).
+         nodes_up/0]).
 
 %% gen_server.
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
@@ -48,8 +48,6 @@
 -define(MIN_RATE, 0.01).
 %% After this many ticks without a job in flight, the rate is not known any more.
 -define(IDLE_TICKS, 5).
-%% Every this many ticks, the marks of abandoned proxies no proxy came for are swept.
--define(SWEEP_TICKS, 25).
 
 -type load() :: #{devices := non_neg_integer(), depths := [integer()],
                   backend := cpu | cuda | undefined,
@@ -71,21 +69,12 @@
                 idle = 0 :: non_neg_integer()}).
 
 %% @doc The table of figures; created by the application's process so that it outlives
-%% the agent. The tables of remote jobs' records (erlcuda_records) and of the proxies here
-%% (erlcuda_proxies) too.
+%% the agent. The table of remote jobs' records too (erlcuda_records).
 -spec create() -> ok.
 create() ->
     ?LOADS = ets:new(?LOADS, [set, public, named_table, {read_concurrency, true},
                               {write_concurrency, true}]),
-    ok = erlcuda_proxies:create(),
     erlcuda_records:create().
-
-%% @doc A launch_sync of this node gave up on its spawn request to `Node': the agent there
-%% stops its proxy, whether or not it has started (erlcuda_proxies). Never connects.
--spec abandon(node(), reference()) -> ok.
-abandon(Node, Alias) ->
-    _ = erlang:send({?MODULE, Node}, {erlcuda_abandon, Alias}, [noconnect]),
-    ok.
 
 -spec start_link() -> {ok, pid()} | ignore | {error, term()}.
 start_link() ->
@@ -218,7 +207,6 @@ handle_info(tick, #state{ticks = T} = State0) ->
     State = measure(status_change(State0)),
     publish(State),
     purge_excluded(),
-    sweep_marks(T),
     {noreply, State#state{ticks = T + 1}};
 handle_info({erlcuda_cluster, status}, State0) ->
     %% The worker's status or device count changed: tell the others now.
@@ -253,8 +241,15 @@ handle_info({erlcuda_proxy, Id, Proxy}, State) when is_integer(Id), is_pid(Proxy
     State1 = watch(Id, Proxy, State),
     Proxy ! {erlcuda_watched, Id},
     {noreply, State1};
-handle_info({erlcuda_abandon, Alias}, State) when is_reference(Alias) ->
-    ok = erlcuda_proxies:abandon(Alias),
+handle_info({erlcuda_held, Id, Proxy, Message}, State) when is_integer(Id), is_pid(Proxy),
+                                                            is_tuple(Message) ->
+    %% A result that names buffers: taken into the job's record, and delivered once its
+    %% proxy has given the buffers to the caller and ended ('DOWN', normal). A job already
+    %% answered (node_down) refuses it, and its proxy frees them.
+    _ = case erlcuda_records:hold(Proxy, Id, Message) of
+            true -> Proxy ! {erlcuda_taken, Id};
+            false -> Proxy ! {erlcuda_cancel, Id}
+        end,
     {noreply, State};
 handle_info({'DOWN', Mon, process, Proxy, Why}, #state{proxies = Proxies} = State) ->
     case maps:take(Mon, Proxies) of
@@ -279,11 +274,6 @@ handle_info(_, State) ->
 
 %% Internal.
 
-sweep_marks(Ticks) when Ticks rem ?SWEEP_TICKS =:= 0 ->
-    _ = erlcuda_proxies:sweep(),
-    ok;
-sweep_marks(_) ->
-    ok.
 
 %% A new member: a row at once (its figure follows), and this node's figure to it now.
 welcome(Pid, Node) ->

@@ -1,20 +1,21 @@
 %% @private
 %% This node's records of its launch jobs in flight on other nodes (erlcuda_remote): an
-%% ETS table of `{{Node, JobId}, Alias, Proxy, Traced}', Proxy `undefined' until the job's
-%% proxy is heard of, then its pid; Traced whether its reply carries stamps. A caller records its job before its proxy is spawned; the agent
+%% ETS table of `{{Node, JobId}, Alias, Proxy, Traced, Held}', Proxy `undefined' until the
+%% job's proxy is heard of, then its pid; Traced whether its reply carries stamps; Held
+%% `none', or a result naming buffers that waits for its proxy to give them to the caller
+%% and end. A caller records its job before its proxy is spawned; the agent
 %% (erlcuda_cluster) watches the proxy and answers through the alias when it is lost. A
 %% record goes with whoever takes it: the agent when the proxy ends or its node goes down,
 %% or the caller whose proxy could not be spawned.
 -module(erlcuda_records).
 
--export([create/0, record/3, take_back/1, watch/2, watched/0, proxy_down/3, node_down/1,
-         recorded_nodes/0, lost/2, error_message/3]).
+-export([create/0, record/3, take_back/1, watch/2, hold/3, watched/0, proxy_down/3,
+         node_down/1, recorded_nodes/0, lost/2, error_message/3]).
 
 -define(RECORDS, erlcuda_remote).
 
-%% @doc The table of this node's launch jobs in flight on other nodes: `{{Node, JobId},
-%% Alias, Proxy}', Proxy `undefined' until the proxy is heard of, then its pid; created by
-%% the application's process so that it outlives the agent.
+%% @doc The table of this node's launch jobs in flight on other nodes; created by the
+%% application's process so that it outlives the agent.
 -spec create() -> ok.
 create() ->
     ?RECORDS = ets:new(?RECORDS, [ordered_set, public, named_table,
@@ -25,7 +26,7 @@ create() ->
 %% when `Traced').
 -spec record({node(), erlcuda:job_id()}, reference(), boolean()) -> ok.
 record(Key, Alias, Traced) ->
-    true = ets:insert(?RECORDS, {Key, Alias, undefined, Traced}),
+    true = ets:insert(?RECORDS, {Key, Alias, undefined, Traced, none}),
     ok.
 
 %% @doc The caller takes its record back (its proxy could not be spawned): `false' when the
@@ -42,14 +43,27 @@ watch(Proxy, Id) ->
     catch error:badarg -> false
     end.
 
-%% @doc A watched proxy of this node's launch job `Id' ended: its record goes. A proxy
-%% that ended for `noconnection' is the job's `node_down'; one that ended in any other way
-%% but normally (it always replies before it exits) gets the job an error.
+%% @doc The watched proxy `Proxy' of this node's launch job `Id' has a result that names
+%% buffers: the record holds it until the proxy ends. `false' when the job is answered
+%% already (its node went down), or is not that proxy's.
+-spec hold(pid(), erlcuda:job_id(), tuple()) -> boolean().
+hold(Proxy, Id, Message) ->
+    Key = {node(Proxy), Id},
+    case ets:lookup(?RECORDS, Key) of
+        [{Key, _, Proxy, _, none}] -> ets:update_element(?RECORDS, Key, {5, Message});
+        _ -> false
+    end.
+
+%% @doc A watched proxy of this node's launch job `Id' ended: its record goes. A normal end
+%% came after its reply (sent on the same connection) or after it gave the buffers of the
+%% result the record holds, which is delivered now. One that ended for `noconnection' is
+%% the job's `node_down'; any other end gets the job an error.
 -spec proxy_down(node(), erlcuda:job_id(), term()) -> ok.
 proxy_down(Node, Id, Why) ->
     case ets:take(?RECORDS, {Node, Id}) of
-        [{_, _, _, _}] when Why =:= normal -> ok;
-        [{_, Alias, _, Traced}] -> Alias ! error_message(Id, lost(Node, Why), Traced), ok;
+        [{_, _, _, _, none}] when Why =:= normal -> ok;
+        [{_, Alias, _, _, Held}] when Why =:= normal -> Alias ! Held, ok;
+        [{_, Alias, _, Traced, _}] -> Alias ! error_message(Id, lost(Node, Why), Traced), ok;
         [] -> ok
     end.
 
@@ -57,14 +71,15 @@ proxy_down(Node, Id, Why) ->
 %% watches them again.
 -spec watched() -> [{erlcuda:job_id(), pid()}].
 watched() ->
-    ets:select(?RECORDS, [{{{'_', '$1'}, '_', '$2', '_'}, [{is_pid, '$2'}],
+    ets:select(?RECORDS, [{{{'_', '$1'}, '_', '$2', '_', '_'}, [{is_pid, '$2'}],
                            [{{'$1', '$2'}}]}]).
 
 %% @doc `Node' went down: every job recorded for it is answered `{error, {node_down,
 %% Node}}', through its alias.
 -spec node_down(node()) -> ok.
 node_down(Node) ->
-    Keys = ets:select(?RECORDS, [{{{Node, '_'}, '_', '_', '_'}, [], [{element, 1, '$_'}]}]),
+    Keys = ets:select(?RECORDS, [{{{Node, '_'}, '_', '_', '_', '_'}, [],
+                                  [{element, 1, '$_'}]}]),
     lists:foreach(fun(Key) -> proxy_down(Node, element(2, Key), noconnection) end, Keys).
 
 %% @doc The nodes this node has jobs recorded for.
@@ -78,9 +93,11 @@ recorded_nodes() ->
 recorded('$end_of_table', Acc) -> lists:reverse(Acc);
 recorded({Node, _}, Acc) -> recorded(ets:next(?RECORDS, {Node, []}), [Node | Acc]).
 
-%% @doc A proxy that ended without a reply: its node, or its connection, was lost.
+%% @doc A proxy that ended without a reply: its node, or its connection, was lost (or the
+%% connection did not carry the hand-over of its result in time: `{shutdown, unanswered}').
 -spec lost(node(), term()) -> {error, erlcuda:reason()}.
 lost(Node, noconnection) -> {error, {node_down, Node}};
+lost(Node, {shutdown, unanswered}) -> {error, {node_down, Node}};
 lost(_, Why) -> {error, {internal, iolist_to_binary(io_lib:format("the job's proxy on its "
                                                                   "node ended: ~0P",
                                                                   [Why, 10]))}}.

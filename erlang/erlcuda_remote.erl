@@ -15,11 +15,10 @@
 %%   proxy to take its job back (`{erlcuda_cancel, Alias}'): a job still registered is
 %%   dropped there, with the buffers it was to keep; one answered meanwhile has the
 %%   buffers in its reply freed there. A node that has not even answered the spawn by
-%%   then has the request abandoned, and its agent told (erlcuda_proxies): a proxy that
-%%   starts there later runs nothing. The buffers a job keeps are its proxy's until it
-%%   hands them to the caller with the reply; a proxy whose caller gave up, or whose
-%%   connection to the caller dropped since it started (the caller's side answered
-%%   node_down then), frees them instead.
+%%   then has the request abandoned. The buffers a job keeps are its proxy's until the
+%%   caller's side has taken the result over a live connection (the caller in its wait,
+%%   the agent for a launch): only then are they given to the caller; a proxy whose
+%%   result nobody takes in time frees them.
 %% - launch: the caller records `{{Node, JobId}, Alias, Proxy}' (erlcuda_records) before
 %%   the proxy is spawned, and goes on. The proxy tells this node's agent (erlcuda_cluster) that it
 %%   runs; the agent monitors it, and the record goes with the proxy's 'DOWN': for a normal
@@ -35,6 +34,8 @@
 
 %% What `receive ... after' accepts.
 -define(MAX_TIMEOUT, 4294967295).
+%% How long a proxy holds a result that names buffers for the caller's side to take it.
+-define(HAND_OVER_MS, 5000).
 %% Calls to another node about buffers, and the wait for the proxy of a job that keeps
 %% buffers once its launch_sync timed out.
 -define(CALL_TIMEOUT, 5000).
@@ -209,6 +210,11 @@ await_spawn(#{req := Req, alias := Alias, node := Node, keeps := Keeps} = W, Dea
     receive
         {spawn_reply, Req, ok, Proxy} ->
             await(W#{proxy => Proxy}, Deadline);
+        {spawn_reply, Req, error, noconnection} ->
+            %% The request may have reached the node before the connection dropped, and
+            %% its proxy run there: the job is not known not to have run.
+            unalias(Alias),
+            {error, {node_down, Node}};
         {spawn_reply, Req, error, _} ->
             unalias(Alias),
             {error, {bad_node, Node}}
@@ -227,11 +233,11 @@ late_spawn(#{req := Req, alias := Alias} = W, Until) ->
         abandon(W)
     end.
 
-abandon(#{req := Req, alias := Alias, node := Node} = W) ->
+abandon(#{req := Req, alias := Alias} = W) ->
     case erlang:spawn_request_abandon(Req) of
         true ->
-            %% The proxy may still start there, when that node runs again.
-            ok = erlcuda_cluster:abandon(Node, Alias),
+            %% A proxy that still starts there, once that node runs again, finds nobody to
+            %% take what it makes.
             unalias(Alias),
             {error, timeout};
         false ->
@@ -244,19 +250,36 @@ abandon(#{req := Req, alias := Alias, node := Node} = W) ->
 
 %% launch_sync's wait, as for a local job (the reply names the alias), with the proxy's
 %% 'DOWN' too.
-await(#{req := Req, alias := Alias, node := Node} = W, Deadline) ->
+await(#{req := Req, alias := Alias} = W, Deadline) ->
     case erlcuda_await:reply(Alias, Deadline, Req) of
         {ok, Result} ->
             gone(Req),
             Result;
+        {held, Proxy, Message} ->
+            %% A result that names buffers: its proxy gives them to this caller once told
+            %% it is taken, and then ends.
+            Proxy ! {erlcuda_taken, Alias},
+            taken(W, Message, deadline(?CALL_TIMEOUT));
         {down, Why} ->
             unalias(Alias),
-            case {erlcuda_records:lost(Node, Why), W} of
-                {{error, R}, #{traced := true}} -> {error, R, #{}};
-                {Error, _} -> Error
-            end;
+            lost(W, Why);
         timeout ->
             timed_out(W, deadline(?CALL_TIMEOUT))
+    end.
+
+taken(#{req := Req} = W, Message, Until) ->
+    receive
+        {'DOWN', Req, process, _, normal} -> erlcuda_await:message(Message);
+        {'DOWN', Req, process, _, Why} -> lost(W, Why)
+    after remaining(Until) ->
+        gone(Req),
+        {error, timeout}
+    end.
+
+lost(#{node := Node, traced := Traced}, Why) ->
+    case erlcuda_records:lost(Node, Why) of
+        {error, R} when Traced -> {error, R, #{}};
+        Error -> Error
     end.
 
 %% The proxy takes its job back, with what it was to keep, and ends at once. For a job that
@@ -306,62 +329,77 @@ free_found(Term) ->
 %% @doc The proxy of a caller of another node: the same validate and submit as a local
 %% caller's, then the job's one reply, or its refusal, forwarded to the caller's alias
 %% under `Tag' (the job id of a launch, the alias of a launch_sync). A launch's proxy tells
-%% the caller's agent first, which watches it, and ends only once the agent said so. A
-%% launch_sync's proxy is found by its alias (erlcuda_proxies): its caller may give up
-%% before it starts.
+%% the caller's agent first, which watches it, and ends only once the agent said so.
 -spec proxy(reference(), erlcuda:job_id() | reference(), pid(), boolean(), term(), term(),
             term()) -> ok.
 proxy(Alias, Tag, Caller, Sync, Kernel, Args, Opts) ->
-    %% A connection that drops, even for a moment, ends the job for the caller (its side
-    %% answers node_down): from then on nothing is given to it.
-    true = erlang:monitor_node(node(Caller), true),
-    case not Sync orelse erlcuda_proxies:enter(Alias) of
-        true ->
-            serve(Alias, Tag, Caller, Sync, Kernel, Args, Opts),
-            Sync andalso erlcuda_proxies:leave(Alias),
-            ok;
-        false ->
-            ok
-    end.
-
-serve(Alias, Tag, Caller, Sync, Kernel, Args, Opts) ->
     Agent = {erlcuda_cluster, node(Caller)},
     Watch = case Sync of
                 true -> none;
                 false -> announce(Agent, Tag)
             end,
-    Reply = try run(Caller, Sync, Kernel, Args, Opts)
+    Reply = try run(Sync, Kernel, Args, Opts)
             catch Class:Why -> {error, {internal, iolist_to_binary(
                                                     io_lib:format("~0P", [{Class, Why}, 20]))}}
             end,
-    deliver(Reply, Alias, Tag, Caller, traced(Opts)),
-    watched(Watch, Agent, Tag, ?ANNOUNCES).
+    deliver(Reply, found_buffers(Reply), {Alias, Tag, Caller, Watch, Agent}, traced(Opts)).
 
-%% The reply goes to a caller that still waits for it, with the buffers it names given to
-%% the caller first; one whose connection dropped or who gave up meanwhile gets nothing,
-%% and the buffers are freed here.
-deliver(cancelled, _, _, _, _) ->
-    ok;
-deliver(Reply, Alias, Tag, Caller, Traced) ->
-    case still_wanted(node(Caller)) of
-        true ->
-            _ = [erlcuda_buffers:give(B, Caller) || B <- found_buffers(Reply)],
-            Alias ! message(Reply, Tag, Traced),
-            ok;
-        false ->
-            free_here(Reply)
-    end.
-
-still_wanted(Node) ->
-    receive
-        {nodedown, Node} -> false;
-        {erlcuda_cancel, _} -> false
-    after 0 -> true
-    end.
+%% A result that names no buffer goes straight to the caller's alias. One that names
+%% buffers is held (they stay the proxy's) until whoever answers the caller takes it over
+%% the connection as it is now: the launch_sync caller itself, or for a launch the caller's
+%% agent, which holds it in the job's record. Only then are the buffers given to the
+%% caller; a refusal (the caller gave up, or was answered node_down), a lost connection or
+%% no answer in time frees them here. A proxy that started after its caller's connection
+%% had dropped, or that finished while its node was stopped, can so never hand buffers to
+%% a caller that stopped waiting for them.
+deliver(cancelled, _, {_, Tag, _, Watch, Agent}, _) ->
+    watched(Watch, Agent, Tag, ?ANNOUNCES);
+deliver(Reply, [], {Alias, Tag, _, Watch, Agent}, Traced) ->
+    Alias ! message(Reply, Tag, Traced),
+    watched(Watch, Agent, Tag, ?ANNOUNCES);
+deliver(Reply, Buffers, {Alias, Tag, Caller, none, _}, Traced) ->
+    Alias ! {erlcuda_held, Alias, self(), message(Reply, Tag, Traced)},
+    settle(taken(Alias), Buffers, Caller);
+deliver(Reply, Buffers, {_, Tag, Caller, Watch, Agent}, Traced) ->
+    settle(held(Watch, Agent, Tag, message(Reply, Tag, Traced), ?ANNOUNCES), Buffers, Caller).
 
 message({traced, R, Stamps}, Tag, _) -> {erlcuda, Tag, R, Stamps};
 message({error, _} = E, Tag, Traced) -> erlcuda_records:error_message(Tag, E, Traced);
 message(R, Tag, _) -> {erlcuda, Tag, R}.
+
+taken(Tag) ->
+    receive
+        {erlcuda_taken, Tag} -> taken;
+        {erlcuda_cancel, Tag} -> refused
+    after ?HAND_OVER_MS -> unanswered
+    end.
+
+%% The caller's agent holds the result; an agent that restarts meanwhile is told again.
+held(Mon, Agent, Tag, Message, Left) ->
+    Agent ! {erlcuda_held, Tag, self(), Message},
+    receive
+        {erlcuda_taken, Tag} -> demonitor(Mon, [flush]), taken;
+        {erlcuda_cancel, Tag} -> demonitor(Mon, [flush]), refused;
+        {'DOWN', Mon, process, _, noconnection} -> refused;
+        {'DOWN', Mon, process, _, _} when Left > 0 ->
+            timer:sleep(?ANNOUNCE_MS),
+            held(announce(Agent, Tag), Agent, Tag, Message, Left - 1);
+        {'DOWN', Mon, process, _, _} -> unanswered
+    after ?HAND_OVER_MS ->
+        demonitor(Mon, [flush]),
+        unanswered
+    end.
+
+settle(taken, Buffers, Caller) ->
+    _ = [erlcuda_buffers:give(B, Caller) || B <- Buffers],
+    ok;
+settle(refused, Buffers, _) ->
+    _ = [erlcuda_buffers:free(B) || B <- Buffers],
+    ok;
+settle(unanswered, Buffers, _) ->
+    _ = [erlcuda_buffers:free(B) || B <- Buffers],
+    %% Whoever watches the proxy answers the job: its result is gone.
+    exit({shutdown, unanswered}).
 
 %% The caller's agent is told this proxy runs, and watched meanwhile: an agent that
 %% restarts before it answers is told again.
@@ -391,14 +429,14 @@ traced(Opts) when is_map(Opts) -> maps:get(trace, Opts, false) =:= true;
 traced(Opts) when is_list(Opts) -> proplists:get_value(trace, lists:reverse(Opts)) =:= true;
 traced(_) -> false.
 
-run(Caller, Sync, Kernel, Args, Opts) ->
+run(Sync, Kernel, Args, Opts) ->
     case erlcuda_job:validate(Kernel, Args, Opts) of
         {ok, Job} ->
             %% The buffers the job keeps are the proxy's until it hands them over with the
             %% reply: a proxy that dies first takes them with it.
             Mine = alias(),
             case erlcuda_submit:submit(job_deadline(Job, Sync), {erlcuda_proxy, Mine, self()}) of
-                {ok, Id} -> wait(Id, Mine, Caller, Sync);
+                {ok, Id} -> wait(Id, Mine, Sync);
                 {error, _} = Error -> Error
             end;
         {error, _} = Error ->
@@ -412,18 +450,15 @@ job_deadline(Job, _) ->
 
 %% The job's reply, made final for a launch (a launch_sync's caller makes its own floats).
 %% The port owner is watched: a job it can no longer answer is `worker_down'. A caller
-%% that stopped waiting, or whose connection dropped, has the job taken back.
-wait(Id, Mine, Caller, Sync) ->
+%% that stopped waiting has the job taken back.
+wait(Id, Mine, Sync) ->
     Owner = monitor(process, erlcuda_worker),
-    Node = node(Caller),
     receive
         {erlcuda, Mine, Result} ->
             demonitor(Owner, [flush]), final(Result, Sync);
         {erlcuda, Mine, R, Stamps} ->
             demonitor(Owner, [flush]), {traced, R, Stamps};
         {erlcuda_cancel, _} ->
-            demonitor(Owner, [flush]), cancel(Id, Mine);
-        {nodedown, Node} ->
             demonitor(Owner, [flush]), cancel(Id, Mine);
         {'DOWN', Owner, process, _, Why} ->
             receive
