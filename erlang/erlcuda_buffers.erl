@@ -24,8 +24,8 @@
 -behaviour(gen_server).
 
 -export([create/0, start_link/0, is_buffer/1, next_ids/1, register/4, check/2, settle/1, abandon/3,
-         free/1, free/2, free_all/1, give/2, give/3, info/1, verify/1, new_epoch/1,
-         count/0]).
+         free/1, free/2, free_all/1, give/2, give/3, watch_now/1, info/1, verify/1,
+         new_epoch/1, count/0]).
 
 %% gen_server.
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
@@ -195,6 +195,12 @@ give(_, Pid, _) ->
     {error, {bad_args, iolist_to_binary(io_lib:format("give: ~0P is not a process",
                                                       [Pid, 8]))}}.
 
+%% @doc `Owner''s death, or the loss of the connection to it, frees its buffers from now
+%% on: its monitor is set when this returns (a give sets it a moment later).
+-spec watch_now(pid()) -> ok.
+watch_now(Owner) when is_pid(Owner) ->
+    gen_server:call(?MODULE, {watch, Owner}).
+
 %% @doc What a handle says, with its owner (`undefined' once it is freed or lost).
 -spec info(term()) -> map() | {error, erlcuda:reason()}.
 info({erlcuda_buffer, Node, Epoch, Device, Id, Type, Elements} = B) ->
@@ -317,7 +323,11 @@ init([]) ->
     lists:foreach(fun start_watch/1, Owners),
     {ok, #{}}.
 
--spec handle_call(term(), gen_server:from(), map()) -> {reply, {error, unknown_call}, map()}.
+-spec handle_call(term(), gen_server:from(), map()) ->
+    {reply, ok | {error, unknown_call}, map()}.
+handle_call({watch, Owner}, _, State) when is_pid(Owner) ->
+    start_watch(Owner),
+    {reply, ok, State};
 handle_call(_, _, State) ->
     {reply, {error, unknown_call}, State}.
 

@@ -358,10 +358,13 @@ deliver(Reply, [], {Alias, Tag, _, Watch, Agent}, Traced) ->
     Alias ! message(Reply, Tag, Traced),
     watched(Watch, Agent, Tag, ?ANNOUNCES);
 deliver(Reply, Buffers, {Alias, Tag, Caller, none, _}, Traced) ->
+    Connection = connection(node(Caller)),
     Alias ! {erlcuda_held, Alias, self(), message(Reply, Tag, Traced)},
-    settle(taken(Alias), Buffers, Caller);
+    settle(taken(Alias), Connection, Buffers, Caller);
 deliver(Reply, Buffers, {_, Tag, Caller, Watch, Agent}, Traced) ->
-    settle(held(Watch, Agent, Tag, message(Reply, Tag, Traced), ?ANNOUNCES), Buffers, Caller).
+    Connection = connection(node(Caller)),
+    Message = message(Reply, Tag, Traced),
+    settle(held(Watch, Agent, Tag, Message, ?ANNOUNCES), Connection, Buffers, Caller).
 
 message({traced, R, Stamps}, Tag, _) -> {erlcuda, Tag, R, Stamps};
 message({error, _} = E, Tag, Traced) -> erlcuda_records:error_message(Tag, E, Traced);
@@ -390,16 +393,37 @@ held(Mon, Agent, Tag, Message, Left) ->
         unanswered
     end.
 
-settle(taken, Buffers, Caller) ->
-    _ = [erlcuda_buffers:give(B, Caller) || B <- Buffers],
-    ok;
-settle(refused, Buffers, _) ->
+%% A take counts only over the connection the result went out on: one that came over a
+%% newer connection was sent by a side that has not yet seen the old one drop, and answers
+%% the job node_down for it. The caller's monitor, set once the buffers are its own, is
+%% checked the same way: set on a newer connection, it would never see the drop the
+%% caller's side answered.
+settle(taken, Connection, Buffers, Caller) ->
+    Node = node(Caller),
+    case connection(Node) of
+        Connection ->
+            _ = [erlcuda_buffers:give(B, Caller) || B <- Buffers],
+            ok = erlcuda_buffers:watch_now(Caller),
+            _ = connection(Node) =:= Connection
+                orelse [erlcuda_buffers:free(B, Caller) || B <- Buffers],
+            ok;
+        _ ->
+            settle(refused, Connection, Buffers, Caller)
+    end;
+settle(refused, _, Buffers, _) ->
     _ = [erlcuda_buffers:free(B) || B <- Buffers],
     ok;
-settle(unanswered, Buffers, _) ->
+settle(unanswered, _, Buffers, _) ->
     _ = [erlcuda_buffers:free(B) || B <- Buffers],
     %% Whoever watches the proxy answers the job: its result is gone.
     exit({shutdown, unanswered}).
+
+%% This node's identifier of its connection to `Node' now, `none' when there is none.
+connection(Node) ->
+    case lists:keyfind(Node, 1, erlang:nodes(connected, #{connection_id => true})) of
+        {_, #{connection_id := Id}} -> Id;
+        false -> none
+    end.
 
 %% The caller's agent is told this proxy runs, and watched meanwhile: an agent that
 %% restarts before it answers is told again.

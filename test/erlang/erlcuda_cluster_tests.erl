@@ -41,6 +41,10 @@ cluster_test_() ->
                                     fun killed_proxies/1},
                                    {"keep jobs whose connection dropped keep nothing there",
                                     fun cut_keep_jobs/1},
+                                   {"a connection that drops and comes back at once",
+                                    fun flapping_connection/1},
+                                   {"{node, any} never runs a job twice over a dropped connection",
+                                    fun flapping_any/1},
                                    {"traced remote jobs answer with stamps",
                                     fun traced_errors/1},
                                    {"a partition and a reconnect", fun partition/1},
@@ -696,6 +700,107 @@ cut_keep_jobs(#{peers := [{P1, N1} | _]}) ->
     [S ! done || S <- Syncs],
     erlcuda_test_util:no_message(),
     records_gone().
+
+%% Keep jobs, launch and launch_sync, while this node's connection to theirs drops and is
+%% made again at once, at a moment that differs each round (before, during or after the
+%% hand-over of their results): each job is answered once, its buffer or node_down, and
+%% once the callers freed what they got nothing of theirs stays there.
+flapping_connection(#{peers := [{P1, N1} | _]}) ->
+    Base = peer:call(P1, erlcuda_buffers, count, []),
+    Self = self(),
+    Caller = spawn_link(fun() -> flapping_caller(Self, N1) end),
+    Answers = lists:append([flap(Caller, N1, Round) || Round <- lists:seq(1, 20)]),
+    %% (a launch made as the connection drops may find the node gone: bad_node)
+    ?assertEqual([], [A || A <- Answers, A =/= ok, A =/= {error, {node_down, N1}},
+                           A =/= {error, {bad_node, N1}}]),
+    ?assertEqual(80, length(Answers)),
+    ok = wait_cluster([N1]),
+    %% a result nobody took is freed within the hand-over's 5 s
+    ok = erlcuda_test_util:wait_until(
+           fun() -> peer:call(P1, erlcuda_buffers, count, []) =:= Base end, 100),
+    Caller ! {done, self()},
+    receive {flapped, Caller, Stray} -> ?assertEqual([], Stray) after 5000 -> error(no_caller) end,
+    records_gone().
+
+flap(Caller, Node, Round) ->
+    _ = net_kernel:connect_node(Node),
+    ok = erlcuda_test_util:wait_until(fun() -> erlcuda_cluster:is_member(Node) end, 100),
+    Caller ! {go, self()},
+    Until = erlang:monotonic_time(microsecond) + (Round * 317) rem 6000,
+    spin(Until),
+    _ = erlang:disconnect_node(Node),
+    _ = net_kernel:connect_node(Node),
+    receive {answers, Caller, Answers} -> Answers after 30000 -> [lost] end.
+
+spin(Until) ->
+    case erlang:monotonic_time(microsecond) >= Until of
+        true -> ok;
+        false -> spin(Until)
+    end.
+
+%% `{node, any}' launch_sync calls, the node they go to preferred, while its connection
+%% drops and comes back at each one: a call that lost its node is answered node_down (its
+%% job may have run there), and is never sent to another node as well.
+flapping_any(#{peers := [{_, N1} | _] = Peers}) ->
+    ok = application:set_env(erlcuda, cluster_exclude, [node()]),
+    ok = application:set_env(erlcuda, cluster_prefer, [N1]),
+    try
+        Before = lists:sum([lists:sum(jobs(P)) || {P, _} <- Peers]),
+        Self = self(),
+        Answers = [begin
+                       _ = net_kernel:connect_node(N1),
+                       ok = wait_cluster([N1]),
+                       C = spawn_link(fun() ->
+                                              Self ! {any, self(), erlcuda:launch_sync(
+                                                                    reduce, [[1.0]],
+                                                                    [{node, any},
+                                                                     {timeout, 20000}])}
+                                      end),
+                       spin(erlang:monotonic_time(microsecond) + (Round * 211) rem 3000),
+                       _ = erlang:disconnect_node(N1),
+                       _ = net_kernel:connect_node(N1),
+                       receive {any, C, R} -> R after 30000 -> no_reply end
+                   end || Round <- lists:seq(1, 40)],
+        ?assertEqual([], [A || A <- Answers, A =/= {ok, 1.0}, A =/= {error, {node_down, N1}}]),
+        ok = wait_cluster([N1]),
+        timer:sleep(500),
+        Ran = lists:sum([lists:sum(jobs(P)) || {P, _} <- Peers]) - Before,
+        ?debugFmt("{node, any} over a flapping connection: ~p; ~b jobs ran for 40 calls",
+                  [count(Answers), Ran]),
+        ?assert(Ran =< 40)
+    after
+        [application:unset_env(erlcuda, K) || K <- ?CLUSTER_KEYS]
+    end.
+
+%% Three launches and a launch_sync that keep their results, for each `go'; every buffer
+%% it gets is freed at once, and it lives on, so that one handed to it stays its own.
+flapping_caller(Test, Node) ->
+    receive
+        {go, Test} ->
+            Keep = [{node, Node}, {keep, true}],
+            Launched = [erlcuda:launch(copy, [[1.0]], Keep) || _ <- lists:seq(1, 3)],
+            Async = [case L of
+                         {ok, Id} -> receive {erlcuda, Id, R} -> R after 20000 -> no_reply end;
+                         Refused -> Refused
+                     end || L <- Launched],
+            Sync = erlcuda:launch_sync(copy, [[1.0]], [{timeout, 20000} | Keep]),
+            Answers = [case R of
+                           {ok, B} ->
+                               %% freed once its node is back in the cluster
+                               ok = erlcuda_test_util:wait_until(
+                                      fun() -> erlcuda_cluster:is_member(Node) end, 100),
+                               ok = erlcuda:free(B);
+                           Other ->
+                               Other
+                       end || R <- [Sync | Async]],
+            Test ! {answers, self(), Answers},
+            flapping_caller(Test, Node);
+        {done, Test} ->
+            Test ! {flapped, self(), receive_all([])}
+    end.
+
+receive_all(Acc) ->
+    receive M -> receive_all([M | Acc]) after 200 -> Acc end.
 
 %% With {trace, true} a remote job's error keeps the traced shape, whoever answers it: the
 %% other node's check, or this node for a node gone.
