@@ -12,10 +12,13 @@ interleaved), and control calls run on a separate thread so that a slow one neve
 the reading of jobs. ``--device-thread`` gives a lone device that layout too.
 
 Each call is a handler in a table (``hello``, ``info``, ``free``, ``load``,
-``elementwise``, ``unload``; the test and benchmark hooks only when the worker is started
-with them), so a call that is not in the table is refused. A call of Id 0 is one no caller
-waits for (Erlang's ``free``, sent after the launches that made the buffers): it is run in
-its turn and never answered, a failure logged instead.
+``elementwise``, ``unload``), so a call that is not in the table is refused. An entry point
+may add calls of its own: ``cli.main(argv, extensions={name: fn})`` runs this worker with
+``fn(worker, args)`` answering the call ``name`` (on the control thread, as ``load`` is; it
+reaches a device through ``worker.on_device``). The test double under ``test/worker/`` and
+the benchmarks' worker under ``bench/worker/`` are such entry points. A call of Id 0 is one
+no caller waits for (Erlang's ``free``, sent after the launches that made the buffers): it
+is run in its turn and never answered, a failure logged instead.
 
 A launch that the batched f32 path does not take (``general.py``: buffers, other element
 types, ``copy``/``zeros``/``empty``, user kernels) is routed as a general job, decided here
@@ -34,13 +37,14 @@ in priv/, another checkout on the path) says so in its answer and refuses every 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,11 +75,9 @@ EXIT_FATAL = 70
 #: devices share the cores with everything else, so they never poll.
 AUTO_SPIN_US = 300
 
-#: Calls that exist only with ``--test-hooks`` / ``--bench-hooks``.
-TEST_HOOKS = ("fault", "print", "stall")
-BENCH_HOOKS = ("echo", "pure")
-
 Handler = Callable[[list[Any]], Any]
+#: A call added by an entry point: ``fn(worker, args)`` is its answer (see the module doc).
+Extension = Callable[["Worker", list[Any]], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +86,6 @@ class Options:
     cpu_devices: int = 1
     max_batch: int = 256
     max_batch_elements: int = 1 << 24
-    test_hooks: bool = False
-    bench_hooks: bool = False
     spin_us: int = -1  # -1: AUTO_SPIN_US on a GPU, none on the CPU backend
     device_thread: bool = False  # a lone device on a thread of its own, not the reader's
     buffer_limit: int = 0  # bytes of buffers per device (0: no bound but the device's)
@@ -93,7 +93,8 @@ class Options:
 
 class Worker:
     def __init__(self, reader: FrameReader, writer: FrameWriter, options: Options,
-                 shm: SharedFolder | None = None) -> None:
+                 shm: SharedFolder | None = None,
+                 extensions: Mapping[str, Extension] | None = None) -> None:
         self.reader = reader
         self.shm = shm
         self.writer = writer
@@ -105,8 +106,7 @@ class Worker:
         self.unavailable: Failure | None = None
         self.refusal: Failure | None = None
         try:
-            self.backend, self.reason = select(options.backend, cpu_devices=options.cpu_devices,
-                                               test_hooks=options.test_hooks)
+            self.backend, self.reason = select(options.backend, cpu_devices=options.cpu_devices)
             count = self.backend.device_count()
             unavailable = None
         except BackendUnavailable as exc:
@@ -127,6 +127,7 @@ class Worker:
                  buffer_limit=options.buffer_limit, registry=self.registry)
             for i in range(count)
         ]
+        self.extensions = dict(extensions or {})
         self.handlers = self._handlers()
         # One device: the reading thread owns it (``_serve_here``).
         self.inline = len(self.lanes) == 1 and not options.device_thread
@@ -373,10 +374,10 @@ class Worker:
             "hello": self.hello, "info": self.info_call, "free": self.free_call,
             "load": self.load_call, "elementwise": self.elementwise_call,
             "unload": self.unload_call}
-        if self.options.test_hooks:
-            handlers.update(fault=self.fault, print=self.print_hook, stall=self.stall)
-        if self.options.bench_hooks:
-            handlers.update(echo=self.echo, pure=self.pure_call)
+        for name, extension in self.extensions.items():
+            if name in handlers:
+                raise ValueError(f"the call {name} is the worker's own")
+            handlers[name] = functools.partial(extension, self)
         return handlers
 
     def _serve_calls(self) -> None:
@@ -406,7 +407,7 @@ class Worker:
             handler = self.handlers.get(call.function)
             if handler is None:
                 log.error("call %s (Id 0): %s", f"{call.function:.80}",
-                          self._refused(call.function))
+                          _refused(call.function))
                 return
             handler(call.args)
         except Exception as exc:
@@ -417,7 +418,7 @@ class Worker:
         """The frame answering ``call``: ``{'r', Id, Answer}`` or ``{'e', Id, Text}``."""
         handler = self.handlers.get(call.function)
         if handler is None:
-            return protocol.encode_call_error(call.call_id, self._refused(call.function))
+            return protocol.encode_call_error(call.call_id, _refused(call.function))
         try:
             frame = protocol.encode_answer(call.call_id, handler(call.args))
         except Exception as exc:
@@ -427,14 +428,6 @@ class Worker:
             return protocol.encode_call_error(
                 call.call_id, f"the answer of {size} bytes is over the frame limit")
         return frame
-
-    @staticmethod
-    def _refused(function: str) -> str:
-        if function in TEST_HOOKS:
-            return f"call {function} is disabled: the worker runs without --test-hooks"
-        if function in BENCH_HOOKS:
-            return f"call {function} is disabled: the worker runs without --bench-hooks"
-        return f"unknown call {function:.80}"
 
     def hello(self, args: list[Any]) -> dict[Any, Any]:
         """The info map with the worker's version and protocol. ``args`` is ``[]`` (nothing
@@ -502,7 +495,7 @@ class Worker:
             "os_pid": os.getpid(),
             "python": sys.version.split()[0],
             "batching": self.options.max_batch > 1,
-            "hooks": [name for name in (*TEST_HOOKS, *BENCH_HOOKS) if name in self.handlers],
+            "hooks": list(self.extensions),  # the calls an entry point added
             "device_info": devices,
             "modules": sorted(self.registry.modules),
         }
@@ -658,47 +651,6 @@ class Worker:
             except Exception as exc:
                 log.warning("device %d: unloading %s: %s", lane.index, module, exc)
 
-    # -- test hooks ------------------------------------------------------------------------
-    def fault(self, args: list[Any]) -> Any:
-        """Launch the kernel that faults on device ``args[0]`` (a sticky CUDA error)."""
-        return self.on_device(args[0], lambda d: d.inject_fault())  # type: ignore[union-attr]
-
-    def print_hook(self, args: list[Any]) -> Any:
-        """Write ``args[0]`` to fd 1 and ``args[1]`` to fd 2, as native code would."""
-        os.write(1, bytes(args[0]) + b"\n")
-        os.write(2, bytes(args[1]) + b"\n")
-        return protocol.OK
-
-    def stall(self, args: list[Any]) -> Any:
-        """Keep device ``args[0]``'s thread busy for ``args[1]`` ms."""
-        device, ms = args
-        self.on_device(device, lambda _d: time.sleep(ms / 1000))
-        return protocol.OK
-
-    # -- benchmark hooks -------------------------------------------------------------------
-    def echo(self, args: list[Any]) -> Any:
-        """``args[0]`` back: the bare transport."""
-        return args[0]
-
-    def pure_call(self, args: list[Any]) -> list[int]:
-        return self.pure(*args)
-
-    def pure(self, index: int, kernel: Any, args: list[Any], repeat: int) -> list[int]:
-        """Time the bare backend call for one job, ``repeat`` times, on the device's thread."""
-        request = kernels.parse(str(kernel), args)
-
-        def timed(device: Device | None) -> list[int]:
-            if device is None:
-                raise BackendUnavailable("device unavailable")
-            times = []
-            for _ in range(repeat):
-                t0 = time.perf_counter_ns()
-                device.run(request.kernel, [request])
-                times.append(time.perf_counter_ns() - t0)
-            return times
-
-        return self.on_device(index, timed)
-
     # -- ending ----------------------------------------------------------------------------
     def _fatal(self, why: str) -> None:
         # A sticky CUDA error poisons the context for good: exit and let Erlang restart us.
@@ -728,6 +680,10 @@ def _run_free(free: tuple[int, list[int]], lane: Lane, device: Device | None) ->
     index, ids = free
     if index == lane.index and ids:
         lane.free_here(device, ids)
+
+
+def _refused(function: str) -> str:
+    return f"unknown call {function:.80}"
 
 
 def _unanswered(call: Call) -> bool:

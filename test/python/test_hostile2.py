@@ -17,12 +17,12 @@ import pytest
 
 from erlcuda import protocol
 from erlcuda.etf import Atom
-from workerpipe import Reply, W, WorkerPipe, batch_frame, launch_frame
+from workerpipe import TEST_WORKER, Reply, W, WorkerPipe, batch_frame, launch_frame
 
 
 @pytest.fixture
 def worker() -> Iterator[WorkerPipe]:
-    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", "--test-hooks")
+    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", module=TEST_WORKER)
     yield pipe
     assert pipe.close() == 0
 

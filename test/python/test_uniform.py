@@ -15,6 +15,7 @@ from erlcuda.etf import Atom
 from erlcuda.kernels import parse, parse_uniform
 from erlcuda.uniform import MIN_ROWS, decode_uniform, encode_uniform
 from workerpipe import (
+    TEST_WORKER,
     FileVector,
     Reply,
     W,
@@ -244,7 +245,7 @@ def test_a_table_waiting_behind_a_busy_device_keeps_its_own_data() -> None:
     # Frames over 1 MiB are read into reused buffers: a table queued behind a stalled device
     # must hold its frame's buffer, or the frames read meanwhile overwrite its operands (a
     # failure seen under load: callers got other callers' sums).
-    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", "--test-hooks")
+    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", module=TEST_WORKER)
     n, rows = 16384, 20  # 64 KiB operands: a 1.3 MB frame
 
     def frame(first_id: int, device: int, value: float, count: int = rows) -> bytes:

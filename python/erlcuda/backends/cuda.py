@@ -47,7 +47,6 @@ from .base import Backend, BackendError, BackendUnavailable, Device, Result
 from .pool import Block, DevicePool, default_limit, size_class
 
 # The kernel sources' helpers live in .sources (no PyCUDA there); still importable from here.
-from .sources import TEST_ONLY_SOURCES as TEST_ONLY_SOURCES
 from .sources import find_kernel_dir as find_kernel_dir
 from .sources import kernel_sources as kernel_sources
 
@@ -98,7 +97,6 @@ FUNCTIONS: Mapping[str, tuple[str, str]] = {
     "reduce_final_f64": ("reduce", "PiP"),
     "matmul_f64": ("matmul", "PPPiii"),
 }
-TEST_FUNCTIONS: Mapping[str, tuple[str, str]] = {"erlcuda_fault": ("testing", "P")}
 NVCC_OPTIONS = ("-O3",)  # IEEE f32 arithmetic: no --use_fast_math
 
 #: Words in a CUDA error message that mean the context is unusable (a sticky error).
@@ -132,13 +130,13 @@ def _cache_dir() -> str | bool:
 
 
 def compile_kernels(
-    kernel_dir: Path, capability: tuple[int, int], *, test_hooks: bool = False
+    kernel_dir: Path, capability: tuple[int, int]
 ) -> dict[str, bytes]:
     """Each kernel file compiled to a cubin for ``capability``, by file stem."""
     arch = f"sm_{capability[0]}{capability[1]}"
     cache_dir = _cache_dir()
     cubins: dict[str, bytes] = {}
-    for path in kernel_sources(kernel_dir, test_hooks=test_hooks):
+    for path in kernel_sources(kernel_dir):
         try:
             cubins[path.stem] = pycuda.compiler.compile(
                 path.read_text(),
@@ -420,10 +418,7 @@ class CudaDevice(Device):
         self._sm_count = int(self._dev.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT))
         self._modules = {stem: cuda.module_from_buffer(cubin) for stem, cubin in cubins.items()}
         self._fn: dict[str, cuda.Function] = {}
-        wanted = dict(FUNCTIONS)
-        if "testing" in self._modules:
-            wanted.update(TEST_FUNCTIONS)
-        for name, (stem, signature) in wanted.items():
+        for name, (stem, signature) in FUNCTIONS.items():
             if stem not in self._modules:
                 raise BackendUnavailable(f"kernel file {stem}.cu was not compiled")
             self._fn[name] = self._modules[stem].get_function(name).prepare(signature)
@@ -519,19 +514,6 @@ class CudaDevice(Device):
         except cuda.Error:
             pass
 
-    # -- test hook -------------------------------------------------------------------------
-
-    def inject_fault(self) -> None:
-        """Launch ``erlcuda_fault`` (test hooks only): raises the fatal illegal_address error."""
-        fault = self._fn.get("erlcuda_fault")
-        if fault is None:
-            raise BackendError("not_supported", "test hooks are off")
-        with _cuda_errors():
-            target = self._dev_out.ensure(1)
-            fault.prepared_async_call((1, 1, 1), (1, 1, 1), self._stream, target)
-            self._stream.synchronize()
-        raise BackendError("unknown", "erlcuda_fault ran without faulting")
-
     # -- the general path: device arrays -----------------------------------------------------
 
     def _check_open(self) -> None:
@@ -607,19 +589,11 @@ class CudaDevice(Device):
         # its next user, on the same stream; a block really freed waits (``_raw_free``).
         self._pool.free(block)
 
-    def pool_stats(self) -> dict[str, int]:
-        """The pool's counters (tests and benchmarks): cached and live blocks and bytes,
-        hits, misses, evictions, flushes and the bound."""
-        pool = self._pool
-        return {"cached_bytes": pool.cached_bytes, "cached_blocks": pool.cached_blocks,
-                "live_bytes": pool.live_bytes, "live_blocks": pool.live_blocks,
-                "hits": pool.hits, "misses": pool.misses, "evictions": pool.evictions,
-                "flushes": pool.flushes, "limit": pool.limit}
-
-    def flush_pool(self) -> int:
-        """Free every cached block now; the bytes freed."""
-        self._check_open()
-        return self._pool.flush()
+    @property
+    def pool(self) -> DevicePool:
+        """The pool of this device's general-path arrays, with its counters; a pool of a
+        closed device raises ``PoolClosed`` on use."""
+        return self._pool
 
     def _raw_alloc(self, nbytes: int) -> cuda.DeviceAllocation:
         return cuda.mem_alloc(nbytes)
@@ -1079,7 +1053,7 @@ class CudaBackend(Backend):
     #: What ``open`` makes: a subclass may name a subclass of ``CudaDevice``.
     device_type: type[CudaDevice] = CudaDevice
 
-    def __init__(self, kernel_dir: Path | None = None, *, test_hooks: bool = False) -> None:
+    def __init__(self, kernel_dir: Path | None = None) -> None:
         try:
             cuda.init()
             count = int(cuda.Device.count())
@@ -1091,13 +1065,12 @@ class CudaBackend(Backend):
         if count == 0:
             raise BackendUnavailable("no CUDA device")
         self.kernel_dir = kernel_dir if kernel_dir is not None else find_kernel_dir()
-        self.test_hooks = test_hooks
         self._count = count
         self._capabilities: dict[int, tuple[int, int]] = {
             i: (cap[0], cap[1]) for i, cap in capabilities.items()
         }
         self._cubins = {
-            cap: compile_kernels(self.kernel_dir, cap, test_hooks=test_hooks)
+            cap: compile_kernels(self.kernel_dir, cap)
             for cap in sorted(set(self._capabilities.values()))
         }
 
