@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import contract, protocol
+from . import contract, elements, protocol
 from .kernels import DTYPES, MAX_ELEMENTS
 from .protocol import Empty, Failure, Geometry, Handle, Launch, Scalar
 from .shm import FileArg
@@ -126,8 +126,9 @@ def text(value: Any, what: str) -> str:
 
 def _identifier(value: Any, what: str) -> str:
     name = text(value, what)
-    if not _NAME.match(name) or len(name.encode()) > 255:
-        raise _bad(f"{what} {name!r:.60} is not a C identifier (of at most 255 bytes)")
+    if not _NAME.match(name) or len(name.encode()) > elements.KERNEL_NAME_BYTES:
+        raise _bad(f"{what} {name!r:.60} is not a C identifier (of at most "
+                   f"{elements.KERNEL_NAME_BYTES} bytes)")
     return name
 
 
@@ -398,7 +399,7 @@ def _scalar(arg: Any, etype: str, what: str) -> Operand:
         return Operand("value", arg.value)
     if cls is int:  # a dim: Erlang's integer, sent as it is
         dtype = DTYPES[etype]
-        if dtype.kind in "iu" and arg > np.iinfo(dtype).max:
+        if not elements.in_range(etype, arg):
             raise _bad(f"{what}: {arg} out of range for {etype}")
         return Operand("value", dtype.type(arg))
     raise _bad(f"{what}: expected a {etype} scalar")

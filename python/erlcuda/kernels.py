@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import contract
+from . import contract, elements
 
 F32 = np.dtype("<f4")
 
@@ -35,9 +35,7 @@ MAX_ELEMENTS = contract.MAX_ELEMENTS
 KERNELS: tuple[str, ...] = tuple(k for k, spec in contract.KERNELS.items() if not spec.general)
 
 #: numpy dtypes of the contract's element types.
-DTYPES: dict[str, np.dtype[Any]] = {
-    "f32": F32, "f64": np.dtype("<f8"), "i32": np.dtype("<i4"), "u32": np.dtype("<u4"),
-    "i64": np.dtype("<i8"), "u8": np.dtype("u1")}
+DTYPES: dict[str, np.dtype[Any]] = elements.DTYPES
 
 # Request carries up to two vectors (a, b) and three dims (m, n, k), filled in param order.
 _VECTOR_FIELDS = ("a", "b")

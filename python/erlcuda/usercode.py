@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from . import elements
+
 __all__ = [
     "ALLOWED_OPTIONS",
     "C_TYPES",
@@ -40,21 +42,14 @@ __all__ = [
 log = logging.getLogger("erlcuda.usercode")
 
 #: C type of each element type.
-C_TYPES = {
-    "f32": "float",
-    "f64": "double",
-    "i32": "int",
-    "u32": "unsigned int",
-    "i64": "long long",
-    "u8": "unsigned char",
-}
+C_TYPES = elements.C_TYPES
 
 #: Seconds nvcc may take on one source.
 NVCC_TIMEOUT = 300
 #: The name nvcc sees the source under: its messages say ``kernel.cu(LINE): error: ...``.
 SOURCE_NAME = "kernel.cu"
 #: The longest kernel name: the launch frame's name field is one length byte.
-MAX_NAME = 255
+MAX_NAME = elements.KERNEL_NAME_BYTES
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?")

@@ -42,6 +42,7 @@ import numpy as np
 import pycuda.compiler
 import pycuda.driver as cuda
 
+from ..elements import ELEMENTS
 from ..kernels import F32, Request, UniformRequest
 from .base import Backend, BackendError, BackendUnavailable, Device, Result
 from .pool import Block, DevicePool, default_limit, size_class
@@ -115,7 +116,8 @@ _STICKY_MARKERS = (
 )
 
 #: PyCUDA argument format of each element type passed by value to a user kernel.
-_SCALAR_FORMATS = {"f4": "f", "f8": "d", "i4": "i", "u4": "I", "i8": "q", "u1": "B"}
+#: (keyed by the dtype's code without its byte order: ``f4``)
+_SCALAR_FORMATS = {e.dtype.str[1:]: e.struct for e in ELEMENTS.values()}
 F64 = np.dtype("<f8")
 
 
