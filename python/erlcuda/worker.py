@@ -45,6 +45,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,7 @@ class Worker:
         self.inline = len(self.lanes) == 1 and not options.device_thread
         self._device: Device | None = None
         self._templates = Templates()  # of lone frames, for the reading thread alone
-        self._calls: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[Call | _Freed | None] = queue.SimpleQueue()
         self._control = threading.Thread(target=self._serve_calls, name="erlcuda-control",
                                          daemon=True)
 
@@ -321,9 +322,24 @@ class Worker:
         elif message.function == "free":
             # Queued on its device here, between the launches read before it and those read
             # after: a launch that follows a free finds that memory given back.
-            self._answer_here(message)
+            self._dispatch_free(message)
         else:
             self._calls.put(message)
+
+    def _dispatch_free(self, call: Call) -> None:
+        """Queue a ``free`` on its device's lane now; one with an answer is answered by the
+        control thread once the lane has run it, so that whatever follows the answer finds
+        the buffers freed (the reading thread never waits on a lane)."""
+        if _unanswered(call):
+            self._run_unanswered(call)
+            return
+        try:
+            done = self._free(call.args)
+        except ValueError as exc:
+            self.writer.write(protocol.encode_call_error(call.call_id,
+                                                         f"{type(exc).__name__}: {exc}"))
+            return
+        self._calls.put(_Freed(call.call_id, done))
 
     def launch(self, message: Launch, recv: int = 0) -> Job | None:
         """Check a job: the ``Job`` to run on ``message.device``'s lane, or ``None`` where it
@@ -382,10 +398,13 @@ class Worker:
 
     def _serve_calls(self) -> None:
         while (call := self._calls.get()) is not None:
-            if _unanswered(call):
+            if type(call) is _Freed:
+                frame = call.answer()
+            elif _unanswered(call):
                 self._run_unanswered(call)
                 continue
-            frame = self.answer(call)
+            else:
+                frame = self.answer(call)
             try:
                 self.writer.write(frame)
             except FrameError:
@@ -518,7 +537,9 @@ class Worker:
         self._free(args)
         return protocol.OK
 
-    def _free(self, args: list[Any]) -> None:
+    def _free(self, args: list[Any]) -> Future[Any] | None:
+        """Free the buffers ``args`` name: now where this thread owns the device, else
+        queued on its lane (the future of that)."""
         match args:
             case [int() as index, list() as ids] if all(
                     type(i) is int and i >= 0 for i in ids) and not isinstance(index, bool):
@@ -530,7 +551,10 @@ class Worker:
             if self.inline:  # this thread owns the device: freed now, in its turn
                 lane.free_here(self._device, ids)
             else:  # not awaited: the reading thread calls this and must not wait on a lane
-                lane.submit(Control(lambda d: lane.free_buffers(d, ids)))
+                item = Control(lambda d: lane.free_buffers(d, ids))
+                lane.submit(item)
+                return item.future
+        return None
 
     def load_call(self, args: list[Any]) -> Any:
         """``load(Module, Source, Options, Kernels)``: ``ok`` or ``{error, Reason}``."""
@@ -680,6 +704,22 @@ def _run_free(free: tuple[int, list[int]], lane: Lane, device: Device | None) ->
     index, ids = free
     if index == lane.index and ids:
         lane.free_here(device, ids)
+
+
+@dataclass(frozen=True, slots=True)
+class _Freed:
+    """An answered ``free`` queued on a lane: the control thread answers it once done."""
+
+    call_id: Any
+    done: Future[Any] | None
+
+    def answer(self) -> list[bytes | memoryview]:
+        try:
+            if self.done is not None:
+                self.done.result()
+        except Exception as exc:
+            return protocol.encode_call_error(self.call_id, f"{type(exc).__name__}: {exc}")
+        return protocol.encode_answer(self.call_id, protocol.OK)
 
 
 def _refused(function: str) -> str:
