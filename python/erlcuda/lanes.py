@@ -207,10 +207,8 @@ class Lane(threading.Thread):
                     self._control(items, device)
                 elif isinstance(items, UniformJobs):
                     self.run_uniform(items, device)
-                elif items[0].general is not None:
-                    self._general(items[0], device)
                 else:
-                    self._batch(items, device)
+                    self.run_jobs(items, device)
         finally:
             self.close_here(device)
 
@@ -268,10 +266,10 @@ class Lane(threading.Thread):
         try:
             self.free_buffers(device, ids)
         except BackendError as exc:
-            if exc.fatal:
-                self.on_fatal(f"device {self.index}: {exc.code}: {exc.message}")
-            else:
-                log.warning("device %d: freeing buffers: %s", self.index, exc.message)
+            fatal = self._lost(exc)
+            if fatal is not None:
+                self.on_fatal(fatal)
+            log.warning("device %d: freeing buffers: %s", self.index, exc.message)
         except Exception:
             log.exception("device %d: freeing buffers failed", self.index)
 
@@ -297,13 +295,8 @@ class Lane(threading.Thread):
                 values = device.run_uniform(batch)
                 self.stats.launches += 1
                 self.stats.max_batch = max(self.stats.max_batch, batch.count)
-            except BackendError as exc:
-                failure = protocol.cuda_error(exc.code, exc.message)
-                if exc.fatal:
-                    fatal = f"device {self.index}: {exc.code}: {exc.message}"
             except Exception as exc:
-                log.exception("device %d: %s failed", self.index, batch.kernel)
-                failure = protocol.internal(f"{type(exc).__name__}: {exc}")
+                failure, fatal = self._failure(exc, batch.kernel)
         self.stats.jobs += batch.count
         self.stats.table_jobs += batch.count
         frames = [] if values is None else encode_uniform(job_ids, values,
@@ -326,12 +319,8 @@ class Lane(threading.Thread):
         kernel = requests[0].kernel
         try:
             values = device.run(kernel, requests)
-        except BackendError as exc:
-            fatal = f"device {self.index}: {exc.code}: {exc.message}" if exc.fatal else None
-            return None, protocol.cuda_error(exc.code, exc.message), fatal
         except Exception as exc:
-            log.exception("device %d: %s failed", self.index, kernel)
-            return None, protocol.internal(f"{type(exc).__name__}: {exc}"), None
+            return None, *self._failure(exc, kernel)
         self.stats.launches += 1
         self.stats.max_batch = max(self.stats.max_batch, len(requests))
         return values, None, None
@@ -358,6 +347,23 @@ class Lane(threading.Thread):
         if fatal is not None:
             self.on_fatal(fatal)
         return True
+
+    def _failure(self, exc: Exception, what: str) -> tuple[Failure, str | None]:
+        """The one mapping from an exception raised while running ``what`` on this lane to
+        the reply its jobs get, with why the device is lost where it is (the caller ends
+        the worker once the replies are written)."""
+        if isinstance(exc, general.Refused):
+            return exc.failure, None
+        if isinstance(exc, ShmError):
+            return protocol.bad_args(str(exc)), None
+        if isinstance(exc, BackendError):
+            return protocol.cuda_error(exc.code, exc.message), self._lost(exc)
+        log.error("device %d: %s failed", self.index, what, exc_info=exc)
+        return protocol.internal(f"{type(exc).__name__}: {exc}"), None
+
+    def _lost(self, exc: BackendError) -> str | None:
+        """Why the device is lost, where ``exc`` says it is (a sticky error)."""
+        return f"device {self.index}: {exc.code}: {exc.message}" if exc.fatal else None
 
     def _write(self, frames: Sequence[Sequence[bytes | memoryview]],
                sized: tuple[Sequence[bytes | memoryview], int] | None = None) -> None:
@@ -386,31 +392,29 @@ class Lane(threading.Thread):
         return None
 
     def _take(self) -> list[Job] | UniformJobs | Control | None:
+        """What is queued: a control item or a uniform batch alone, else the jobs queued
+        in a row (at most ``max_batch``), which ``run_jobs`` batches. It never waits for
+        more than the first item: a lone job pays no added latency."""
         # SimpleQueue is C code with a cheap wake-up; what is already queued is drained
-        # without blocking, and an item that does not fit this batch is held for the next.
+        # without blocking, and an item that is not a job is held for the next turn.
         first = self._held if self._held is not None else self._next()
         self._held = None
         if first is _STOP:
             return None
         if isinstance(first, (Control, UniformJobs)):
             return first
-        batch: list[Job] = [first]
-        if first.general is not None:
-            return batch  # a general job runs alone
-        elements = first.elements
-        while len(batch) < self.max_batch:
+        jobs: list[Job] = [first]  # type: ignore[list-item]
+        get = self._queue.get_nowait
+        while len(jobs) < self.max_batch:
             try:
-                item = self._queue.get_nowait()
+                item = get()
             except queue.Empty:
                 break
-            if (isinstance(item, Job) and item.general is None
-                    and elements + item.elements <= self.max_elements):
-                batch.append(item)
-                elements += item.elements
-            else:
+            if type(item) is not Job:
                 self._held = item
                 break
-        return batch
+            jobs.append(item)
+        return jobs
 
     def _next(self) -> Job | UniformJobs | Control | object:
         """The next item; for ``spin_ns`` after the last one, poll instead of sleeping.
@@ -436,12 +440,11 @@ class Lane(threading.Thread):
     def _control(self, item: Control, device: Device | None) -> None:
         try:
             item.future.set_result(item.fn(device))
-        except BackendError as exc:
-            item.future.set_exception(exc)
-            if exc.fatal:
-                self.on_fatal(f"device {self.index}: {exc.code}: {exc.message}")
         except Exception as exc:
             item.future.set_exception(exc)
+            fatal = self._lost(exc) if isinstance(exc, BackendError) else None
+            if fatal is not None:
+                self.on_fatal(fatal)
 
     def prepare(self, job: Job) -> None:
         """Map and check a job's shared-memory operands: its request, else its error."""
@@ -522,14 +525,9 @@ class Lane(threading.Thread):
         job.general = None
         try:
             plan = general.check(launch, self.registry, self.store.held)
-        except general.Refused as exc:
-            self._answer_general(job, exc.failure, t_take, t_take)
-            return
         except Exception as exc:
-            log.exception("device %d: job %d (%s) failed", self.index, job.job_id,
-                          launch.kernel)
-            self._answer_general(job, protocol.internal(f"{type(exc).__name__}: {exc}"),
-                                 t_take, t_take)
+            failure, fatal = self._failure(exc, f"job {job.job_id} ({launch.kernel})")
+            self._answer_general(job, failure, t_take, t_take, fatal)
             return
         self.run_plan(job, plan, device, t_take)
 
@@ -555,18 +553,8 @@ class Lane(threading.Thread):
                 self.stats.launches += 1
                 if not self.stats.max_batch:
                     self.stats.max_batch = 1
-        except general.Refused as exc:
-            result = exc.failure
-        except ShmError as exc:
-            result = protocol.bad_args(str(exc))
-        except BackendError as exc:
-            result = protocol.cuda_error(exc.code, exc.message)
-            if exc.fatal:
-                fatal = f"device {self.index}: {exc.code}: {exc.message}"
         except Exception as exc:
-            log.exception("device %d: job %d (%s) failed", self.index, job.job_id,
-                          plan.kernel)
-            result = protocol.internal(f"{type(exc).__name__}: {exc}")
+            result, fatal = self._failure(exc, f"job {job.job_id} ({plan.kernel})")
         self._answer_general(job, result, t_take, t_run, fatal)
 
     def _answer_general(self, job: Job, result: Result, t_take: int, t_run: int,
