@@ -1,7 +1,8 @@
 """Every CUDA kernel file compiles with nvcc, without warnings or register spills.
 
 Needs nvcc only, no GPU and no PyCUDA, so a broken kernel is caught on any machine that has
-the CUDA toolkit. The options match those ``backends/cuda.py`` gives PyCUDA's compiler.
+the CUDA toolkit. The options match those ``backends/cuda.py`` gives the nvcc cache
+(``compile.py``).
 """
 
 from __future__ import annotations

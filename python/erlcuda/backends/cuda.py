@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pycuda.compiler
 import pycuda.driver as cuda
 
+from .. import compile as nvcc_cache
 from ..elements import ELEMENTS
 from ..kernels import F32, Request, UniformRequest
 from .base import Backend, BackendError, BackendUnavailable, Device, Result
@@ -121,35 +121,17 @@ _SCALAR_FORMATS = {e.dtype.str[1:]: e.struct for e in ELEMENTS.values()}
 F64 = np.dtype("<f8")
 
 
-def _cache_dir() -> str | bool:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    path = Path(base) / "erlcuda"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return False  # PyCUDA: no cache, compile every time
-    return str(path)
-
-
-def compile_kernels(
-    kernel_dir: Path, capability: tuple[int, int]
-) -> dict[str, bytes]:
-    """Each kernel file compiled to a cubin for ``capability``, by file stem."""
-    arch = f"sm_{capability[0]}{capability[1]}"
-    cache_dir = _cache_dir()
+def compile_kernels(kernel_dir: Path, capability: tuple[int, int]) -> dict[str, bytes]:
+    """Each kernel file compiled to a cubin for ``capability``, by file stem, through the
+    one nvcc cache (``compile.cubin``, as user code is)."""
+    arch = nvcc_cache.arch_of(capability)
     cubins: dict[str, bytes] = {}
     for path in kernel_sources(kernel_dir):
         try:
-            cubins[path.stem] = pycuda.compiler.compile(
-                path.read_text(),
-                options=list(NVCC_OPTIONS),
-                no_extern_c=True,  # the sources declare their own extern "C" entry points
-                arch=arch,
-                cache_dir=cache_dir,
-                include_dirs=[str(kernel_dir)],
-            )
-        except cuda.CompileError as exc:  # str() carries nvcc's command, stdout and stderr
-            raise BackendUnavailable(f"nvcc failed on {path.name} for {arch}: {exc}") from exc
+            cubins[path.stem] = nvcc_cache.cubin(path.read_text(), NVCC_OPTIONS, arch,
+                                                 include_dirs=[kernel_dir])
+        except nvcc_cache.CompileError as exc:  # the log carries nvcc's messages
+            raise BackendUnavailable(f"nvcc failed on {path.name} for {arch}: {exc.log}") from exc
         except Exception as exc:  # nvcc missing, unreadable source, ...
             raise BackendUnavailable(
                 f"cannot compile {path.name} for {arch}: {type(exc).__name__}: {exc}"
