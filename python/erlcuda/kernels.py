@@ -264,7 +264,7 @@ def parse(kernel: str, args: Sequence[Any]) -> Request:
 
 @dataclass(slots=True)
 class UniformRequest:
-    """Jobs of one kernel whose operands all have the same sizes (``uniform.py``): ``a``
+    """Jobs of one kernel whose operands all have the same sizes (``templates.Table``): ``a``
     and ``b`` are ``count x size`` blocks, row ``i`` job ``i``'s; the rest as in
     ``Request``, per job. ``scalar``: the result is a scalar, else a vector."""
 
@@ -292,16 +292,3 @@ class UniformRequest:
     @property
     def device_bytes(self) -> int:
         return 4 * self.count * (self.elements + self.result_elements)
-
-
-def parse_uniform(kernel: str, args: Sequence[Any]) -> UniformRequest:
-    """Check a uniform batch's arguments (vectors as ``count x size`` blocks, dims as ints):
-    its first row is checked as ``parse`` checks a job, and every row has its shape."""
-    blocks = [a for a in args if isinstance(a, np.ndarray)]
-    if not blocks or any(b.ndim != 2 or b.shape[0] != blocks[0].shape[0] for b in blocks):
-        raise BadArgs("a uniform batch takes count x size blocks")
-    first = parse(kernel, [a[0] if isinstance(a, np.ndarray) else a for a in args])
-    scalar = contract.KERNELS[kernel].result.kind != "vector"
-    return UniformRequest(kernel, blocks[0], blocks[1] if len(blocks) > 1 else None,
-                          first.m, first.n, first.k, blocks[0].shape[0], first.elements,
-                          first.result_elements, scalar)

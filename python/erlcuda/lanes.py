@@ -35,7 +35,6 @@ from .general import Plan, Registry
 from .kernels import DTYPES, Request, UniformRequest
 from .protocol import Failure, Kept, Launch, Listed, Result
 from .shm import FileArg, SharedFolder, ShmError
-from .uniform import encode_uniform
 
 log = logging.getLogger("erlcuda.lane")
 
@@ -67,7 +66,7 @@ class Job:
 
 @dataclass(slots=True)
 class UniformJobs:
-    """A uniform batch frame's jobs (``uniform.py``): row ``i`` of ``batch`` is job
+    """A batch frame's jobs read as a table (``templates.Table``): row ``i`` of ``batch`` is job
     ``job_ids[i]``'s."""
 
     job_ids: np.ndarray
@@ -275,7 +274,7 @@ class Lane(threading.Thread):
 
     def run_uniform(self, jobs: UniformJobs, device: Device | None) -> None:
         """Run a uniform batch in slices within ``max_batch`` and ``max_elements``, and
-        answer each slice with one table of records (``uniform.encode_uniform``)."""
+        answer each slice with one table of records (``protocol.encode_table``)."""
         whole = jobs.batch
         per_job = max(whole.elements, 1)
         step = max(1, min(self.max_batch, self.max_elements // per_job))
@@ -299,7 +298,7 @@ class Lane(threading.Thread):
                 failure, fatal = self._failure(exc, batch.kernel)
         self.stats.jobs += batch.count
         self.stats.table_jobs += batch.count
-        frames = [] if values is None else encode_uniform(job_ids, values,
+        frames = [] if values is None else protocol.encode_table(job_ids, values,
                                                           self.writer.max_frame)
         if not frames:  # a failure, or records too large for the table: one by one
             records: list[protocol.Record] = [

@@ -938,6 +938,37 @@ def encode_lone(job_id: int, res: Result, max_frame: int = contract.MAX_FRAME) -
     return None
 
 
+def encode_table(job_ids: np.ndarray, values: np.ndarray, max_frame: int) -> list[list[Any]]:
+    """The results frames of a table of jobs (``templates.Table``): ``values`` is
+    ``count x n`` f32 (vectors) or ``count`` floats (scalars, sent as f64), row ``i`` the
+    result of ``job_ids[i]``; byte for byte what ``encode_results`` makes of those records.
+    As many frames as ``max_frame`` needs; ``[]`` when one record alone would be over it
+    (the caller then answers each job through ``encode_results``)."""
+    count = int(job_ids.size)
+    if values.ndim == 2:
+        n = values.shape[1]
+        if n == 0:
+            return []
+        data: tuple[Any, ...] = ("data", "<f4", (n,))
+        tag, nbytes = _W.tag_vector, 4 * n
+    else:
+        data, tag, nbytes = ("data", "<f8"), _W.tag_scalar, 8
+    dtype = np.dtype([("id", ">u8"), ("tag", "u1"), ("len", ">u4"), data])
+    per_frame = (max_frame - _RESULTS_HEAD.size) // dtype.itemsize
+    if per_frame < 1:
+        return []
+    records = np.empty(count, dtype)
+    records["id"] = job_ids
+    records["tag"] = tag
+    records["len"] = nbytes
+    records["data"] = values
+    frames = []
+    for start in range(0, count, per_frame):
+        part = records[start : start + per_frame]
+        frames.append([_RESULTS_HEAD.pack(_W.results, part.size), part.data.cast("B")])
+    return frames
+
+
 # -- worker -> Erlang: ETF frames ------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ control thread), once per compute capability, and loaded into every device on it
 The reading thread of a lone device takes a frame that comes alone the shortest way: a
 plain launch by its template or as a batch of one, a general launch checked and run at once
 (a chain of kernels on buffers sends the same frame with other buffer ids: its check is
-learned as a template too, ``lone.py``), and Erlang's ``free`` read with a few slices
+learned as a template too, ``templates.py``), and Erlang's ``free`` read with a few slices
 (``protocol.decode_free``) and run at once, with no answer.
 
 ``hello`` carries Erlang's version and protocol: a worker of another version (a stale copy
@@ -56,10 +56,9 @@ from .backends.base import Backend, BackendError, BackendUnavailable, Device
 from .framing import FrameError, FrameReader, FrameWriter, frame_size
 from .general import Registry, UserKernel
 from .lanes import Control, Job, Lane, UniformJobs, results_frames
-from .lone import Templates
 from .protocol import Call, Failure, Launch, ProtocolError
 from .shm import FileArg, SharedFolder
-from .uniform import decode_uniform
+from .templates import Templates
 
 log = logging.getLogger("erlcuda.worker")
 
@@ -133,7 +132,7 @@ class Worker:
         # One device: the reading thread owns it (``_serve_here``).
         self.inline = len(self.lanes) == 1 and not options.device_thread
         self._device: Device | None = None
-        self._templates = Templates()  # of lone frames, for the reading thread alone
+        self._templates = Templates()  # of the frames read, for the reading thread alone
         self._calls: queue.SimpleQueue[Call | _Freed | None] = queue.SimpleQueue()
         self._control = threading.Thread(target=self._serve_calls, name="erlcuda-control",
                                          daemon=True)
@@ -193,7 +192,7 @@ class Worker:
     def _lone(self, frame: bytearray | memoryview, lane: Lane, device: Device | None) -> bool:
         """Run a launch frame that came alone, as the batched path would, where it is a
         plain one (no trace, no shared memory, nothing to refuse), or as a general job where
-        it is one (kept results, buffers, a geometry), by its template (``lone.py``) or
+        it is one (kept results, buffers, a geometry), by its template (``templates.py``) or
         checked here (``_lone_general``); ``False``, with nothing done, for any other
         frame."""
         if len(frame) < protocol.LAUNCH_HEAD_SIZE or frame[0] != _LAUNCH or (
@@ -201,7 +200,7 @@ class Worker:
             return False  # a traced launch or a result file: decoded once, by _take_frame
         if not frame[protocol.LAUNCH_FLAGS]:
             template = self._templates.find(frame)
-            if template is not None:
+            if template is not None and template.device == lane.index:
                 return lane.run_lone(protocol.launch_job_id(frame), template.fill(frame),
                                      device)
         general_template = self._templates.find_general(frame)
@@ -245,7 +244,7 @@ class Worker:
 
     def _lone_general(self, frame: bytearray | memoryview, message: Launch, lane: Lane,
                       device: Device | None) -> None:
-        """Run a lone general launch: checked here, its template learned (``lone.py``),
+        """Run a lone general launch: checked here, its template learned (``templates.py``),
         then run by the lane; one the check refuses is answered by the lane's own path."""
         t_take = time.perf_counter_ns()
         try:
@@ -285,17 +284,15 @@ class Worker:
                 self._answer_here(message)
 
     def _uniform(self, frame: bytearray | memoryview) -> tuple[int, UniformJobs] | None:
-        """A uniform batch frame (``uniform.py``) to run on its device as one table, or
-        ``None`` for the general path, which also answers whatever this one would refuse."""
+        """A batch frame of one template's launches (``templates.Table``) to run on its
+        device as one table, or ``None`` for the general path, which also answers whatever
+        this one would refuse."""
         if self.refusal is not None or self.options.max_batch < 2 or not frame:
             return None
-        found = decode_uniform(frame)
+        found = self._templates.table(frame)
         if found is None or not 0 <= found.device < len(self.lanes):
             return None
-        try:
-            batch = kernels.parse_uniform(found.kernel, found.args)
-        except kernels.BadArgs:
-            return None
+        batch = found.batch
         lane = self.lanes[found.device]
         if lane.unavailable is not None or 4 * (batch.elements + batch.result_elements) > (
                 lane.memory):

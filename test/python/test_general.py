@@ -16,9 +16,9 @@ from erlcuda.backends.cpu import CpuDevice
 from erlcuda.general import Refused, Registry, UserKernel
 from erlcuda.kernels import DTYPES
 from erlcuda.lanes import BufferStore
-from erlcuda.lone import Templates
 from erlcuda.protocol import Empty, Handle, Kept, Launch, Listed, Scalar
 from erlcuda.shm import FileArg
+from erlcuda.templates import Templates
 from workerpipe import (
     ETYPE,
     Buffer,
