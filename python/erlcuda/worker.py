@@ -1,15 +1,15 @@
 """The worker behind the Erlang port: reads frames, routes jobs to device lanes, answers calls.
 
-With one device (one GPU, or the CPU backend's default), the thread that reads the port
-owns the device and runs the jobs itself: it reads every frame already in the pipe, runs
-them as batches and writes the replies, so a lone job pays no hand-off between threads
-(waking another thread cost 17-32 us a job, bench/results). Control calls then run on that
-thread too, between batches.
+One loop (``serve``) reads every frame and routes what it holds (``_take``, ``dispatch``);
+only where the jobs run differs. With one device (one GPU, or the CPU backend's default),
+the thread that reads the port owns the device: the jobs of every frame already in the pipe
+are kept and then run as batches by that thread (``_flush``), so a lone job pays no
+hand-off between threads, and control calls run on it too, between batches.
 
-With several devices, the reading thread only decodes and routes; each device lane runs its
-jobs on its own thread and writes its own replies (frames are written under one lock, never
-interleaved), and control calls run on a separate thread so that a slow one never stalls
-the reading of jobs. ``--device-thread`` gives a lone device that layout too.
+With several devices, each device lane runs its jobs on its own thread and writes its own
+replies (frames are written under one lock, never interleaved), and control calls run on a
+separate thread so that a slow one never stalls the reading of jobs. ``--device-thread``
+gives a lone device that layout too.
 
 Each call is a handler in a table (``hello``, ``info``, ``free``, ``load``,
 ``elementwise``, ``unload``), so a call that is not in the table is refused. An entry point
@@ -25,11 +25,14 @@ types, ``copy``/``zeros``/``empty``, user kernels) is routed as a general job, d
 from what the frame says and checked on its device's thread. User code is compiled here (the
 control thread), once per compute capability, and loaded into every device on its thread.
 
-The reading thread of a lone device takes a frame that comes alone the shortest way: a
-plain launch by its template or as a batch of one, a general launch checked and run at once
-(a chain of kernels on buffers sends the same frame with other buffer ids: its check is
-learned as a template too, ``templates.py``), and Erlang's ``free`` read with a few slices
-(``protocol.decode_free``) and run at once, with no answer.
+Every frame is decoded and checked once, through the template cache in front of the
+decoder (``templates.py``): a launch that repeats the layout of one already checked is read
+with a few slices, and a batch frame of one template's launches is read as a table. The
+reading thread of a lone device takes a frame that comes alone the shortest way: a plain
+launch run as a batch of one, a general launch checked and run at once (a chain of kernels
+on buffers sends the same frame with other buffer ids: its check is a template too).
+Erlang's ``free`` is read with a few slices (``protocol.decode_free``) and queued on its
+device in its turn, with no answer.
 
 ``hello`` carries Erlang's version and protocol: a worker of another version (a stale copy
 in priv/, another checkout on the path) says so in its answer and refuses every job.
@@ -64,7 +67,7 @@ log = logging.getLogger("erlcuda.worker")
 
 _LAUNCH = contract.WIRE.launch
 _ETF = etf.VERSION
-#: Launch flags that a lone frame's fast paths leave to ``_take_frame`` (all but keep and
+#: Launch flags that a lone frame's fast paths leave to the decoder (all but keep and
 #: geometry: a trace, a result file).
 _NOT_LONE = 0xFF & ~(contract.WIRE.flag_keep | contract.WIRE.flag_geometry)
 
@@ -129,9 +132,10 @@ class Worker:
         ]
         self.extensions = dict(extensions or {})
         self.handlers = self._handlers()
-        # One device: the reading thread owns it (``_serve_here``).
+        # One device: the reading thread owns it and runs its jobs (``serve``).
         self.inline = len(self.lanes) == 1 and not options.device_thread
         self._device: Device | None = None
+        self._pending: list[Job] = []  # jobs kept for the device this thread owns
         self._templates = Templates()  # of the frames read, for the reading thread alone
         self._calls: queue.SimpleQueue[Call | _Freed | None] = queue.SimpleQueue()
         self._control = threading.Thread(target=self._serve_calls, name="erlcuda-control",
@@ -139,55 +143,68 @@ class Worker:
 
     # -- main loop -------------------------------------------------------------------------
     def serve(self) -> int:
+        """The one loop: read a frame, take what it holds (``_take``), and run what was
+        taken once nothing more is read ahead (``_flush``); at the end of the input, stop."""
         if self.inline:
-            return self._serve_here()
-        for lane in self.lanes:
-            lane.start()
-        self._control.start()
+            self._device = self.lanes[0].open_here()
+        else:
+            for lane in self.lanes:
+                lane.start()
+            self._control.start()
         try:
-            while True:
-                frame = self.reader.read()
-                if frame is None:
-                    return self.shutdown(0)
-                uniform = self._uniform(frame)
-                if uniform is not None:
-                    self.lanes[uniform[0]].submit(uniform[1])
-                    continue
-                recv = time.perf_counter_ns()
-                for message in self._messages(frame):
-                    self.dispatch(message, recv)
+            while (frame := self.reader.read()) is not None:
+                self._take(frame)
+                if not self.reader.pending():
+                    self._flush()
+            self._flush()
+            return self.shutdown(0)
         except FrameError as exc:
             log.error("port closed: %s", exc)
             return self.shutdown(1)
 
-    def _serve_here(self) -> int:
-        """One device, owned and run by this thread: every frame already in the pipe is
-        read (up to a batch of jobs), then run, then answered; calls run in their turn."""
-        lane = self.lanes[0]
-        self._device = device = lane.open_here()
-        limit = self.options.max_batch
-        try:
-            while True:
-                frame = self.reader.read()
-                if frame is None:
-                    return self.shutdown(0)
-                # Erlang's free, before a launch in the pipe or alone: run now, in its turn
-                if self._free_here(frame, lane, device) or (
-                        not self.reader.pending() and self._lone(frame, lane, device)):
-                    continue
-                jobs: list[Job] = []
-                while True:
-                    self._take_frame(frame, jobs, lane, device)
-                    if len(jobs) >= limit or not self.reader.pending():
-                        break
-                    frame = self.reader.read()
-                    if frame is None:
-                        lane.run_jobs(jobs, device)
-                        return self.shutdown(0)
-                lane.run_jobs(jobs, device)
-        except FrameError as exc:
-            log.error("port closed: %s", exc)
-            return self.shutdown(1)
+    def _take(self, frame: bytearray | memoryview) -> None:
+        """Route what ``frame`` holds: Erlang's ``free`` (read with a few slices,
+        ``protocol.decode_free``) to its lane at once, a lone frame the shortest way
+        (``_lone``), a batch frame of one template's launches as a table, anything else
+        decoded into jobs for the lanes and calls."""
+        if frame and frame[0] == _ETF:
+            free = protocol.decode_free(frame)
+            if free is not None:
+                self._flush()  # the launches read before it first
+                try:
+                    self._free(list(free))
+                except ValueError as exc:  # nobody waits for an answer: logged
+                    log.error("call free (Id 0) failed: %s", exc)
+                return
+        if self.inline and not self._pending and not self.reader.pending() and self._lone(
+                frame, self.lanes[0], self._device):
+            return
+        uniform = self._uniform(frame)
+        if uniform is not None:
+            self._to_lane(uniform[0], uniform[1])
+            return
+        recv = time.perf_counter_ns()
+        for message in self._messages(frame):
+            self.dispatch(message, recv)
+
+    def _to_lane(self, index: int, item: Job | UniformJobs) -> None:
+        """Hand ``item`` to lane ``index``: queued for its thread, or, where this thread
+        owns the device, kept for ``_flush`` (a job) or run after what is kept (a table)."""
+        if not self.inline:
+            self.lanes[index].submit(item)
+        elif type(item) is Job:
+            self._pending.append(item)
+            if len(self._pending) >= self.options.max_batch:
+                self._flush()
+        else:
+            self._flush()
+            self.lanes[0].run_uniform(item, self._device)  # type: ignore[arg-type]
+
+    def _flush(self) -> None:
+        """Run the jobs kept for the device this thread owns, as batches (``run_jobs``)."""
+        if self._pending:
+            jobs, self._pending = self._pending, []
+            self.lanes[0].run_jobs(jobs, self._device)
 
     def _lone(self, frame: bytearray | memoryview, lane: Lane, device: Device | None) -> bool:
         """Run a launch frame that came alone, as the batched path would, where it is a
@@ -197,7 +214,7 @@ class Worker:
         frame."""
         if len(frame) < protocol.LAUNCH_HEAD_SIZE or frame[0] != _LAUNCH or (
                 frame[protocol.LAUNCH_FLAGS] & _NOT_LONE or self.refusal is not None):
-            return False  # a traced launch or a result file: decoded once, by _take_frame
+            return False  # a traced launch or a result file: decoded once, by dispatch
         if not frame[protocol.LAUNCH_FLAGS]:
             template = self._templates.find(frame)
             if template is not None and template.device == lane.index:
@@ -229,19 +246,6 @@ class Worker:
         self._templates.learn(frame, message, request)
         return lane.run_lone(message.job_id, request, device)
 
-    def _free_here(self, frame: bytearray | memoryview, lane: Lane,
-                   device: Device | None) -> bool:
-        """Run ``frame`` now where it is Erlang's ``free`` (the commonest call by far, read
-        with a few slices: ``protocol.decode_free``), on the device this thread owns; else
-        ``False``, with nothing done."""
-        if not frame or frame[0] != _ETF:
-            return False
-        free = protocol.decode_free(frame)
-        if free is None:
-            return False
-        _run_free(free, lane, device)
-        return True
-
     def _lone_general(self, frame: bytearray | memoryview, message: Launch, lane: Lane,
                       device: Device | None) -> None:
         """Run a lone general launch: checked here, its template learned (``templates.py``),
@@ -254,34 +258,6 @@ class Worker:
             return
         self._templates.learn_general(frame, message, plan, lane.store.held)
         lane.run_plan(Job(message.job_id), plan, device, t_take)
-
-    def _take_frame(self, frame: bytearray | memoryview, jobs: list[Job], lane: Lane,
-                    device: Device | None) -> None:
-        """Add ``frame``'s jobs to ``jobs``. A uniform batch or a call runs at once, after
-        the jobs before it (which keeps each caller's replies in order)."""
-        if frame and frame[0] == _ETF:
-            free = protocol.decode_free(frame)
-            if free is not None:
-                lane.run_jobs(jobs, device)  # the launches read before it first
-                jobs.clear()
-                _run_free(free, lane, device)
-                return
-        uniform = self._uniform(frame)
-        if uniform is not None:
-            lane.run_jobs(jobs, device)
-            jobs.clear()
-            lane.run_uniform(uniform[1], device)
-            return
-        recv = time.perf_counter_ns()
-        for message in self._messages(frame):
-            if isinstance(message, Launch):
-                job = self.launch(message, recv)
-                if job is not None:
-                    jobs.append(job)
-            else:
-                lane.run_jobs(jobs, device)
-                jobs.clear()
-                self._answer_here(message)
 
     def _uniform(self, frame: bytearray | memoryview) -> tuple[int, UniformJobs] | None:
         """A batch frame of one template's launches (``templates.Table``) to run on its
@@ -310,12 +286,17 @@ class Worker:
         return messages
 
     def dispatch(self, message: Launch | Call, recv: int = 0) -> None:
-        """Route one message to its device's thread, or a call to the control thread (with
-        several devices, or ``--device-thread``)."""
+        """Route one message: a launch to its device's lane (``_to_lane``), a ``free`` to
+        its lane in its turn, any other call to the control thread, or, where this thread
+        owns the device, run here after the jobs kept before it (which keeps each caller's
+        replies in order)."""
         if isinstance(message, Launch):
             job = self.launch(message, recv)
             if job is not None:
-                self.lanes[message.device].submit(job)
+                self._to_lane(message.device, job)
+        elif self.inline:
+            self._flush()
+            self._answer_here(message)
         elif message.function == "free":
             # Queued on its device here, between the launches read before it and those read
             # after: a launch that follows a free finds that memory given back.
@@ -693,14 +674,6 @@ class Worker:
         if self.backend is not None:
             self.backend.close()
         return status
-
-
-def _run_free(free: tuple[int, list[int]], lane: Lane, device: Device | None) -> None:
-    """Free ``(Device, Ids)`` on the calling thread, which owns ``lane``'s device; ids of
-    another device are none this worker holds (it has one device here)."""
-    index, ids = free
-    if index == lane.index and ids:
-        lane.free_here(device, ids)
 
 
 @dataclass(frozen=True, slots=True)
