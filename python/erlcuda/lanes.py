@@ -84,8 +84,9 @@ class Control:
 def results_frames(records: list[protocol.Record], max_frame: int) -> protocol.Encoded:
     """``protocol.encode_results``, logging each record it had to replace."""
     encoded = protocol.encode_results(records, max_frame)
-    for job_id, why in encoded.replaced:
-        log.error("job %d: %s", job_id, why)
+    if encoded.replaced:
+        for job_id, why in encoded.replaced:
+            log.error("job %d: %s", job_id, why)
     return encoded
 
 
@@ -300,14 +301,12 @@ class Lane(threading.Thread):
         self.stats.table_jobs += batch.count
         frames = [] if values is None else protocol.encode_table(job_ids, values,
                                                           self.writer.max_frame)
-        if not frames:  # a failure, or records too large for the table: one by one
-            records: list[protocol.Record] = [
+        if frames:
+            self._write(frames)
+        else:  # a failure, or records too large for the table: one by one
+            self._reply([
                 (int(job_id), failure if failure is not None else _row(values, i), None)
-                for i, job_id in enumerate(job_ids)]
-            encoded = results_frames(records, self.writer.max_frame)
-            self.stats.errors += encoded.errors
-            frames = encoded.frames
-        self._write(frames)
+                for i, job_id in enumerate(job_ids)])
         if fatal is not None:
             self.on_fatal(fatal)
 
@@ -336,13 +335,7 @@ class Lane(threading.Thread):
             values = None
         result: Result = failure if values is None else values[0]  # type: ignore[assignment]
         self.stats.jobs += 1
-        lone = protocol.encode_lone(job_id, result, self.writer.max_frame)
-        if lone is not None:
-            self._write((), lone)
-        else:
-            encoded = results_frames([(job_id, result, None)], self.writer.max_frame)
-            self.stats.errors += encoded.errors
-            self._write(encoded.frames)
+        self._reply([(job_id, result, None)])
         if fatal is not None:
             self.on_fatal(fatal)
         return True
@@ -364,14 +357,23 @@ class Lane(threading.Thread):
         """Why the device is lost, where ``exc`` says it is (a sticky error)."""
         return f"device {self.index}: {exc.code}: {exc.message}" if exc.fatal else None
 
-    def _write(self, frames: Sequence[Sequence[bytes | memoryview]],
-               sized: tuple[Sequence[bytes | memoryview], int] | None = None) -> None:
-        """Write ``frames``, or the one frame ``sized`` (its chunks and its size)."""
+    def _reply(self, records: list[protocol.Record]) -> None:
+        """Encode and write the replies of ``records`` (``protocol.encode_results``, the one
+        encoder of job replies), counting those that carry an error."""
+        encoded = results_frames(records, self.writer.max_frame)
+        self.stats.errors += encoded.errors
         try:
-            if sized is not None:
-                self.writer.write_sized(*sized)
+            if encoded.size:
+                self.writer.write_sized(encoded.frames[0], encoded.size)
             else:
-                self.writer.write_many(frames)
+                self.writer.write_many(encoded.frames)
+        except FrameError:
+            log.warning("device %d: replies dropped, the port is closed", self.index)
+
+    def _write(self, frames: Sequence[Sequence[bytes | memoryview]]) -> None:
+        """Write ``frames`` (a table's, ``protocol.encode_table``)."""
+        try:
+            self.writer.write_many(frames)
         except FrameError:
             log.warning("device %d: replies dropped, the port is closed", self.index)
 
@@ -509,9 +511,7 @@ class Lane(threading.Thread):
                     log.warning("job %d: the result goes through the pipe: %s", job.job_id,
                                 exc)
             records.append((job.job_id, result, job.trace))
-        encoded = results_frames(records, self.writer.max_frame)
-        self.stats.errors += encoded.errors
-        self._write(encoded.frames)
+        self._reply(records)
         if fatal is not None:
             self.on_fatal(fatal)
 
@@ -570,14 +570,7 @@ class Lane(threading.Thread):
                 result = self.shm.write_result(job.job_id, result)
             except ShmError as exc:
                 log.warning("job %d: the result goes through the pipe: %s", job.job_id, exc)
-        lone = None if job.trace is not None else protocol.encode_lone(
-            job.job_id, result, self.writer.max_frame)
-        if lone is not None:
-            self._write((), lone)
-        else:
-            encoded = results_frames([(job.job_id, result, job.trace)], self.writer.max_frame)
-            self.stats.errors += encoded.errors
-            self._write(encoded.frames)
+        self._reply([(job.job_id, result, job.trace)])
         if fatal is not None:
             self.on_fatal(fatal)
 

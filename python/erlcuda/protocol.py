@@ -48,7 +48,7 @@ Erlang sent. Text travels as UTF-8 binaries.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -697,6 +697,8 @@ class Encoded(NamedTuple):
     frames: list[Chunks]
     errors: int
     replaced: list[tuple[int, str]]
+    #: The one frame's size where ``encode_results`` knew it (a lone plain record), else 0.
+    size: int = 0
 
 
 _RESULTS_HEAD = struct.Struct(">BI")  # results byte, Count
@@ -825,15 +827,26 @@ def _stamps(stamps: Mapping[str, int]) -> bytes:
         raise ProtocolError(f"stamps not encodable: {exc}") from exc
 
 
-def encode_results(records: Iterable[Record], max_frame: int = contract.MAX_FRAME) -> Encoded:
+def encode_results(records: Sequence[Record], max_frame: int = contract.MAX_FRAME) -> Encoded:
     """The results frames of ``records``, in their order: one frame, or as many as it takes
     to keep each within ``max_frame`` bytes.
 
     Every record gets its one reply: a result that cannot travel becomes ``{internal, _}``
     and a record that alone would be over ``max_frame`` becomes ``too_large``, for that job
     alone. Vector payloads are chunks that share the arrays' memory: write the frames
-    before that memory changes. A JobId must be a u64.
+    before that memory changes. A JobId must be a u64. A lone record of a plain result (a
+    float, a 1-D f32 array, a kept buffer; no trace) is packed in one call, the same bytes
+    (``_lone``): the common case at low load, where every microsecond is the caller's.
     """
+    if len(records) == 1 and records[0][2] is None:
+        lone = _lone(records[0][0], records[0][1], max_frame)
+        if lone is not None:
+            return Encoded([lone[0]], 0, [], lone[1])
+    return _encode_records(records, max_frame)
+
+
+def _encode_records(records: Iterable[Record], max_frame: int) -> Encoded:
+    """``encode_results``, record by record."""
     frames: list[Chunks] = []
     replaced: list[tuple[int, str]] = []
     failures = 0
@@ -906,13 +919,11 @@ def encode_results(records: Iterable[Record], max_frame: int = contract.MAX_FRAM
 _LONE_HEAD = struct.Struct(">BIQBI")  # a one-record results frame: results byte, Count, record
 
 
-def encode_lone(job_id: int, res: Result, max_frame: int = contract.MAX_FRAME) -> (
-        tuple[Chunks, int] | None):
-    """A lone job's results frame and its size, byte for byte what ``encode_results``
+def _lone(job_id: int, res: Result, max_frame: int) -> tuple[Chunks, int] | None:
+    """A lone job's results frame and its size, byte for byte what ``_encode_records``
     makes of ``[(job_id, res, None)]``, for the plain results (a float, a 1-D contiguous
     f32 array that fits ``max_frame``, or a buffer kept: ``Kept``); ``None`` for any other,
-    which ``encode_results`` then answers. Here because a lone job is the common case at
-    low load, where every microsecond of Python is on the caller's clock."""
+    which ``_encode_records`` then answers."""
     cls = type(res)
     if cls is float:
         size = _LONE_HEAD.size + 8

@@ -513,11 +513,11 @@ def test_a_result_file_of_4_gib_or_more_has_a_record() -> None:
     protocol.Kept(2**64 - 1, "u8", 2**40), protocol.Kept(3, "f64", 2)])
 def test_a_lone_jobs_frame_is_the_general_frame(res: Any) -> None:
     job_id = 2**64 - 2
-    lone = protocol.encode_lone(job_id, res)
-    assert lone is not None
-    chunks, size = lone
-    (general,) = protocol.encode_results([(job_id, res, None)]).frames
-    assert joined(chunks) == joined(general) and size == len(joined(general))
+    lone = protocol.encode_results([(job_id, res, None)])
+    assert lone.size  # packed in one call, its size known
+    (chunks,) = lone.frames
+    (general,) = protocol._encode_records([(job_id, res, None)], contract.MAX_FRAME).frames
+    assert joined(chunks) == joined(general) and lone.size == len(joined(general))
     # A large vector travels from its own memory, as the general frame's does.
     assert any(isinstance(c, memoryview) for c in chunks) == (
         isinstance(res, np.ndarray) and res.nbytes >= protocol.SMALL_PAYLOAD)
@@ -527,11 +527,13 @@ def test_a_lone_jobs_frame_is_the_general_frame(res: Any) -> None:
     protocol.TOO_LARGE, np.float32(0.5), 3, np.arange(4.0), np.ones((2, 2), np.float32),
     np.arange(8, dtype=np.float32)[::2], "text", protocol.Kept(1, "f16", 1)], ids=repr)
 def test_a_lone_result_the_general_encoder_must_judge_is_left_to_it(res: Any) -> None:
-    assert protocol.encode_lone(1, res) is None
+    assert protocol._lone(1, res, contract.MAX_FRAME) is None
+    assert protocol.encode_results([(1, res, None)]).size == 0
 
 
 def test_a_lone_result_over_the_frame_limit_is_left_to_the_general_encoder() -> None:
     vector = np.ones(100, np.float32)
-    assert protocol.encode_lone(1, vector, max_frame=18 + 400) is not None
-    assert protocol.encode_lone(1, vector, max_frame=18 + 399) is None
-    assert protocol.encode_lone(1, 1.0, max_frame=18 + 7) is None
+    assert protocol.encode_results([(1, vector, None)], max_frame=18 + 400).size == 18 + 400
+    over = protocol.encode_results([(1, vector, None)], max_frame=18 + 399)
+    assert over.size == 0 and over.replaced  # too_large, from the general encoder
+    assert protocol._lone(1, 1.0, max_frame=18 + 7) is None
