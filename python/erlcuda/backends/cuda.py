@@ -42,6 +42,7 @@ import numpy as np
 import pycuda.driver as cuda
 
 from .. import compile as nvcc_cache
+from .. import contract
 from ..elements import ELEMENTS
 from ..kernels import F32, Request, UniformRequest
 from .base import Backend, BackendError, BackendUnavailable, Device, Result
@@ -119,6 +120,11 @@ _STICKY_MARKERS = (
 #: (keyed by the dtype's code without its byte order: ``f4``)
 _SCALAR_FORMATS = {e.dtype.str[1:]: e.struct for e in ELEMENTS.values()}
 F64 = np.dtype("<f8")
+
+
+#: The catalogue kernels ``builtin`` runs on device arrays, and their params' count.
+_BUILTIN_ARITY = {name: len(contract.KERNELS[name].params)
+                  for name in ("copy", "vector_add", "reduce", "dot_product", "matmul")}
 
 
 def compile_kernels(kernel_dir: Path, capability: tuple[int, int]) -> dict[str, bytes]:
@@ -655,7 +661,7 @@ class CudaDevice(Device):
         return result
 
     def _builtin(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
-        arity = {"copy": 1, "vector_add": 2, "reduce": 1, "dot_product": 2, "matmul": 5}
+        arity = _BUILTIN_ARITY
         if kernel not in arity:
             raise BackendError("not_supported", f"no built-in kernel {kernel!r:.40}")
         if len(operands) != arity[kernel]:
