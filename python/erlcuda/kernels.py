@@ -149,7 +149,7 @@ def as_f32(value: Any, what: str) -> np.ndarray:
 
 
 def _vector(value: Any, what: str, dtype: np.dtype[Any]) -> np.ndarray:
-    # f32 is the only element type today; another one needs its own conversion here.
+    # The batched kernels take f32 alone; another type would need its own conversion here.
     if dtype != F32:
         raise BadArgs(f"{what}: unsupported element type {dtype}")
     array = as_f32(value, what)

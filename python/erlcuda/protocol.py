@@ -48,7 +48,7 @@ Erlang sent. Text travels as UTF-8 binaries.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -206,16 +206,11 @@ _GEOMETRY = struct.Struct(">7I")  # Grid x, y, z, Block x, y, z, SharedBytes
 _W_LAUNCH = _W.launch
 _W_BATCH = _W.batch
 _U32 = struct.Struct(">I")
-_W_VECTOR = _W.arg_vector
-_W_DIM = _W.arg_dim
-_W_FILE = _W.arg_file
-_W_HANDLE = _W.arg_handle
-_W_SCALAR = _W.arg_scalar
-_W_EMPTY = _W.arg_empty
-_W_TRACE = _W.flag_trace
-_W_RESULT_FILE = _W.flag_result_file
-_W_KEEP = _W.flag_keep
-_W_GEOMETRY = _W.flag_geometry
+# The argument kinds and launch flags, as module constants for the decoder's loop.
+(_W_VECTOR, _W_DIM, _W_FILE, _W_HANDLE, _W_SCALAR, _W_EMPTY) = (
+    _W.arg_vector, _W.arg_dim, _W.arg_file, _W.arg_handle, _W.arg_scalar, _W.arg_empty)
+(_W_TRACE, _W_RESULT_FILE, _W_KEEP, _W_GEOMETRY) = (
+    _W.flag_trace, _W.flag_result_file, _W.flag_keep, _W.flag_geometry)
 _ETF = etf.VERSION
 
 #: numpy dtypes of the wire's element types, by index (a contract type without one fails
@@ -285,6 +280,10 @@ def decode_all(frame: bytes | bytearray | memoryview) -> tuple[list[Message], li
     return messages, problems
 
 
+class _Malformed(Exception):
+    """A launch frame that is not what it says; ``str()`` is the reason sent back."""
+
+
 def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
     size = len(frame)
     if size < _HEAD_SIZE:
@@ -302,133 +301,141 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
             kernel = raw.decode("utf-8")
         except UnicodeDecodeError:
             return Launch(job_id, device, "", [], trace, "the kernel name is not UTF-8")
-    nargs = frame[pos]
-    pos += 1
-    args: list[Any] = []
-    general = flags & (_W_KEEP | _W_GEOMETRY) != 0
-    for i in range(1, nargs + 1):
-        if pos >= size:
-            return Launch(job_id, device, kernel, [], trace,
-                          f"launch of {size} bytes ends before argument {i} of {nargs}")
-        kind = frame[pos]
-        if kind == _W_VECTOR:
-            if pos + 10 > size:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"launch of {size} bytes ends inside argument {i}'s header")
-            etype, nbytes = _VECTOR_HEAD.unpack_from(frame, pos + 1)
-            pos += 10
-            if etype >= _N_TYPES:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: element type {etype} is not one of "
-                              f"{list(contract.ELEMENT_TYPES)}")
-            if nbytes > size - pos:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: {nbytes} bytes announced, {size - pos} left "
-                              "in the frame")
-            itemsize = _ELEMENT_SIZES[etype]
-            if nbytes % itemsize:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: {nbytes} bytes is not a whole number of "
-                              f"{contract.ELEMENT_TYPES[etype]} elements")
-            args.append(np.frombuffer(frame, _ELEMENT_DTYPES[etype], nbytes // itemsize, pos))
-            general = general or etype != 0
-            pos += nbytes
-        elif kind == _W_FILE:
-            if pos + 19 > size:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"launch of {size} bytes ends inside argument {i}'s header")
-            etype, nbytes, part = _FILE_HEAD.unpack_from(frame, pos + 1)
-            nlen = frame[pos + 18]
-            pos += 19
-            if (etype >= _N_TYPES or nbytes % _ELEMENT_SIZES[etype] or nlen > size - pos
-                    or part == 0):
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: a malformed shared-memory argument")
-            try:
-                name = bytes(frame[pos : pos + nlen]).decode("utf-8")
-            except UnicodeDecodeError:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: the file name is not UTF-8")
-            args.append(FileArg(name, _ELEMENT_DTYPES[etype], nbytes, part))
-            general = general or etype != 0
-            pos += nlen
-        elif kind == _W_DIM:
-            if pos + 9 > size:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"launch of {size} bytes ends inside argument {i}")
-            args.append(_DIM.unpack_from(frame, pos + 1)[0])
-            pos += 9
-        elif kind == _W_HANDLE:
-            if pos + 9 > size:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"launch of {size} bytes ends inside argument {i}")
-            args.append(Handle(_DIM.unpack_from(frame, pos + 1)[0]))
-            general = True
-            pos += 9
-        elif kind == _W_SCALAR:
-            if pos + 10 > size:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"launch of {size} bytes ends inside argument {i}")
-            etype = frame[pos + 1]
-            if etype >= _N_TYPES:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: element type {etype} is not one of "
-                              f"{list(contract.ELEMENT_TYPES)}")
-            itemsize = _ELEMENT_SIZES[etype]
-            # Zero padding, as the contract says: a value written in another width (an
-            # f32 sent as an f64) would otherwise be read as some other number.
-            if any(frame[pos + 2 + itemsize : pos + 10]):
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: a {contract.ELEMENT_TYPES[etype]} scalar "
-                              f"whose padding is not zero")
-            value = np.frombuffer(frame, _ELEMENT_DTYPES[etype], 1, pos + 2)[0]
-            args.append(Scalar(contract.ELEMENT_TYPES[etype], value))
-            general = True
-            pos += 10
-        elif kind == _W_EMPTY:
-            if pos + 10 > size:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"launch of {size} bytes ends inside argument {i}")
-            etype, count = _VECTOR_HEAD.unpack_from(frame, pos + 1)
-            if etype >= _N_TYPES:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: element type {etype} is not one of "
-                              f"{list(contract.ELEMENT_TYPES)}")
-            args.append(Empty(contract.ELEMENT_TYPES[etype], count))
-            general = True
-            pos += 10
-        else:
-            return Launch(job_id, device, kernel, [], trace,
-                          f"argument {i}: unknown kind byte {kind}")
-    keep: tuple[int, ...] | None = None
-    if flags & _W_KEEP:
-        if pos >= size:
-            return Launch(job_id, device, kernel, [], trace,
-                          f"launch of {size} bytes ends before its NKeep")
-        nkeep = frame[pos]
-        pos += 1
-        if 8 * nkeep > size - pos:
-            return Launch(job_id, device, kernel, [], trace,
-                          f"launch of {size} bytes ends inside its {nkeep} kept ids")
-        keep = struct.unpack_from(f">{nkeep}Q", frame, pos)
-        pos += 8 * nkeep
-        if len(set(keep)) != nkeep:
-            return Launch(job_id, device, kernel, [], trace,
-                          "a buffer id is kept twice")
-    geometry: Geometry | None = None
-    if flags & _W_GEOMETRY:
-        if _GEOMETRY.size > size - pos:
-            return Launch(job_id, device, kernel, [], trace,
-                          f"launch of {size} bytes ends inside its geometry")
-        gx, gy, gz, bx, by, bz, shared = _GEOMETRY.unpack_from(frame, pos)
-        pos += _GEOMETRY.size
-        geometry = ((gx, gy, gz), (bx, by, bz), shared)
+    try:
+        args, general, pos = _decode_args(frame, pos, size)
+        keep, geometry, pos = _decode_tail(frame, pos, size, flags)
+    except _Malformed as exc:
+        return Launch(job_id, device, kernel, [], trace, str(exc))
     if pos != size:
         return Launch(job_id, device, kernel, [], trace,
                       f"{size - pos} trailing bytes after the last argument")
     return Launch(job_id, device, kernel, args, trace,
                   result_file=flags & _W_RESULT_FILE != 0, keep=keep, geometry=geometry,
-                  general=general)
+                  general=general or flags & (_W_KEEP | _W_GEOMETRY) != 0)
+
+
+def _decode_args(frame: bytes | bytearray | memoryview, pos: int,
+                 size: int) -> tuple[list[Any], bool, int]:
+    """NArgs and the arguments at ``pos``: them, whether one is for the general path only,
+    and where they end."""
+    nargs = frame[pos]
+    pos += 1
+    args: list[Any] = []
+    general = False
+    for i in range(1, nargs + 1):
+        if pos >= size:
+            raise _Malformed(f"launch of {size} bytes ends before argument {i} of {nargs}")
+        decode = _ARGS.get(frame[pos])
+        if decode is None:
+            raise _Malformed(f"argument {i}: unknown kind byte {frame[pos]}")
+        arg, pos, only_general = decode(frame, pos, size, i)
+        args.append(arg)
+        general = general or only_general
+    return args, general, pos
+
+
+def _etype(etype: int, i: int) -> int:
+    if etype >= _N_TYPES:
+        raise _Malformed(f"argument {i}: element type {etype} is not one of "
+                         f"{list(contract.ELEMENT_TYPES)}")
+    return etype
+
+
+def _room(pos: int, need: int, size: int, i: int, what: str = "") -> None:
+    if pos + need > size:
+        raise _Malformed(f"launch of {size} bytes ends inside argument {i}{what}")
+
+
+def _arg_vector(frame: Any, pos: int, size: int, i: int) -> tuple[Any, int, bool]:
+    _room(pos, 10, size, i, "'s header")
+    etype, nbytes = _VECTOR_HEAD.unpack_from(frame, pos + 1)
+    pos += 10
+    _etype(etype, i)
+    if nbytes > size - pos:
+        raise _Malformed(f"argument {i}: {nbytes} bytes announced, {size - pos} left in the "
+                         "frame")
+    itemsize = _ELEMENT_SIZES[etype]
+    if nbytes % itemsize:
+        raise _Malformed(f"argument {i}: {nbytes} bytes is not a whole number of "
+                         f"{contract.ELEMENT_TYPES[etype]} elements")
+    value = np.frombuffer(frame, _ELEMENT_DTYPES[etype], nbytes // itemsize, pos)
+    return value, pos + nbytes, etype != 0
+
+
+def _arg_file(frame: Any, pos: int, size: int, i: int) -> tuple[Any, int, bool]:
+    _room(pos, 19, size, i, "'s header")
+    etype, nbytes, part = _FILE_HEAD.unpack_from(frame, pos + 1)
+    nlen = frame[pos + 18]
+    pos += 19
+    if etype >= _N_TYPES or nbytes % _ELEMENT_SIZES[etype] or nlen > size - pos or part == 0:
+        raise _Malformed(f"argument {i}: a malformed shared-memory argument")
+    try:
+        name = bytes(frame[pos : pos + nlen]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Malformed(f"argument {i}: the file name is not UTF-8") from None
+    return FileArg(name, _ELEMENT_DTYPES[etype], nbytes, part), pos + nlen, etype != 0
+
+
+def _arg_dim(frame: Any, pos: int, size: int, i: int) -> tuple[Any, int, bool]:
+    _room(pos, 9, size, i)
+    return _DIM.unpack_from(frame, pos + 1)[0], pos + 9, False
+
+
+def _arg_handle(frame: Any, pos: int, size: int, i: int) -> tuple[Any, int, bool]:
+    _room(pos, 9, size, i)
+    return Handle(_DIM.unpack_from(frame, pos + 1)[0]), pos + 9, True
+
+
+def _arg_scalar(frame: Any, pos: int, size: int, i: int) -> tuple[Any, int, bool]:
+    _room(pos, 10, size, i)
+    etype = _etype(frame[pos + 1], i)
+    itemsize = _ELEMENT_SIZES[etype]
+    # Zero padding, as the contract says: a value written in another width (an f32 sent
+    # as an f64) would otherwise be read as some other number.
+    if any(frame[pos + 2 + itemsize : pos + 10]):
+        raise _Malformed(f"argument {i}: a {contract.ELEMENT_TYPES[etype]} scalar whose "
+                         "padding is not zero")
+    value = np.frombuffer(frame, _ELEMENT_DTYPES[etype], 1, pos + 2)[0]
+    return Scalar(contract.ELEMENT_TYPES[etype], value), pos + 10, True
+
+
+def _arg_empty(frame: Any, pos: int, size: int, i: int) -> tuple[Any, int, bool]:
+    _room(pos, 10, size, i)
+    etype, count = _VECTOR_HEAD.unpack_from(frame, pos + 1)
+    _etype(etype, i)
+    return Empty(contract.ELEMENT_TYPES[etype], count), pos + 10, True
+
+
+#: The decoder of each argument kind: the argument, where it ends, and whether it is for
+#: the general path only.
+_ARGS: dict[int, Callable[[Any, int, int, int], tuple[Any, int, bool]]] = {
+    _W_VECTOR: _arg_vector, _W_FILE: _arg_file, _W_DIM: _arg_dim, _W_HANDLE: _arg_handle,
+    _W_SCALAR: _arg_scalar, _W_EMPTY: _arg_empty}
+
+
+def _decode_tail(frame: bytes | bytearray | memoryview, pos: int, size: int,
+                 flags: int) -> tuple[tuple[int, ...] | None, Geometry | None, int]:
+    """The kept ids and the geometry after the arguments, where the flags say so."""
+    keep: tuple[int, ...] | None = None
+    if flags & _W_KEEP:
+        if pos >= size:
+            raise _Malformed(f"launch of {size} bytes ends before its NKeep")
+        nkeep = frame[pos]
+        pos += 1
+        if 8 * nkeep > size - pos:
+            raise _Malformed(f"launch of {size} bytes ends inside its {nkeep} kept ids")
+        keep = struct.unpack_from(f">{nkeep}Q", frame, pos)
+        pos += 8 * nkeep
+        if len(set(keep)) != nkeep:
+            raise _Malformed("a buffer id is kept twice")
+    geometry: Geometry | None = None
+    if flags & _W_GEOMETRY:
+        if _GEOMETRY.size > size - pos:
+            raise _Malformed(f"launch of {size} bytes ends inside its geometry")
+        gx, gy, gz, bx, by, bz, shared = _GEOMETRY.unpack_from(frame, pos)
+        pos += _GEOMETRY.size
+        geometry = ((gx, gy, gz), (bx, by, bz), shared)
+    return keep, geometry, pos
 
 
 def vector_spans(launch: Launch) -> tuple[list[tuple[int, int]], int] | None:
@@ -712,14 +719,10 @@ _FRAME_HEAD = _RESULTS_HEAD.size
 _RECORD = _RECORD_HEAD.size
 _TRACED = _RECORD + _INNER_HEAD.size
 _F32 = DTYPES["f32"]
-_T_VECTOR = _W.tag_vector
-_T_SCALAR = _W.tag_scalar
-_T_ERROR = _W.tag_error
-_T_TRACED = _W.tag_traced
-_T_FILE = _W.tag_file
-_T_TYPED = _W.tag_typed
-_T_HANDLE = _W.tag_handle
-_T_LIST = _W.tag_list
+# The record tags, as module constants for the encoder's loops.
+(_T_VECTOR, _T_SCALAR, _T_ERROR, _T_TRACED, _T_FILE, _T_TYPED, _T_HANDLE, _T_LIST) = (
+    _W.tag_vector, _W.tag_scalar, _W.tag_error, _W.tag_traced, _W.tag_file, _W.tag_typed,
+    _W.tag_handle, _W.tag_list)
 _FILE_RECORD = struct.Struct(">QQ")
 _HANDLE_RECORD = struct.Struct(">QBQ")  # BufferId, Type, Elements
 _ITEM_HEAD = _INNER_HEAD  # a list item's Tag, Len

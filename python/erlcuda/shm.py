@@ -16,7 +16,7 @@ Only regular files are used: nothing is opened through a symlink or waited on as
 and a result is written to a new file only (``O_EXCL``), never over whatever stands there.
 A result goes back as one part: Erlang reads one file into one binary in one call, where
 several parts would have to be joined into a new binary, a copy of the whole result on a
-normal scheduler that held up small jobs of other callers by 3 ms on the H200 machine.
+normal scheduler that would hold up the small jobs of other callers.
 
 Clean-up never depends on this process ending well: a reaper (a small process of its own,
 started here) waits for the worker to end, however it ends (SIGKILL included, or the node's

@@ -73,9 +73,9 @@ _NOT_LONE = 0xFF & ~(contract.WIRE.flag_keep | contract.WIRE.flag_geometry)
 
 #: Exit status when a device's context is poisoned: Erlang restarts the worker.
 EXIT_FATAL = 70
-#: How long a GPU's thread polls for work before sleeping: waking a sleeping thread cost
-#: about 30 us a job on the H200 machine (bench/results/h200); the CPU backend's virtual
-#: devices share the cores with everything else, so they never poll.
+#: How long a GPU's thread polls for work before sleeping: waking a sleeping thread costs
+#: more than a small job (bench/ measures it); the CPU backend's virtual devices share the
+#: cores with everything else, so they never poll.
 AUTO_SPIN_US = 300
 
 Handler = Callable[[list[Any]], Any]

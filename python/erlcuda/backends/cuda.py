@@ -54,12 +54,11 @@ from .sources import kernel_sources as kernel_sources
 
 #: Threads per block of the 1-D kernels; kernels/common.cuh's kBlock1D must agree.
 BLOCK_1D = 256
-#: Most blocks per multiprocessor of vector_add's grid-stride loop. Measured on an H200 at
-#: 256M elements: the more blocks the better (32/SM 4.1 TB/s, 1024/SM 4.35), so the cap
-#: only bounds the grid for huge vectors; up to 2048 * SMs * 1024 elements each thread
-#: adds one float4.
+#: Most blocks per multiprocessor of vector_add's grid-stride loop: on large vectors more
+#: blocks read faster (bench/gpu_kernels.py), so the cap only bounds the grid for huge
+#: vectors; up to 2048 * SMs * 1024 elements each thread adds one float4.
 VECTOR_ADD_BLOCKS_PER_SM = 2048
-#: Blocks per multiprocessor of reduction pass 1 (4..32 all read ~4.3 TB/s on an H200).
+#: Blocks per multiprocessor of reduction pass 1 (from 4 to 32 read alike: a middle one).
 REDUCE_BLOCKS_PER_SM = 8
 #: Elements each thread of reduce pass 1 handles at least: fewer blocks for small vectors.
 REDUCE_ELEMENTS_PER_THREAD = 8
