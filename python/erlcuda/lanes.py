@@ -579,63 +579,72 @@ class Lane(threading.Thread):
         that is not kept is freed, whatever happens."""
         temps: dict[int, Any] = {}  # by id(): device arrays need not compare
         try:
-            outputs: list[tuple[Any, str]]  # the result vectors on the device, and types
-            action = plan.action
-            out_type = plan.out_type or "f32"
-            if action == "builtin":
-                values = [self._operand(op, device, temps) for op in plan.operands]
-                if plan.scalar:
-                    return float(device.builtin(plan.kernel, values, None))  # type: ignore[arg-type]
-                out = device.alloc(DTYPES[out_type], plan.out_elements, zero=False)
-                temps[id(out)] = out
-                device.builtin(plan.kernel, values, out)
-                outputs = [(out, out_type)]
-            elif action == "copy":
-                op = plan.operands[0]
-                if plan.keep is None:
-                    if op.source == "buffer":
-                        return device.download(self.store.get(op.value))
-                    if op.source == "zeros":
-                        return np.zeros(op.elements, DTYPES[out_type])
-                    return np.array(self._host(op))  # a copy: the frame's memory is reused
-                if op.source == "buffer":
-                    out = device.alloc(DTYPES[out_type], plan.out_elements, zero=False)
-                    temps[id(out)] = out
-                    device.builtin("copy", [self.store.get(op.value)], out)
-                    outputs = [(out, out_type)]
-                else:  # the upload is the new buffer
-                    outputs = [(self._operand(op, device, temps), out_type)]
-            elif action == "fill":
-                if plan.keep is None:  # empty's contents are unspecified: zeros will do
-                    return np.zeros(plan.out_elements, DTYPES[out_type])
-                out = device.alloc(DTYPES[out_type], plan.out_elements,
-                                   zero=plan.kernel == "zeros")
-                temps[id(out)] = out
-                outputs = [(out, out_type)]
-            else:
-                user = plan.user
-                assert user is not None
-                values = [self._operand(op, device, temps) for op in plan.operands]
-                if plan.geometry is not None:
-                    grid, block, shared = plan.geometry
-                    device.launch_user(user.module, user.name, values, grid, block, shared)
-                outputs = [(values[i], plan.operands[i].type or "f32") for i in plan.results]
+            done = self._outputs(plan, device, temps)
+            if not isinstance(done, list):
+                return done  # a result with nothing on the device to keep or download
             if plan.keep is not None:
                 items: list[Any] = []
                 put = self.store.put
-                for buffer_id, (array, etype) in zip(plan.keep, outputs, strict=True):
+                for buffer_id, (array, etype) in zip(plan.keep, done, strict=True):
                     temps.pop(id(array), None)
                     put(buffer_id, array, etype)
                     items.append(Kept(buffer_id, etype, int(array.size)))
             else:
-                items = [device.download(array) for array, _ in outputs]
-            return Listed(tuple(items)) if action == "user" else items[0]
+                items = [device.download(array) for array, _ in done]
+            return Listed(tuple(items)) if plan.action == "user" else items[0]
         finally:
             for array in temps.values():
                 try:
                     device.free(array)
                 except Exception:
                     log.exception("device %d: freeing a temporary array failed", self.index)
+
+    def _outputs(self, plan: Plan, device: Device,
+                 temps: dict[int, Any]) -> list[tuple[Any, str]] | Result:
+        """Run ``plan``'s device call: its result vectors on the device with their types,
+        or a result that needs none (a scalar, a copy or fill that keeps nothing)."""
+        action = plan.action
+        out_type = plan.out_type or "f32"
+        if action == "user":
+            user = plan.user
+            assert user is not None
+            values = [self._operand(op, device, temps) for op in plan.operands]
+            if plan.geometry is not None:
+                grid, block, shared = plan.geometry
+                device.launch_user(user.module, user.name, values, grid, block, shared)
+            return [(values[i], plan.operands[i].type or "f32") for i in plan.results]
+        if action == "copy":
+            return self._copy(plan, device, temps)
+        if action == "fill" and plan.keep is None:
+            return np.zeros(plan.out_elements, DTYPES[out_type])  # empty's: unspecified
+        if action == "builtin":
+            values = [self._operand(op, device, temps) for op in plan.operands]
+            if plan.scalar:
+                return float(device.builtin(plan.kernel, values, None))  # type: ignore[arg-type]
+        out = device.alloc(DTYPES[out_type], plan.out_elements,
+                           zero=action == "fill" and plan.kernel == "zeros")
+        temps[id(out)] = out
+        if action == "builtin":
+            device.builtin(plan.kernel, values, out)
+        return [(out, out_type)]
+
+    def _copy(self, plan: Plan, device: Device,
+              temps: dict[int, Any]) -> list[tuple[Any, str]] | Result:
+        """``copy``'s outputs: the new buffer, or the copy itself where nothing is kept."""
+        op = plan.operands[0]
+        out_type = plan.out_type or "f32"
+        if plan.keep is None:
+            if op.source == "buffer":
+                return device.download(self.store.get(op.value))
+            if op.source == "zeros":
+                return np.zeros(op.elements, DTYPES[out_type])
+            return np.array(self._host(op))  # a copy: the frame's memory is reused
+        if op.source != "buffer":  # the upload is the new buffer
+            return [(self._operand(op, device, temps), out_type)]
+        out = device.alloc(DTYPES[out_type], plan.out_elements, zero=False)
+        temps[id(out)] = out
+        device.builtin("copy", [self.store.get(op.value)], out)
+        return [(out, out_type)]
 
     def _operand(self, op: general.Operand, device: Device, temps: dict[int, Any]) -> Any:
         """An operand of ``_execute``'s device call; an array made for it goes into
