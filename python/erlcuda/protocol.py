@@ -858,31 +858,8 @@ def _encode_records(records: Iterable[Record], max_frame: int) -> Encoded:
     chunks: Chunks = [cur]
     size, count = _FRAME_HEAD, 0
     for job_id, res, stamps in records:
-        try:
-            tag, payload = _payload(res, errors)
-            extra = b"" if stamps is None else _stamps(stamps)
-        except ProtocolError as exc:
-            replaced.append((job_id, f"reply not encodable: {exc}"))
-            tag, payload = _T_ERROR, _error_bytes(internal(f"reply not encodable: {exc}"))
-            extra = b""
-            if stamps is not None:
-                try:
-                    extra = _stamps(stamps)
-                except ProtocolError:
-                    extra = _stamps({})
-        if type(payload) is bytes:
-            n = len(payload)
-        elif type(payload) is list:
-            n = sum(_size(p) for p in payload)
-        else:
-            n = payload.nbytes  # type: ignore[union-attr]
-        record = _RECORD + n if stamps is None else _TRACED + n + len(extra)
-        if _FRAME_HEAD + record > max_frame:
-            replaced.append((job_id, f"a reply of {_FRAME_HEAD + record} bytes is over the "
-                                     f"{max_frame} byte frame limit"))
-            tag, payload = _T_ERROR, _TOO_LARGE_BYTES
-            n = len(payload)
-            record = _RECORD + n if stamps is None else _TRACED + n + len(extra)
+        tag, payload, n, extra, record = _record(job_id, res, stamps, errors, replaced,
+                                                 max_frame)
         if size + record > max_frame and count:
             _RESULTS_HEAD.pack_into(first, 0, _W.results, count)
             frames.append(chunks)
@@ -920,6 +897,40 @@ def _encode_records(records: Iterable[Record], max_frame: int) -> Encoded:
 
 
 _LONE_HEAD = struct.Struct(">BIQBI")  # a one-record results frame: results byte, Count, record
+
+
+def _record(job_id: int, res: Result, stamps: Mapping[str, int] | None,
+            errors: dict[int, bytes], replaced: list[tuple[int, str]],
+            max_frame: int) -> tuple[int, Payload, int, bytes, int]:
+    """One record's tag, payload, payload bytes, stamps and size: ``internal`` where the
+    result cannot travel, ``too_large`` where the record alone is over ``max_frame`` (each
+    noted in ``replaced``)."""
+    try:
+        tag, payload = _payload(res, errors)
+        extra = b"" if stamps is None else _stamps(stamps)
+    except ProtocolError as exc:
+        replaced.append((job_id, f"reply not encodable: {exc}"))
+        tag, payload = _T_ERROR, _error_bytes(internal(f"reply not encodable: {exc}"))
+        extra = b""
+        if stamps is not None:
+            try:
+                extra = _stamps(stamps)
+            except ProtocolError:
+                extra = _stamps({})
+    if type(payload) is bytes:
+        n = len(payload)
+    elif type(payload) is list:
+        n = sum(_size(p) for p in payload)
+    else:
+        n = payload.nbytes  # type: ignore[union-attr]
+    record = _RECORD + n if stamps is None else _TRACED + n + len(extra)
+    if _FRAME_HEAD + record > max_frame:
+        replaced.append((job_id, f"a reply of {_FRAME_HEAD + record} bytes is over the "
+                                 f"{max_frame} byte frame limit"))
+        tag, payload = _T_ERROR, _TOO_LARGE_BYTES
+        n = len(payload)
+        record = _RECORD + n if stamps is None else _TRACED + n + len(extra)
+    return tag, payload, n, extra, record
 
 
 def _lone(job_id: int, res: Result, max_frame: int) -> tuple[Chunks, int] | None:
