@@ -258,6 +258,27 @@ def _c_type(var: str, elem: object) -> str:
     return c_type
 
 
+def _input_params(inputs: Sequence[tuple[str, str, str]],
+                  seen: set[str]) -> tuple[list[str], list[str]]:
+    """The kernel params of ``inputs`` and the reads of its vector inputs into locals."""
+    params: list[str] = []
+    reads: list[str] = []
+    for item in inputs:
+        if len(item) != 3:
+            raise ValueError(f"input {item!r:.60}: expected (name, type, vector | scalar)")
+        var, elem, kind = item
+        _check_var(var, seen)
+        c_type = _c_type(var, elem)
+        if kind == "scalar":
+            params.append(f"const {c_type} {var}")
+        elif kind == "vector":
+            params.append(f"const {c_type}* __restrict__ {_PREFIX}{var}")
+            reads.append(f"        const {c_type} {var} = {_PREFIX}{var}[i];")
+        else:
+            raise ValueError(f"input {var}: kind {kind!r:.20} is neither vector nor scalar")
+    return params, reads
+
+
 def elementwise_source(name: str, inputs: Sequence[tuple[str, str, str]],
                        outputs: Sequence[tuple[str, str]], operation: str) -> str:
     """CUDA C of the elementwise kernel ``name``:
@@ -277,21 +298,7 @@ def elementwise_source(name: str, inputs: Sequence[tuple[str, str, str]],
     if not outputs:
         raise ValueError("an elementwise kernel needs at least one output")
     seen = {name}
-    params: list[str] = []
-    reads: list[str] = []
-    for item in inputs:
-        if len(item) != 3:
-            raise ValueError(f"input {item!r:.60}: expected (name, type, vector | scalar)")
-        var, elem, kind = item
-        _check_var(var, seen)
-        c_type = _c_type(var, elem)
-        if kind == "scalar":
-            params.append(f"const {c_type} {var}")
-        elif kind == "vector":
-            params.append(f"const {c_type}* __restrict__ {_PREFIX}{var}")
-            reads.append(f"        const {c_type} {var} = {_PREFIX}{var}[i];")
-        else:
-            raise ValueError(f"input {var}: kind {kind!r:.20} is neither vector nor scalar")
+    params, reads = _input_params(inputs, seen)
     locals_: list[str] = []
     writes: list[str] = []
     for item in outputs:
