@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import contract, elements, protocol
+from . import contract, elements, kernels, protocol
 from .kernels import DTYPES, MAX_ELEMENTS
 from .protocol import Empty, Failure, Geometry, Handle, Launch, Scalar
 from .shm import FileArg
@@ -282,6 +282,20 @@ class Plan:
 #: What a lane says of a buffer it holds: its element type and length; ``None`` where it
 #: holds no buffer of that id.
 Held = Callable[[int], tuple[str, int] | None]
+
+
+def route(launch: Launch, registry: Registry | None = None) -> str:
+    """Which check a decoded launch takes, decided here alone: ``"batched"`` (a batched
+    f32 kernel on vectors and dims: ``kernels.parse``), ``"general"`` (``check``: buffers,
+    other element types, ``copy``/``zeros``/``empty``, user kernels) or ``"unknown"`` (a
+    kernel neither the catalogue nor ``registry`` has; without a registry, any kernel that
+    is not batched is ``"general"``)."""
+    if not launch.general and launch.kernel in kernels.KERNELS:
+        return "batched"
+    if registry is None or launch.kernel in contract.KERNELS or (
+            launch.kernel in registry.kernels):
+        return "general"
+    return "unknown"
 
 
 def check(launch: Launch, registry: Registry, held: Held) -> Plan:

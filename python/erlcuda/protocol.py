@@ -156,7 +156,7 @@ class Launch:
     ``{bad_args, error}``; what the frame could not say is then ``device`` -1, ``kernel``
     ``""`` and ``args`` empty. ``general`` says the frame itself needs the general path
     (flag_keep or flag_geometry, a handle, scalar or empty argument, a vector that is not
-    f32); a kernel outside the batched catalogue needs it too, which the worker decides.
+    f32); a kernel outside the batched catalogue needs it too (``general.route`` decides).
     """
 
     job_id: int

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import contract, kernels, protocol
+from . import contract, general, kernels, protocol
 from .general import Held, Operand, Plan
 from .kernels import Request, UniformRequest
 
@@ -226,7 +226,7 @@ class Templates:
         where it is not a plain launch of a batched kernel that checks."""
         launch = protocol.decode(frame)
         if type(launch) is not protocol.Launch or launch.error is not None or (
-                launch.general or launch.kernel not in kernels.KERNELS):
+                general.route(launch) != "batched"):
             return None
         try:
             request = kernels.parse(launch.kernel, launch.args)

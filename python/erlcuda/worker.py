@@ -233,10 +233,10 @@ class Worker:
         if (type(message) is not Launch or message.error is not None
                 or message.device != lane.index):
             return False
-        if message.general or message.kernel not in kernels.KERNELS:
-            if message.kernel not in contract.KERNELS and (
-                    message.kernel not in self.registry.kernels):
-                return False  # unknown_kernel: answered by the usual path
+        path = general.route(message, self.registry)
+        if path == "unknown":
+            return False  # unknown_kernel: answered by the usual path
+        if path == "general":
             self._lone_general(frame, message, lane, device)
             return True
         try:
@@ -340,11 +340,10 @@ class Worker:
                 return self._reply_now(job, job.error)
         elif not 0 <= device < (lanes or 1):
             return self._reply_now(job, protocol.bad_device(device))
-        elif message.general or message.kernel not in kernels.KERNELS:
-            if message.kernel in contract.KERNELS or message.kernel in self.registry.kernels:
-                job.general = message  # checked on its device's thread
-            else:
-                job.error = protocol.unknown_kernel(message.kernel)
+        elif (path := general.route(message, self.registry)) == "general":
+            job.general = message  # checked on its device's thread
+        elif path == "unknown":
+            job.error = protocol.unknown_kernel(message.kernel)
         elif any(type(a) is FileArg for a in message.args):
             job.unmapped = (message.kernel, message.args)  # mapped on its device's thread
         else:
