@@ -85,9 +85,13 @@ def results_frames(records: list[protocol.Record], max_frame: int) -> protocol.E
     """``protocol.encode_results``, logging each record it had to replace."""
     encoded = protocol.encode_results(records, max_frame)
     if encoded.replaced:
-        for job_id, why in encoded.replaced:
-            log.error("job %d: %s", job_id, why)
+        _log_replaced(encoded)
     return encoded
+
+
+def _log_replaced(encoded: protocol.Encoded) -> None:
+    for job_id, why in encoded.replaced:
+        log.error("job %d: %s", job_id, why)
 
 
 class BufferStore:
@@ -360,7 +364,9 @@ class Lane(threading.Thread):
     def _reply(self, records: list[protocol.Record]) -> None:
         """Encode and write the replies of ``records`` (``protocol.encode_results``, the one
         encoder of job replies), counting those that carry an error."""
-        encoded = results_frames(records, self.writer.max_frame)
+        encoded = protocol.encode_results(records, self.writer.max_frame)
+        if encoded.replaced:
+            _log_replaced(encoded)
         self.stats.errors += encoded.errors
         try:
             if encoded.size:

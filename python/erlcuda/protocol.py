@@ -708,6 +708,8 @@ class Encoded(NamedTuple):
     size: int = 0
 
 
+# (without NamedTuple's own __new__, which is Python code: a lone job's reply makes one)
+_new_encoded = tuple.__new__
 _RESULTS_HEAD = struct.Struct(">BI")  # results byte, Count
 _RECORD_HEAD = struct.Struct(">QBI")  # JobId, Tag, Len
 _INNER_HEAD = struct.Struct(">BI")  # a traced record's inner Tag, Len
@@ -844,7 +846,7 @@ def encode_results(records: Sequence[Record], max_frame: int = contract.MAX_FRAM
     if len(records) == 1 and records[0][2] is None:
         lone = _lone(records[0][0], records[0][1], max_frame)
         if lone is not None:
-            return Encoded([lone[0]], 0, [], lone[1])
+            return _new_encoded(Encoded, ([lone[0]], 0, [], lone[1]))
     return _encode_records(records, max_frame)
 
 
