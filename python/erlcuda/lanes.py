@@ -75,7 +75,8 @@ class UniformJobs:
 
 @dataclass(slots=True)
 class Control:
-    """Work for the lane's thread between batches (info, timing, test hooks)."""
+    """Work for the lane's thread between batches (info, loading code, freeing, calls an
+    entry point added)."""
 
     fn: Callable[[Device | None], Any]
     future: Future[Any] = field(default_factory=Future)
