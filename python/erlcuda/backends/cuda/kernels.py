@@ -43,23 +43,20 @@ PACK_ALIGN = 64
 #: Bytes per pinned chunk of the general path's host transfers (two of them per device).
 TRANSFER_CHUNK = 32 << 20
 
-#: Kernel file (stem) and PyCUDA argument format of each function: P pointer, q int64,
-#: i int32.
-FUNCTIONS: Mapping[str, tuple[str, str]] = {
-    "vector_add": ("vector_add", "PPPq"),
-    "reduce_partial": ("reduce", "PPqP"),
-    "dot_partial": ("reduce", "PPqP"),
-    "reduce_final": ("reduce", "PiP"),
-    "reduce_segments": ("reduce", "PPPiP"),
-    "dot_segments": ("reduce", "PPPiP"),
-    "matmul_aligned": ("matmul", "PPPiii"),
-    "matmul_checked": ("matmul", "PPPiii"),
-    "vector_add_f64": ("vector_add", "PPPq"),
-    "reduce_partial_f64": ("reduce", "PPqP"),
-    "dot_partial_f64": ("reduce", "PPqP"),
-    "reduce_final_f64": ("reduce", "PiP"),
-    "matmul_f64": ("matmul", "PPPiii"),
+#: The functions of each kernel file (by stem) with their PyCUDA argument formats:
+#: P pointer, q int64, i int32.
+_FILES: Mapping[str, Mapping[str, str]] = {
+    "vector_add": {"vector_add": "PPPq", "vector_add_f64": "PPPq"},
+    "reduce": {"reduce_partial": "PPqP", "dot_partial": "PPqP", "reduce_final": "PiP",
+               "reduce_segments": "PPPiP", "dot_segments": "PPPiP",
+               "reduce_partial_f64": "PPqP", "dot_partial_f64": "PPqP",
+               "reduce_final_f64": "PiP"},
+    "matmul": {"matmul_aligned": "PPPiii", "matmul_checked": "PPPiii", "matmul_f64": "PPPiii"},
 }
+#: Kernel file (stem) and PyCUDA argument format of each function.
+FUNCTIONS: Mapping[str, tuple[str, str]] = {
+    name: (stem, signature) for stem, functions in _FILES.items()
+    for name, signature in functions.items()}
 NVCC_OPTIONS = ("-O3",)  # IEEE f32 arithmetic: no --use_fast_math
 
 #: PyCUDA argument format of each element type passed by value to a user kernel.
