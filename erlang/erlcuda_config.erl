@@ -60,8 +60,12 @@ valid(shm_dir, V) when V =:= auto; V =:= none -> true;
 valid(shm_dir, V) -> is_text(V) andalso V =/= [] andalso V =/= <<>>;
 valid(K, V) when K =:= cluster_exclude; K =:= cluster_prefer ->
     try lists:all(fun is_atom/1, V) catch error:_ -> false end;
-valid(K, V) when K =:= worker_args; K =:= python_path ->
+valid(worker_args, V) ->
     try lists:all(fun is_text/1, V) catch error:_ -> false end;
+valid(python_path, V) ->
+    try lists:all(fun(D) -> is_text(D) andalso D =/= [] andalso D =/= <<>> end, V)
+    catch error:_ -> false
+    end;
 valid(worker_module, V) -> is_module_name(V);
 valid(batching, V) -> is_boolean(V);
 valid(cpu_devices, V) -> is_integer(V) andalso V > 0 andalso V =< erlcuda_status:max_devices();
