@@ -164,10 +164,12 @@ refused_options() ->
 not_blocked() ->
     Self = self(),
     %% a source nvcc has not cached (compiled code is cached by its preprocessed text, which
-    %% has no comments), of many kernels
+    %% has no comments), of many kernels: unique_integer/1 alone repeats in the next VM,
+    %% whose cache already holds the last run's
     Source = iolist_to_binary(
-               [io_lib:format("__device__ int erlcuda_unique_~b;\n",
-                              [erlang:unique_integer([positive])]),
+               [io_lib:format("__device__ int erlcuda_unique_~b_~b;\n",
+                              [erlang:system_time(nanosecond),
+                               erlang:unique_integer([positive])]),
                 [io_lib:format("extern \"C\" __global__ void k~b(float *x, int n) {\n"
                                "  for (int i = 0; i < n; i++) x[i] = sinf(x[i]) * ~b.0f;\n}\n",
                                [I, I]) || I <- lists:seq(1, 200)]]),
