@@ -1,9 +1,9 @@
 %% The benchmark node of `bench/run': one long-lived Erlang node with the worker attached.
 %%
 %% `main(ConfigFile)' reads one map (written by bench/run with `file:consult/1' syntax),
-%% starts erlcuda with the application env it names (with `bench_hooks' true, for the
-%% worker's `pure' and `echo' calls, and `python', the interpreter bench/run itself runs
-%% under), runs the sections and writes one JSON object a line on stdout:
+%% starts erlcuda with the application env it names (with the benchmarks' worker,
+%% bench/worker/erlcuda_benchworker, for its `pure' and `echo' calls, and `python', the
+%% interpreter bench/run itself runs under), runs the sections and writes one JSON object a line on stdout:
 %% `{"event":"phase",...}', `{"event":"progress","done":N,"total":M}',
 %% `{"event":"result","section":...}', `{"event":"info",...}', and at the end
 %% `{"event":"done"}' (or `{"event":"error",...}'). Logs go to stderr, so stdout carries
@@ -43,7 +43,7 @@
 %% trips beside the full stack's and the pure call's (latency), and pipelines it (throughput).
 %%
 %% Only erlcuda's public API is used: erlcuda:launch/3, launch_sync/3, info/0, and
-%% erlcuda_worker:call/3 for the benchmark hooks `pure' and `echo'.
+%% erlcuda_worker:call/3 for the benchmark worker's calls `pure' and `echo'.
 -module(erlcuda_bench).
 
 -export([main/1]).
@@ -103,13 +103,15 @@ section(_, _) -> ok.
 
 start_app(Cfg, Over) ->
     _ = application:load(erlcuda),
-    %% bench_hooks: the worker answers the benchmark calls (pure, echo) only with it.
+    %% The benchmarks' worker (bench/worker/erlcuda_benchworker) answers the calls pure and
+    %% echo; it is found beside this source file.
     Env = [{backend, maps:get(backend, Over, maps:get(backend, Cfg, auto))},
            {cpu_devices, maps:get(cpu_devices, Over, 1)},
            {max_queue, maps:get(max_queue, Cfg, 100000)},
            {batching, maps:get(batching, Over, true)},
            {shm_dir, maps:get(shm_dir, Over, auto)},
-           {bench_hooks, true}
+           {worker_module, "erlcuda_benchworker"},
+           {python_path, [filename:join(filename:dirname(?FILE), "worker")]}
            | [{python, P} || P <- [maps:get(python, Cfg, default)], is_list(P)]],
     [ok = application:set_env(erlcuda, K, V) || {K, V} <- Env],
     {ok, _} = application:ensure_all_started(erlcuda),

@@ -22,8 +22,8 @@
                     worker_args := [string()],
                     shm_dir := auto | none | string(),
                     shm_threshold := pos_integer(),
-                    test_hooks := boolean(),
-                    bench_hooks := boolean(),
+                    worker_module := string(),
+                    python_path := [string()],
                     buffer_limit := pos_integer() | infinity,
                     cluster_exclude := [node()],
                     cluster_prefer := [node()]}.
@@ -33,7 +33,8 @@
 keys() ->
     [{backend, auto}, {cpu_devices, 1}, {python, default}, {batching, true},
      {max_batch, 256}, {max_queue, 10000}, {start_timeout, 120000}, {watchdog_ms, 30000},
-     {spin_us, auto}, {worker_args, []}, {shm_dir, auto}, {shm_threshold, 1048576}, {test_hooks, false}, {bench_hooks, false},
+     {spin_us, auto}, {worker_args, []}, {shm_dir, auto}, {shm_threshold, 1048576},
+     {worker_module, "erlcuda"}, {python_path, []},
      {buffer_limit, infinity}, {cluster_exclude, []}, {cluster_prefer, []}].
 
 %% @doc The checked configuration, or the first key whose value is wrong.
@@ -61,16 +62,33 @@ valid(K, V) when K =:= cluster_exclude; K =:= cluster_prefer ->
     try lists:all(fun is_atom/1, V) catch error:_ -> false end;
 valid(worker_args, V) ->
     try lists:all(fun is_text/1, V) catch error:_ -> false end;
-valid(K, V) when K =:= batching; K =:= test_hooks; K =:= bench_hooks -> is_boolean(V);
+valid(python_path, V) ->
+    try lists:all(fun(D) -> is_text(D) andalso D =/= [] andalso D =/= <<>> end, V)
+    catch error:_ -> false
+    end;
+valid(worker_module, V) -> is_module_name(V);
+valid(batching, V) -> is_boolean(V);
 valid(cpu_devices, V) -> is_integer(V) andalso V > 0 andalso V =< erlcuda_status:max_devices();
 valid(K, V) when K =:= start_timeout; K =:= watchdog_ms -> is_integer(V) andalso V > 0 andalso V =< ?MAX_MS;
 valid(_, V) -> is_integer(V) andalso V > 0.
+
+%% A Python module's dotted name (`-m' runs it): identifiers of ASCII letters, digits and
+%% underscores, none starting with a digit.
+is_module_name(V) ->
+    is_text(V) andalso lists:all(fun is_identifier/1,
+                                 string:split(unicode:characters_to_list(V), ".", all)).
+
+is_identifier([C | Rest]) when C >= $a, C =< $z; C >= $A, C =< $Z; C =:= $_ ->
+    lists:all(fun(D) -> D >= $a andalso D =< $z orelse D >= $A andalso D =< $Z
+                            orelse D >= $0 andalso D =< $9 orelse D =:= $_ end, Rest);
+is_identifier(_) -> false.
 
 %% Text as a charlist or, as Elixir writes it, a UTF-8 binary.
 is_text(V) when is_binary(V) -> is_list(unicode:characters_to_list(V));
 is_text(V) -> io_lib:printable_unicode_list(V).
 
-text(K, V) when is_binary(V), K =:= python; is_binary(V), K =:= shm_dir ->
+text(K, V) when is_binary(V), K =:= python; is_binary(V), K =:= shm_dir;
+                is_binary(V), K =:= worker_module ->
     unicode:characters_to_list(V);
-text(worker_args, V) -> [unicode:characters_to_list(A) || A <- V];
+text(K, V) when K =:= worker_args; K =:= python_path -> [unicode:characters_to_list(A) || A <- V];
 text(_, V) -> V.

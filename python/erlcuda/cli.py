@@ -2,7 +2,7 @@
 
     python -m erlcuda devices [--backend auto|cpu|cuda]
     python -m erlcuda run vector_add --size 1000 [--backend cpu|cuda] [--device 0]
-    python -m erlcuda serve [--backend ...] [--cpu-devices N] [--max-batch N] [--bench-hooks]
+    python -m erlcuda serve [--backend ...] [--cpu-devices N] [--max-batch N]
                             [--buffer-limit BYTES]
     python -m erlcuda --version
 
@@ -17,7 +17,7 @@ import fcntl
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from .backends import select
 from .backends.base import BackendError, BackendUnavailable
 from .framing import FrameReader, FrameWriter
 from .shm import SharedFolder, ShmError
-from .worker import Options, Worker
+from .worker import Extension, Options, Worker
 
 #: Exit status of ``serve`` outside an Erlang port (and of a command-line mistake).
 EXIT_USAGE = 2
@@ -72,9 +72,6 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--switch-interval-us", type=_int_in(0, 1 << 31), default=0,
                        metavar="US",
                        help="the interpreter's thread switch interval (0: Python's default)")
-    serve.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
-    serve.add_argument("--bench-hooks", action="store_true",
-                       help="answer the benchmarks' calls echo and pure")
     return parser
 
 
@@ -158,7 +155,7 @@ def _widen_pipes(size: int = 1 << 20) -> None:
             pass  # not a pipe, or over /proc/sys/fs/pipe-max-size: keep the default
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, extensions: Mapping[str, Extension]) -> int:
     # Before anything makes a file descriptor: the first new ones would be fds 3 and 4.
     try:
         portenv.check_port_fds()
@@ -175,8 +172,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.switch_interval_us:
         sys.setswitchinterval(args.switch_interval_us / 1e6)
     options = Options(backend=args.backend, cpu_devices=args.cpu_devices,
-                      max_batch=args.max_batch, test_hooks=args.test_hooks,
-                      bench_hooks=args.bench_hooks, spin_us=args.spin_us,
+                      max_batch=args.max_batch, spin_us=args.spin_us,
                       device_thread=args.device_thread, buffer_limit=args.buffer_limit)
     shm = None
     if args.shm_dir:
@@ -188,15 +184,21 @@ def _serve(args: argparse.Namespace) -> int:
         except (ShmError, OSError) as exc:
             logging.getLogger("erlcuda").error("no shared memory: %s", exc)
             shm = None
-    worker = Worker(FrameReader(3), writer, options, shm)
+    worker = Worker(FrameReader(3), writer, options, shm, extensions)
     return worker.serve()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None,
+         extensions: Mapping[str, Extension] | None = None) -> int:
+    """The command line. ``extensions`` are calls that ``serve``'s worker adds to its own
+    (``worker.Extension``): another package's entry point runs the worker with them."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "devices": _devices, "run": _run,
+        "serve": lambda a: _serve(a, extensions or {})}
     try:
-        return {"devices": _devices, "run": _run, "serve": _serve}[args.command](args)
+        return commands[args.command](args)
     except (BackendUnavailable, BackendError, kernels.BadArgs) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -242,7 +242,7 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool, budget: list[int]) ->
     """
     tag = buf[pos]
     pos += 1
-    # The tags of a launch message first, commonest first: this is the worker's hot path.
+    # The tags of the calls Erlang sends, commonest first; the rest in _dec_rare.
     if tag == SMALL_ATOM_UTF8_EXT or tag == ATOM_EXT:
         if tag == ATOM_EXT:
             n = _u16(buf, pos)[0]
@@ -281,22 +281,6 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool, budget: list[int]) ->
         if budget[0] < 0:
             _over()
         return _i32(buf, pos)[0], pos + 4
-    if tag == NEW_FLOAT_EXT:
-        budget[0] -= _FLOAT
-        if budget[0] < 0:
-            _over()
-        value = _f64(buf, pos)[0]
-        if not math.isfinite(value):
-            raise CodecError("non-finite float")
-        return value, pos + 8
-    if tag == ATOM_UTF8_EXT:
-        n = _u16(buf, pos)[0]
-        return _atom(buf, pos + 2, n, True, budget), pos + 2 + n
-    if tag == SMALL_ATOM_EXT:
-        n = buf[pos]
-        return _atom(buf, pos + 1, n, False, budget), pos + 1 + n
-    if tag == LARGE_TUPLE_EXT:
-        return _dec_tuple(buf, pos + 4, _u32(buf, pos)[0], depth, key, budget)
     if tag == NIL_EXT:
         budget[0] -= _LIST
         if budget[0] < 0:
@@ -306,6 +290,20 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool, budget: list[int]) ->
         return _dec_list(buf, pos, depth, key, budget)
     if tag == MAP_EXT:
         return _dec_map(buf, pos, depth, budget)
+    return _dec_rare(buf, tag, pos, depth, key, budget)
+
+def _dec_rare(buf: memoryview, tag: int, pos: int, depth: int, key: bool,
+              budget: list[int]) -> tuple[Any, int]:
+    """``_dec`` for the rarer tags (floats, large tuples, older atom encodings, strings,
+    i.e. lists of bytes, big integers) and the opaque ones, off the common chain of tests."""
+    if tag == LARGE_TUPLE_EXT:
+        return _dec_tuple(buf, pos + 4, _u32(buf, pos)[0], depth, key, budget)
+    if tag == ATOM_UTF8_EXT:
+        n = _u16(buf, pos)[0]
+        return _atom(buf, pos + 2, n, True, budget), pos + 2 + n
+    if tag == SMALL_ATOM_EXT:
+        n = buf[pos]
+        return _atom(buf, pos + 1, n, False, budget), pos + 1 + n
     if tag == STRING_EXT:
         n = _u16(buf, pos)[0]
         pos += 2
@@ -315,6 +313,28 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool, budget: list[int]) ->
         if budget[0] < 0:
             _over()
         return list(buf[pos : pos + n]), pos + n
+    if tag in _NUMBER_TAGS:
+        return _dec_number(buf, tag, pos, budget)
+    end = _opaque_end(buf, tag, pos, depth, budget)
+    budget[0] -= _OPAQUE + end - pos
+    if budget[0] < 0:
+        _over()
+    return Opaque(bytes(buf[pos - 1 : end])), end
+
+
+_NUMBER_TAGS = frozenset({NEW_FLOAT_EXT, FLOAT_EXT, SMALL_BIG_EXT, LARGE_BIG_EXT})
+
+
+def _dec_number(buf: memoryview, tag: int, pos: int, budget: list[int]) -> tuple[Any, int]:
+    """A float (new or old encoding) or a big integer, for ``_dec_rare``."""
+    if tag == NEW_FLOAT_EXT:
+        budget[0] -= _FLOAT
+        if budget[0] < 0:
+            _over()
+        value = _f64(buf, pos)[0]
+        if not math.isfinite(value):
+            raise CodecError("non-finite float")
+        return value, pos + 8
     if tag == SMALL_BIG_EXT or tag == LARGE_BIG_EXT:
         if tag == SMALL_BIG_EXT:
             n = buf[pos]
@@ -350,12 +370,7 @@ def _dec(buf: memoryview, pos: int, depth: int, key: bool, budget: list[int]) ->
         if not math.isfinite(value):
             raise CodecError("non-finite float")
         return value, end
-    end = _opaque_end(buf, tag, pos, depth, budget)
-    budget[0] -= _OPAQUE + end - pos
-    if budget[0] < 0:
-        _over()
-    return Opaque(bytes(buf[pos - 1 : end])), end
-
+    raise CodecError(f"tag {tag} is not a number's")
 
 def _dec_items(buf: memoryview, pos: int, n: int, depth: int, key: bool,
                budget: list[int]) -> tuple[list[Any], int]:
@@ -642,20 +657,20 @@ def _enc(t: Any, cur: bytearray, chunks: list[bytes | memoryview]) -> None:
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
         _binary(view, view.nbytes, cur, chunks)
-    elif cls is ImproperList:
+    else:
+        _enc_other(t, cur, chunks)
+
+
+def _enc_other(t: Any, cur: bytearray, chunks: list[bytes | memoryview]) -> None:
+    """Improper lists, subclasses of the supported types, and numpy scalars."""
+    if type(t) is ImproperList:
         if not t.items:
             raise CodecError("an improper list needs at least one item")
         cur += _pack_tag_u32(LIST_EXT, len(t.items))
         for item in t.items:
             _enc(item, cur, chunks)
         _enc(t.tail, cur, chunks)
-    else:
-        _enc_other(t, cur, chunks)
-
-
-def _enc_other(t: Any, cur: bytearray, chunks: list[bytes | memoryview]) -> None:
-    """Subclasses of the supported types, and numpy scalars."""
-    if isinstance(t, Atom):
+    elif isinstance(t, Atom):
         _enc(Atom(t), cur, chunks)
     elif isinstance(t, bool | np.bool_):
         _enc(bool(t), cur, chunks)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import contract, protocol
+from . import contract, elements, kernels, protocol
 from .kernels import DTYPES, MAX_ELEMENTS
 from .protocol import Empty, Failure, Geometry, Handle, Launch, Scalar
 from .shm import FileArg
@@ -126,8 +126,9 @@ def text(value: Any, what: str) -> str:
 
 def _identifier(value: Any, what: str) -> str:
     name = text(value, what)
-    if not _NAME.match(name) or len(name.encode()) > 255:
-        raise _bad(f"{what} {name!r:.60} is not a C identifier (of at most 255 bytes)")
+    if not _NAME.match(name) or len(name.encode()) > elements.KERNEL_NAME_BYTES:
+        raise _bad(f"{what} {name!r:.60} is not a C identifier (of at most "
+                   f"{elements.KERNEL_NAME_BYTES} bytes)")
     return name
 
 
@@ -283,6 +284,20 @@ class Plan:
 Held = Callable[[int], tuple[str, int] | None]
 
 
+def route(launch: Launch, registry: Registry | None = None) -> str:
+    """Which check a decoded launch takes, decided here alone: ``"batched"`` (a batched
+    f32 kernel on vectors and dims: ``kernels.parse``), ``"general"`` (``check``: buffers,
+    other element types, ``copy``/``zeros``/``empty``, user kernels) or ``"unknown"`` (a
+    kernel neither the catalogue nor ``registry`` has; without a registry, any kernel that
+    is not batched is ``"general"``)."""
+    if not launch.general and launch.kernel in kernels.KERNELS:
+        return "batched"
+    if registry is None or launch.kernel in contract.KERNELS or (
+            launch.kernel in registry.kernels):
+        return "general"
+    return "unknown"
+
+
 def check(launch: Launch, registry: Registry, held: Held) -> Plan:
     """``launch``'s plan; ``Refused`` where it breaks a rule, or names a buffer that
     ``held`` does not know (``{buffer_lost, Id}``)."""
@@ -398,7 +413,7 @@ def _scalar(arg: Any, etype: str, what: str) -> Operand:
         return Operand("value", arg.value)
     if cls is int:  # a dim: Erlang's integer, sent as it is
         dtype = DTYPES[etype]
-        if dtype.kind in "iu" and arg > np.iinfo(dtype).max:
+        if not elements.in_range(etype, arg):
             raise _bad(f"{what}: {arg} out of range for {etype}")
         return Operand("value", dtype.type(arg))
     raise _bad(f"{what}: expected a {etype} scalar")

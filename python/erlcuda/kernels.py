@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import contract
+from . import contract, elements
 
 F32 = np.dtype("<f4")
 
@@ -35,9 +35,7 @@ MAX_ELEMENTS = contract.MAX_ELEMENTS
 KERNELS: tuple[str, ...] = tuple(k for k, spec in contract.KERNELS.items() if not spec.general)
 
 #: numpy dtypes of the contract's element types.
-DTYPES: dict[str, np.dtype[Any]] = {
-    "f32": F32, "f64": np.dtype("<f8"), "i32": np.dtype("<i4"), "u32": np.dtype("<u4"),
-    "i64": np.dtype("<i8"), "u8": np.dtype("u1")}
+DTYPES: dict[str, np.dtype[Any]] = elements.DTYPES
 
 # Request carries up to two vectors (a, b) and three dims (m, n, k), filled in param order.
 _VECTOR_FIELDS = ("a", "b")
@@ -151,7 +149,7 @@ def as_f32(value: Any, what: str) -> np.ndarray:
 
 
 def _vector(value: Any, what: str, dtype: np.dtype[Any]) -> np.ndarray:
-    # f32 is the only element type today; another one needs its own conversion here.
+    # The batched kernels take f32 alone; another type would need its own conversion here.
     if dtype != F32:
         raise BadArgs(f"{what}: unsupported element type {dtype}")
     array = as_f32(value, what)
@@ -266,7 +264,7 @@ def parse(kernel: str, args: Sequence[Any]) -> Request:
 
 @dataclass(slots=True)
 class UniformRequest:
-    """Jobs of one kernel whose operands all have the same sizes (``uniform.py``): ``a``
+    """Jobs of one kernel whose operands all have the same sizes (``templates.Table``): ``a``
     and ``b`` are ``count x size`` blocks, row ``i`` job ``i``'s; the rest as in
     ``Request``, per job. ``scalar``: the result is a scalar, else a vector."""
 
@@ -294,16 +292,3 @@ class UniformRequest:
     @property
     def device_bytes(self) -> int:
         return 4 * self.count * (self.elements + self.result_elements)
-
-
-def parse_uniform(kernel: str, args: Sequence[Any]) -> UniformRequest:
-    """Check a uniform batch's arguments (vectors as ``count x size`` blocks, dims as ints):
-    its first row is checked as ``parse`` checks a job, and every row has its shape."""
-    blocks = [a for a in args if isinstance(a, np.ndarray)]
-    if not blocks or any(b.ndim != 2 or b.shape[0] != blocks[0].shape[0] for b in blocks):
-        raise BadArgs("a uniform batch takes count x size blocks")
-    first = parse(kernel, [a[0] if isinstance(a, np.ndarray) else a for a in args])
-    scalar = contract.KERNELS[kernel].result.kind != "vector"
-    return UniformRequest(kernel, blocks[0], blocks[1] if len(blocks) > 1 else None,
-                          first.m, first.n, first.k, blocks[0].shape[0], first.elements,
-                          first.result_elements, scalar)

@@ -35,7 +35,6 @@ from .general import Plan, Registry
 from .kernels import DTYPES, Request, UniformRequest
 from .protocol import Failure, Kept, Launch, Listed, Result
 from .shm import FileArg, SharedFolder, ShmError
-from .uniform import encode_uniform
 
 log = logging.getLogger("erlcuda.lane")
 
@@ -67,7 +66,7 @@ class Job:
 
 @dataclass(slots=True)
 class UniformJobs:
-    """A uniform batch frame's jobs (``uniform.py``): row ``i`` of ``batch`` is job
+    """A batch frame's jobs read as a table (``templates.Table``): row ``i`` of ``batch`` is job
     ``job_ids[i]``'s."""
 
     job_ids: np.ndarray
@@ -76,7 +75,8 @@ class UniformJobs:
 
 @dataclass(slots=True)
 class Control:
-    """Work for the lane's thread between batches (info, timing, test hooks)."""
+    """Work for the lane's thread between batches (info, loading code, freeing, calls an
+    entry point added)."""
 
     fn: Callable[[Device | None], Any]
     future: Future[Any] = field(default_factory=Future)
@@ -85,9 +85,14 @@ class Control:
 def results_frames(records: list[protocol.Record], max_frame: int) -> protocol.Encoded:
     """``protocol.encode_results``, logging each record it had to replace."""
     encoded = protocol.encode_results(records, max_frame)
+    if encoded.replaced:
+        _log_replaced(encoded)
+    return encoded
+
+
+def _log_replaced(encoded: protocol.Encoded) -> None:
     for job_id, why in encoded.replaced:
         log.error("job %d: %s", job_id, why)
-    return encoded
 
 
 class BufferStore:
@@ -207,10 +212,8 @@ class Lane(threading.Thread):
                     self._control(items, device)
                 elif isinstance(items, UniformJobs):
                     self.run_uniform(items, device)
-                elif items[0].general is not None:
-                    self._general(items[0], device)
                 else:
-                    self._batch(items, device)
+                    self.run_jobs(items, device)
         finally:
             self.close_here(device)
 
@@ -268,16 +271,16 @@ class Lane(threading.Thread):
         try:
             self.free_buffers(device, ids)
         except BackendError as exc:
-            if exc.fatal:
-                self.on_fatal(f"device {self.index}: {exc.code}: {exc.message}")
-            else:
-                log.warning("device %d: freeing buffers: %s", self.index, exc.message)
+            fatal = self._lost(exc)
+            if fatal is not None:
+                self.on_fatal(fatal)
+            log.warning("device %d: freeing buffers: %s", self.index, exc.message)
         except Exception:
             log.exception("device %d: freeing buffers failed", self.index)
 
     def run_uniform(self, jobs: UniformJobs, device: Device | None) -> None:
         """Run a uniform batch in slices within ``max_batch`` and ``max_elements``, and
-        answer each slice with one table of records (``uniform.encode_uniform``)."""
+        answer each slice with one table of records (``protocol.encode_table``)."""
         whole = jobs.batch
         per_job = max(whole.elements, 1)
         step = max(1, min(self.max_batch, self.max_elements // per_job))
@@ -297,25 +300,18 @@ class Lane(threading.Thread):
                 values = device.run_uniform(batch)
                 self.stats.launches += 1
                 self.stats.max_batch = max(self.stats.max_batch, batch.count)
-            except BackendError as exc:
-                failure = protocol.cuda_error(exc.code, exc.message)
-                if exc.fatal:
-                    fatal = f"device {self.index}: {exc.code}: {exc.message}"
             except Exception as exc:
-                log.exception("device %d: %s failed", self.index, batch.kernel)
-                failure = protocol.internal(f"{type(exc).__name__}: {exc}")
+                failure, fatal = self._failure(exc, batch.kernel)
         self.stats.jobs += batch.count
         self.stats.table_jobs += batch.count
-        frames = [] if values is None else encode_uniform(job_ids, values,
+        frames = [] if values is None else protocol.encode_table(job_ids, values,
                                                           self.writer.max_frame)
-        if not frames:  # a failure, or records too large for the table: one by one
-            records: list[protocol.Record] = [
+        if frames:
+            self._write(frames)
+        else:  # a failure, or records too large for the table: one by one
+            self._reply([
                 (int(job_id), failure if failure is not None else _row(values, i), None)
-                for i, job_id in enumerate(job_ids)]
-            encoded = results_frames(records, self.writer.max_frame)
-            self.stats.errors += encoded.errors
-            frames = encoded.frames
-        self._write(frames)
+                for i, job_id in enumerate(job_ids)])
         if fatal is not None:
             self.on_fatal(fatal)
 
@@ -326,12 +322,8 @@ class Lane(threading.Thread):
         kernel = requests[0].kernel
         try:
             values = device.run(kernel, requests)
-        except BackendError as exc:
-            fatal = f"device {self.index}: {exc.code}: {exc.message}" if exc.fatal else None
-            return None, protocol.cuda_error(exc.code, exc.message), fatal
         except Exception as exc:
-            log.exception("device %d: %s failed", self.index, kernel)
-            return None, protocol.internal(f"{type(exc).__name__}: {exc}"), None
+            return None, *self._failure(exc, kernel)
         self.stats.launches += 1
         self.stats.max_batch = max(self.stats.max_batch, len(requests))
         return values, None, None
@@ -348,25 +340,47 @@ class Lane(threading.Thread):
             values = None
         result: Result = failure if values is None else values[0]  # type: ignore[assignment]
         self.stats.jobs += 1
-        lone = protocol.encode_lone(job_id, result, self.writer.max_frame)
-        if lone is not None:
-            self._write((), lone)
-        else:
-            encoded = results_frames([(job_id, result, None)], self.writer.max_frame)
-            self.stats.errors += encoded.errors
-            self._write(encoded.frames)
+        self._reply([(job_id, result, None)])
         if fatal is not None:
             self.on_fatal(fatal)
         return True
 
-    def _write(self, frames: Sequence[Sequence[bytes | memoryview]],
-               sized: tuple[Sequence[bytes | memoryview], int] | None = None) -> None:
-        """Write ``frames``, or the one frame ``sized`` (its chunks and its size)."""
+    def _failure(self, exc: Exception, what: str) -> tuple[Failure, str | None]:
+        """The one mapping from an exception raised while running ``what`` on this lane to
+        the reply its jobs get, with why the device is lost where it is (the caller ends
+        the worker once the replies are written)."""
+        if isinstance(exc, general.Refused):
+            return exc.failure, None
+        if isinstance(exc, ShmError):
+            return protocol.bad_args(str(exc)), None
+        if isinstance(exc, BackendError):
+            return protocol.cuda_error(exc.code, exc.message), self._lost(exc)
+        log.error("device %d: %s failed", self.index, what, exc_info=exc)
+        return protocol.internal(f"{type(exc).__name__}: {exc}"), None
+
+    def _lost(self, exc: BackendError) -> str | None:
+        """Why the device is lost, where ``exc`` says it is (a sticky error)."""
+        return f"device {self.index}: {exc.code}: {exc.message}" if exc.fatal else None
+
+    def _reply(self, records: list[protocol.Record]) -> None:
+        """Encode and write the replies of ``records`` (``protocol.encode_results``, the one
+        encoder of job replies), counting those that carry an error."""
+        encoded = protocol.encode_results(records, self.writer.max_frame)
+        if encoded.replaced:
+            _log_replaced(encoded)
+        self.stats.errors += encoded.errors
         try:
-            if sized is not None:
-                self.writer.write_sized(*sized)
+            if encoded.size:
+                self.writer.write_sized(encoded.frames[0], encoded.size)
             else:
-                self.writer.write_many(frames)
+                self.writer.write_many(encoded.frames)
+        except FrameError:
+            log.warning("device %d: replies dropped, the port is closed", self.index)
+
+    def _write(self, frames: Sequence[Sequence[bytes | memoryview]]) -> None:
+        """Write ``frames`` (a table's, ``protocol.encode_table``)."""
+        try:
+            self.writer.write_many(frames)
         except FrameError:
             log.warning("device %d: replies dropped, the port is closed", self.index)
 
@@ -386,31 +400,29 @@ class Lane(threading.Thread):
         return None
 
     def _take(self) -> list[Job] | UniformJobs | Control | None:
+        """What is queued: a control item or a uniform batch alone, else the jobs queued
+        in a row (at most ``max_batch``), which ``run_jobs`` batches. It never waits for
+        more than the first item: a lone job pays no added latency."""
         # SimpleQueue is C code with a cheap wake-up; what is already queued is drained
-        # without blocking, and an item that does not fit this batch is held for the next.
+        # without blocking, and an item that is not a job is held for the next turn.
         first = self._held if self._held is not None else self._next()
         self._held = None
         if first is _STOP:
             return None
         if isinstance(first, (Control, UniformJobs)):
             return first
-        batch: list[Job] = [first]
-        if first.general is not None:
-            return batch  # a general job runs alone
-        elements = first.elements
-        while len(batch) < self.max_batch:
+        jobs: list[Job] = [first]  # type: ignore[list-item]
+        get = self._queue.get_nowait
+        while len(jobs) < self.max_batch:
             try:
-                item = self._queue.get_nowait()
+                item = get()
             except queue.Empty:
                 break
-            if (isinstance(item, Job) and item.general is None
-                    and elements + item.elements <= self.max_elements):
-                batch.append(item)
-                elements += item.elements
-            else:
+            if type(item) is not Job:
                 self._held = item
                 break
-        return batch
+            jobs.append(item)
+        return jobs
 
     def _next(self) -> Job | UniformJobs | Control | object:
         """The next item; for ``spin_ns`` after the last one, poll instead of sleeping.
@@ -436,12 +448,11 @@ class Lane(threading.Thread):
     def _control(self, item: Control, device: Device | None) -> None:
         try:
             item.future.set_result(item.fn(device))
-        except BackendError as exc:
-            item.future.set_exception(exc)
-            if exc.fatal:
-                self.on_fatal(f"device {self.index}: {exc.code}: {exc.message}")
         except Exception as exc:
             item.future.set_exception(exc)
+            fatal = self._lost(exc) if isinstance(exc, BackendError) else None
+            if fatal is not None:
+                self.on_fatal(fatal)
 
     def prepare(self, job: Job) -> None:
         """Map and check a job's shared-memory operands: its request, else its error."""
@@ -507,9 +518,7 @@ class Lane(threading.Thread):
                     log.warning("job %d: the result goes through the pipe: %s", job.job_id,
                                 exc)
             records.append((job.job_id, result, job.trace))
-        encoded = results_frames(records, self.writer.max_frame)
-        self.stats.errors += encoded.errors
-        self._write(encoded.frames)
+        self._reply(records)
         if fatal is not None:
             self.on_fatal(fatal)
 
@@ -522,14 +531,9 @@ class Lane(threading.Thread):
         job.general = None
         try:
             plan = general.check(launch, self.registry, self.store.held)
-        except general.Refused as exc:
-            self._answer_general(job, exc.failure, t_take, t_take)
-            return
         except Exception as exc:
-            log.exception("device %d: job %d (%s) failed", self.index, job.job_id,
-                          launch.kernel)
-            self._answer_general(job, protocol.internal(f"{type(exc).__name__}: {exc}"),
-                                 t_take, t_take)
+            failure, fatal = self._failure(exc, f"job {job.job_id} ({launch.kernel})")
+            self._answer_general(job, failure, t_take, t_take, fatal)
             return
         self.run_plan(job, plan, device, t_take)
 
@@ -555,18 +559,8 @@ class Lane(threading.Thread):
                 self.stats.launches += 1
                 if not self.stats.max_batch:
                     self.stats.max_batch = 1
-        except general.Refused as exc:
-            result = exc.failure
-        except ShmError as exc:
-            result = protocol.bad_args(str(exc))
-        except BackendError as exc:
-            result = protocol.cuda_error(exc.code, exc.message)
-            if exc.fatal:
-                fatal = f"device {self.index}: {exc.code}: {exc.message}"
         except Exception as exc:
-            log.exception("device %d: job %d (%s) failed", self.index, job.job_id,
-                          plan.kernel)
-            result = protocol.internal(f"{type(exc).__name__}: {exc}")
+            result, fatal = self._failure(exc, f"job {job.job_id} ({plan.kernel})")
         self._answer_general(job, result, t_take, t_run, fatal)
 
     def _answer_general(self, job: Job, result: Result, t_take: int, t_run: int,
@@ -583,14 +577,7 @@ class Lane(threading.Thread):
                 result = self.shm.write_result(job.job_id, result)
             except ShmError as exc:
                 log.warning("job %d: the result goes through the pipe: %s", job.job_id, exc)
-        lone = None if job.trace is not None else protocol.encode_lone(
-            job.job_id, result, self.writer.max_frame)
-        if lone is not None:
-            self._write((), lone)
-        else:
-            encoded = results_frames([(job.job_id, result, job.trace)], self.writer.max_frame)
-            self.stats.errors += encoded.errors
-            self._write(encoded.frames)
+        self._reply([(job.job_id, result, job.trace)])
         if fatal is not None:
             self.on_fatal(fatal)
 
@@ -599,63 +586,72 @@ class Lane(threading.Thread):
         that is not kept is freed, whatever happens."""
         temps: dict[int, Any] = {}  # by id(): device arrays need not compare
         try:
-            outputs: list[tuple[Any, str]]  # the result vectors on the device, and types
-            action = plan.action
-            out_type = plan.out_type or "f32"
-            if action == "builtin":
-                values = [self._operand(op, device, temps) for op in plan.operands]
-                if plan.scalar:
-                    return float(device.builtin(plan.kernel, values, None))  # type: ignore[arg-type]
-                out = device.alloc(DTYPES[out_type], plan.out_elements, zero=False)
-                temps[id(out)] = out
-                device.builtin(plan.kernel, values, out)
-                outputs = [(out, out_type)]
-            elif action == "copy":
-                op = plan.operands[0]
-                if plan.keep is None:
-                    if op.source == "buffer":
-                        return device.download(self.store.get(op.value))
-                    if op.source == "zeros":
-                        return np.zeros(op.elements, DTYPES[out_type])
-                    return np.array(self._host(op))  # a copy: the frame's memory is reused
-                if op.source == "buffer":
-                    out = device.alloc(DTYPES[out_type], plan.out_elements, zero=False)
-                    temps[id(out)] = out
-                    device.builtin("copy", [self.store.get(op.value)], out)
-                    outputs = [(out, out_type)]
-                else:  # the upload is the new buffer
-                    outputs = [(self._operand(op, device, temps), out_type)]
-            elif action == "fill":
-                if plan.keep is None:  # empty's contents are unspecified: zeros will do
-                    return np.zeros(plan.out_elements, DTYPES[out_type])
-                out = device.alloc(DTYPES[out_type], plan.out_elements,
-                                   zero=plan.kernel == "zeros")
-                temps[id(out)] = out
-                outputs = [(out, out_type)]
-            else:
-                user = plan.user
-                assert user is not None
-                values = [self._operand(op, device, temps) for op in plan.operands]
-                if plan.geometry is not None:
-                    grid, block, shared = plan.geometry
-                    device.launch_user(user.module, user.name, values, grid, block, shared)
-                outputs = [(values[i], plan.operands[i].type or "f32") for i in plan.results]
+            done = self._outputs(plan, device, temps)
+            if not isinstance(done, list):
+                return done  # a result with nothing on the device to keep or download
             if plan.keep is not None:
                 items: list[Any] = []
                 put = self.store.put
-                for buffer_id, (array, etype) in zip(plan.keep, outputs, strict=True):
+                for buffer_id, (array, etype) in zip(plan.keep, done, strict=True):
                     temps.pop(id(array), None)
                     put(buffer_id, array, etype)
                     items.append(Kept(buffer_id, etype, int(array.size)))
             else:
-                items = [device.download(array) for array, _ in outputs]
-            return Listed(tuple(items)) if action == "user" else items[0]
+                items = [device.download(array) for array, _ in done]
+            return Listed(tuple(items)) if plan.action == "user" else items[0]
         finally:
             for array in temps.values():
                 try:
                     device.free(array)
                 except Exception:
                     log.exception("device %d: freeing a temporary array failed", self.index)
+
+    def _outputs(self, plan: Plan, device: Device,
+                 temps: dict[int, Any]) -> list[tuple[Any, str]] | Result:
+        """Run ``plan``'s device call: its result vectors on the device with their types,
+        or a result that needs none (a scalar, a copy or fill that keeps nothing)."""
+        action = plan.action
+        out_type = plan.out_type or "f32"
+        if action == "user":
+            user = plan.user
+            assert user is not None
+            values = [self._operand(op, device, temps) for op in plan.operands]
+            if plan.geometry is not None:
+                grid, block, shared = plan.geometry
+                device.launch_user(user.module, user.name, values, grid, block, shared)
+            return [(values[i], plan.operands[i].type or "f32") for i in plan.results]
+        if action == "copy":
+            return self._copy(plan, device, temps)
+        if action == "fill" and plan.keep is None:
+            return np.zeros(plan.out_elements, DTYPES[out_type])  # empty's: unspecified
+        if action == "builtin":
+            values = [self._operand(op, device, temps) for op in plan.operands]
+            if plan.scalar:
+                return float(device.builtin(plan.kernel, values, None))  # type: ignore[arg-type]
+        out = device.alloc(DTYPES[out_type], plan.out_elements,
+                           zero=action == "fill" and plan.kernel == "zeros")
+        temps[id(out)] = out
+        if action == "builtin":
+            device.builtin(plan.kernel, values, out)
+        return [(out, out_type)]
+
+    def _copy(self, plan: Plan, device: Device,
+              temps: dict[int, Any]) -> list[tuple[Any, str]] | Result:
+        """``copy``'s outputs: the new buffer, or the copy itself where nothing is kept."""
+        op = plan.operands[0]
+        out_type = plan.out_type or "f32"
+        if plan.keep is None:
+            if op.source == "buffer":
+                return device.download(self.store.get(op.value))
+            if op.source == "zeros":
+                return np.zeros(op.elements, DTYPES[out_type])
+            return np.array(self._host(op))  # a copy: the frame's memory is reused
+        if op.source != "buffer":  # the upload is the new buffer
+            return [(self._operand(op, device, temps), out_type)]
+        out = device.alloc(DTYPES[out_type], plan.out_elements, zero=False)
+        temps[id(out)] = out
+        device.builtin("copy", [self.store.get(op.value)], out)
+        return [(out, out_type)]
 
     def _operand(self, op: general.Operand, device: Device, temps: dict[int, Any]) -> Any:
         """An operand of ``_execute``'s device call; an array made for it goes into

@@ -12,13 +12,10 @@ program that starts the worker from a thread must keep that thread for the worke
 
 ``keep_freed_memory`` has glibc's malloc keep what the worker frees for reuse: by default
 every batch's megabyte-sized arrays are new mappings or a heap trimmed and grown again, and
-the page faults cost more than the work (a 256-job batch of 1000-element vector_adds took
-7.4 ms in place of 3.3 on the 2-core build machine). What is kept is bounded: every thread
-shares one arena, and ``HeapTrim``'s thread gives every free page back (``malloc_trim``)
-every ``TRIM_EVERY_S``, under load or idle. In a ten-minute soak on the build machine the
-worker's RSS ended at 365 MiB with neither, 338 with the trim, 308 with both; the rest of
-that rise was the frame reader's pool (``framing.FrameReader``), and with all three it ended
-at 107.5 MiB.
+the page faults of a large batch cost more than its work. What is kept is bounded: every
+thread shares one arena, and ``HeapTrim``'s thread gives every free page back
+(``malloc_trim``) every ``TRIM_EVERY_S``, under load or idle, so the worker's memory under a
+long load stays near what its frame reader's pool (``framing.FrameReader``) holds.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ Erlang sent. Text travels as UTF-8 binaries.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -156,7 +156,7 @@ class Launch:
     ``{bad_args, error}``; what the frame could not say is then ``device`` -1, ``kernel``
     ``""`` and ``args`` empty. ``general`` says the frame itself needs the general path
     (flag_keep or flag_geometry, a handle, scalar or empty argument, a vector that is not
-    f32); a kernel outside the batched catalogue needs it too, which the worker decides.
+    f32); a kernel outside the batched catalogue needs it too (``general.route`` decides).
     """
 
     job_id: int
@@ -206,16 +206,11 @@ _GEOMETRY = struct.Struct(">7I")  # Grid x, y, z, Block x, y, z, SharedBytes
 _W_LAUNCH = _W.launch
 _W_BATCH = _W.batch
 _U32 = struct.Struct(">I")
-_W_VECTOR = _W.arg_vector
-_W_DIM = _W.arg_dim
-_W_FILE = _W.arg_file
-_W_HANDLE = _W.arg_handle
-_W_SCALAR = _W.arg_scalar
-_W_EMPTY = _W.arg_empty
-_W_TRACE = _W.flag_trace
-_W_RESULT_FILE = _W.flag_result_file
-_W_KEEP = _W.flag_keep
-_W_GEOMETRY = _W.flag_geometry
+# The argument kinds and launch flags, as module constants for the decoder's loop.
+(_W_VECTOR, _W_DIM, _W_FILE, _W_HANDLE, _W_SCALAR, _W_EMPTY) = (
+    _W.arg_vector, _W.arg_dim, _W.arg_file, _W.arg_handle, _W.arg_scalar, _W.arg_empty)
+(_W_TRACE, _W_RESULT_FILE, _W_KEEP, _W_GEOMETRY) = (
+    _W.flag_trace, _W.flag_result_file, _W.flag_keep, _W.flag_geometry)
 _ETF = etf.VERSION
 
 #: numpy dtypes of the wire's element types, by index (a contract type without one fails
@@ -285,6 +280,10 @@ def decode_all(frame: bytes | bytearray | memoryview) -> tuple[list[Message], li
     return messages, problems
 
 
+class _Malformed(Exception):
+    """A launch frame that is not what it says; ``str()`` is the reason sent back."""
+
+
 def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
     size = len(frame)
     if size < _HEAD_SIZE:
@@ -302,133 +301,141 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
             kernel = raw.decode("utf-8")
         except UnicodeDecodeError:
             return Launch(job_id, device, "", [], trace, "the kernel name is not UTF-8")
-    nargs = frame[pos]
-    pos += 1
-    args: list[Any] = []
-    general = flags & (_W_KEEP | _W_GEOMETRY) != 0
-    for i in range(1, nargs + 1):
-        if pos >= size:
-            return Launch(job_id, device, kernel, [], trace,
-                          f"launch of {size} bytes ends before argument {i} of {nargs}")
-        kind = frame[pos]
-        if kind == _W_VECTOR:
-            if pos + 10 > size:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"launch of {size} bytes ends inside argument {i}'s header")
-            etype, nbytes = _VECTOR_HEAD.unpack_from(frame, pos + 1)
-            pos += 10
-            if etype >= _N_TYPES:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: element type {etype} is not one of "
-                              f"{list(contract.ELEMENT_TYPES)}")
-            if nbytes > size - pos:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: {nbytes} bytes announced, {size - pos} left "
-                              "in the frame")
-            itemsize = _ELEMENT_SIZES[etype]
-            if nbytes % itemsize:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: {nbytes} bytes is not a whole number of "
-                              f"{contract.ELEMENT_TYPES[etype]} elements")
-            args.append(np.frombuffer(frame, _ELEMENT_DTYPES[etype], nbytes // itemsize, pos))
-            general = general or etype != 0
-            pos += nbytes
-        elif kind == _W_FILE:
-            if pos + 19 > size:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"launch of {size} bytes ends inside argument {i}'s header")
-            etype, nbytes, part = _FILE_HEAD.unpack_from(frame, pos + 1)
-            nlen = frame[pos + 18]
-            pos += 19
-            if (etype >= _N_TYPES or nbytes % _ELEMENT_SIZES[etype] or nlen > size - pos
-                    or part == 0):
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: a malformed shared-memory argument")
-            try:
-                name = bytes(frame[pos : pos + nlen]).decode("utf-8")
-            except UnicodeDecodeError:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: the file name is not UTF-8")
-            args.append(FileArg(name, _ELEMENT_DTYPES[etype], nbytes, part))
-            general = general or etype != 0
-            pos += nlen
-        elif kind == _W_DIM:
-            if pos + 9 > size:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"launch of {size} bytes ends inside argument {i}")
-            args.append(_DIM.unpack_from(frame, pos + 1)[0])
-            pos += 9
-        elif kind == _W_HANDLE:
-            if pos + 9 > size:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"launch of {size} bytes ends inside argument {i}")
-            args.append(Handle(_DIM.unpack_from(frame, pos + 1)[0]))
-            general = True
-            pos += 9
-        elif kind == _W_SCALAR:
-            if pos + 10 > size:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"launch of {size} bytes ends inside argument {i}")
-            etype = frame[pos + 1]
-            if etype >= _N_TYPES:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: element type {etype} is not one of "
-                              f"{list(contract.ELEMENT_TYPES)}")
-            itemsize = _ELEMENT_SIZES[etype]
-            # Zero padding, as the contract says: a value written in another width (an
-            # f32 sent as an f64) would otherwise be read as some other number.
-            if any(frame[pos + 2 + itemsize : pos + 10]):
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: a {contract.ELEMENT_TYPES[etype]} scalar "
-                              f"whose padding is not zero")
-            value = np.frombuffer(frame, _ELEMENT_DTYPES[etype], 1, pos + 2)[0]
-            args.append(Scalar(contract.ELEMENT_TYPES[etype], value))
-            general = True
-            pos += 10
-        elif kind == _W_EMPTY:
-            if pos + 10 > size:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"launch of {size} bytes ends inside argument {i}")
-            etype, count = _VECTOR_HEAD.unpack_from(frame, pos + 1)
-            if etype >= _N_TYPES:
-                return Launch(job_id, device, kernel, [], trace,
-                              f"argument {i}: element type {etype} is not one of "
-                              f"{list(contract.ELEMENT_TYPES)}")
-            args.append(Empty(contract.ELEMENT_TYPES[etype], count))
-            general = True
-            pos += 10
-        else:
-            return Launch(job_id, device, kernel, [], trace,
-                          f"argument {i}: unknown kind byte {kind}")
-    keep: tuple[int, ...] | None = None
-    if flags & _W_KEEP:
-        if pos >= size:
-            return Launch(job_id, device, kernel, [], trace,
-                          f"launch of {size} bytes ends before its NKeep")
-        nkeep = frame[pos]
-        pos += 1
-        if 8 * nkeep > size - pos:
-            return Launch(job_id, device, kernel, [], trace,
-                          f"launch of {size} bytes ends inside its {nkeep} kept ids")
-        keep = struct.unpack_from(f">{nkeep}Q", frame, pos)
-        pos += 8 * nkeep
-        if len(set(keep)) != nkeep:
-            return Launch(job_id, device, kernel, [], trace,
-                          "a buffer id is kept twice")
-    geometry: Geometry | None = None
-    if flags & _W_GEOMETRY:
-        if _GEOMETRY.size > size - pos:
-            return Launch(job_id, device, kernel, [], trace,
-                          f"launch of {size} bytes ends inside its geometry")
-        gx, gy, gz, bx, by, bz, shared = _GEOMETRY.unpack_from(frame, pos)
-        pos += _GEOMETRY.size
-        geometry = ((gx, gy, gz), (bx, by, bz), shared)
+    try:
+        args, general, pos = _decode_args(frame, pos, size)
+        keep, geometry, pos = _decode_tail(frame, pos, size, flags)
+    except _Malformed as exc:
+        return Launch(job_id, device, kernel, [], trace, str(exc))
     if pos != size:
         return Launch(job_id, device, kernel, [], trace,
                       f"{size - pos} trailing bytes after the last argument")
     return Launch(job_id, device, kernel, args, trace,
                   result_file=flags & _W_RESULT_FILE != 0, keep=keep, geometry=geometry,
-                  general=general)
+                  general=general or flags & (_W_KEEP | _W_GEOMETRY) != 0)
+
+
+def _decode_args(frame: bytes | bytearray | memoryview, pos: int,
+                 size: int) -> tuple[list[Any], bool, int]:
+    """NArgs and the arguments at ``pos``: them, whether one is for the general path only,
+    and where they end."""
+    nargs = frame[pos]
+    pos += 1
+    args: list[Any] = []
+    general = False
+    for i in range(1, nargs + 1):
+        if pos >= size:
+            raise _Malformed(f"launch of {size} bytes ends before argument {i} of {nargs}")
+        decode = _ARGS.get(frame[pos])
+        if decode is None:
+            raise _Malformed(f"argument {i}: unknown kind byte {frame[pos]}")
+        arg, pos, only_general = decode(frame, pos, size, i)
+        args.append(arg)
+        general = general or only_general
+    return args, general, pos
+
+
+def _etype(etype: int, i: int) -> int:
+    if etype >= _N_TYPES:
+        raise _Malformed(f"argument {i}: element type {etype} is not one of "
+                         f"{list(contract.ELEMENT_TYPES)}")
+    return etype
+
+
+def _room(pos: int, need: int, size: int, i: int, what: str = "") -> None:
+    if pos + need > size:
+        raise _Malformed(f"launch of {size} bytes ends inside argument {i}{what}")
+
+
+def _arg_vector(frame: Any, pos: int, size: int, i: int) -> tuple[Any, int, bool]:
+    _room(pos, 10, size, i, "'s header")
+    etype, nbytes = _VECTOR_HEAD.unpack_from(frame, pos + 1)
+    pos += 10
+    _etype(etype, i)
+    if nbytes > size - pos:
+        raise _Malformed(f"argument {i}: {nbytes} bytes announced, {size - pos} left in the "
+                         "frame")
+    itemsize = _ELEMENT_SIZES[etype]
+    if nbytes % itemsize:
+        raise _Malformed(f"argument {i}: {nbytes} bytes is not a whole number of "
+                         f"{contract.ELEMENT_TYPES[etype]} elements")
+    value = np.frombuffer(frame, _ELEMENT_DTYPES[etype], nbytes // itemsize, pos)
+    return value, pos + nbytes, etype != 0
+
+
+def _arg_file(frame: Any, pos: int, size: int, i: int) -> tuple[Any, int, bool]:
+    _room(pos, 19, size, i, "'s header")
+    etype, nbytes, part = _FILE_HEAD.unpack_from(frame, pos + 1)
+    nlen = frame[pos + 18]
+    pos += 19
+    if etype >= _N_TYPES or nbytes % _ELEMENT_SIZES[etype] or nlen > size - pos or part == 0:
+        raise _Malformed(f"argument {i}: a malformed shared-memory argument")
+    try:
+        name = bytes(frame[pos : pos + nlen]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Malformed(f"argument {i}: the file name is not UTF-8") from None
+    return FileArg(name, _ELEMENT_DTYPES[etype], nbytes, part), pos + nlen, etype != 0
+
+
+def _arg_dim(frame: Any, pos: int, size: int, i: int) -> tuple[Any, int, bool]:
+    _room(pos, 9, size, i)
+    return _DIM.unpack_from(frame, pos + 1)[0], pos + 9, False
+
+
+def _arg_handle(frame: Any, pos: int, size: int, i: int) -> tuple[Any, int, bool]:
+    _room(pos, 9, size, i)
+    return Handle(_DIM.unpack_from(frame, pos + 1)[0]), pos + 9, True
+
+
+def _arg_scalar(frame: Any, pos: int, size: int, i: int) -> tuple[Any, int, bool]:
+    _room(pos, 10, size, i)
+    etype = _etype(frame[pos + 1], i)
+    itemsize = _ELEMENT_SIZES[etype]
+    # Zero padding, as the contract says: a value written in another width (an f32 sent
+    # as an f64) would otherwise be read as some other number.
+    if any(frame[pos + 2 + itemsize : pos + 10]):
+        raise _Malformed(f"argument {i}: a {contract.ELEMENT_TYPES[etype]} scalar whose "
+                         "padding is not zero")
+    value = np.frombuffer(frame, _ELEMENT_DTYPES[etype], 1, pos + 2)[0]
+    return Scalar(contract.ELEMENT_TYPES[etype], value), pos + 10, True
+
+
+def _arg_empty(frame: Any, pos: int, size: int, i: int) -> tuple[Any, int, bool]:
+    _room(pos, 10, size, i)
+    etype, count = _VECTOR_HEAD.unpack_from(frame, pos + 1)
+    _etype(etype, i)
+    return Empty(contract.ELEMENT_TYPES[etype], count), pos + 10, True
+
+
+#: The decoder of each argument kind: the argument, where it ends, and whether it is for
+#: the general path only.
+_ARGS: dict[int, Callable[[Any, int, int, int], tuple[Any, int, bool]]] = {
+    _W_VECTOR: _arg_vector, _W_FILE: _arg_file, _W_DIM: _arg_dim, _W_HANDLE: _arg_handle,
+    _W_SCALAR: _arg_scalar, _W_EMPTY: _arg_empty}
+
+
+def _decode_tail(frame: bytes | bytearray | memoryview, pos: int, size: int,
+                 flags: int) -> tuple[tuple[int, ...] | None, Geometry | None, int]:
+    """The kept ids and the geometry after the arguments, where the flags say so."""
+    keep: tuple[int, ...] | None = None
+    if flags & _W_KEEP:
+        if pos >= size:
+            raise _Malformed(f"launch of {size} bytes ends before its NKeep")
+        nkeep = frame[pos]
+        pos += 1
+        if 8 * nkeep > size - pos:
+            raise _Malformed(f"launch of {size} bytes ends inside its {nkeep} kept ids")
+        keep = struct.unpack_from(f">{nkeep}Q", frame, pos)
+        pos += 8 * nkeep
+        if len(set(keep)) != nkeep:
+            raise _Malformed("a buffer id is kept twice")
+    geometry: Geometry | None = None
+    if flags & _W_GEOMETRY:
+        if _GEOMETRY.size > size - pos:
+            raise _Malformed(f"launch of {size} bytes ends inside its geometry")
+        gx, gy, gz, bx, by, bz, shared = _GEOMETRY.unpack_from(frame, pos)
+        pos += _GEOMETRY.size
+        geometry = ((gx, gy, gz), (bx, by, bz), shared)
+    return keep, geometry, pos
 
 
 def vector_spans(launch: Launch) -> tuple[list[tuple[int, int]], int] | None:
@@ -697,8 +704,12 @@ class Encoded(NamedTuple):
     frames: list[Chunks]
     errors: int
     replaced: list[tuple[int, str]]
+    #: The one frame's size where ``encode_results`` knew it (a lone plain record), else 0.
+    size: int = 0
 
 
+# (without NamedTuple's own __new__, which is Python code: a lone job's reply makes one)
+_new_encoded = tuple.__new__
 _RESULTS_HEAD = struct.Struct(">BI")  # results byte, Count
 _RECORD_HEAD = struct.Struct(">QBI")  # JobId, Tag, Len
 _INNER_HEAD = struct.Struct(">BI")  # a traced record's inner Tag, Len
@@ -710,14 +721,10 @@ _FRAME_HEAD = _RESULTS_HEAD.size
 _RECORD = _RECORD_HEAD.size
 _TRACED = _RECORD + _INNER_HEAD.size
 _F32 = DTYPES["f32"]
-_T_VECTOR = _W.tag_vector
-_T_SCALAR = _W.tag_scalar
-_T_ERROR = _W.tag_error
-_T_TRACED = _W.tag_traced
-_T_FILE = _W.tag_file
-_T_TYPED = _W.tag_typed
-_T_HANDLE = _W.tag_handle
-_T_LIST = _W.tag_list
+# The record tags, as module constants for the encoder's loops.
+(_T_VECTOR, _T_SCALAR, _T_ERROR, _T_TRACED, _T_FILE, _T_TYPED, _T_HANDLE, _T_LIST) = (
+    _W.tag_vector, _W.tag_scalar, _W.tag_error, _W.tag_traced, _W.tag_file, _W.tag_typed,
+    _W.tag_handle, _W.tag_list)
 _FILE_RECORD = struct.Struct(">QQ")
 _HANDLE_RECORD = struct.Struct(">QBQ")  # BufferId, Type, Elements
 _ITEM_HEAD = _INNER_HEAD  # a list item's Tag, Len
@@ -825,15 +832,26 @@ def _stamps(stamps: Mapping[str, int]) -> bytes:
         raise ProtocolError(f"stamps not encodable: {exc}") from exc
 
 
-def encode_results(records: Iterable[Record], max_frame: int = contract.MAX_FRAME) -> Encoded:
+def encode_results(records: Sequence[Record], max_frame: int = contract.MAX_FRAME) -> Encoded:
     """The results frames of ``records``, in their order: one frame, or as many as it takes
     to keep each within ``max_frame`` bytes.
 
     Every record gets its one reply: a result that cannot travel becomes ``{internal, _}``
     and a record that alone would be over ``max_frame`` becomes ``too_large``, for that job
     alone. Vector payloads are chunks that share the arrays' memory: write the frames
-    before that memory changes. A JobId must be a u64.
+    before that memory changes. A JobId must be a u64. A lone record of a plain result (a
+    float, a 1-D f32 array, a kept buffer; no trace) is packed in one call, the same bytes
+    (``_lone``): the common case at low load, where every microsecond is the caller's.
     """
+    if len(records) == 1 and records[0][2] is None:
+        lone = _lone(records[0][0], records[0][1], max_frame)
+        if lone is not None:
+            return _new_encoded(Encoded, ([lone[0]], 0, [], lone[1]))
+    return _encode_records(records, max_frame)
+
+
+def _encode_records(records: Iterable[Record], max_frame: int) -> Encoded:
+    """``encode_results``, record by record."""
     frames: list[Chunks] = []
     replaced: list[tuple[int, str]] = []
     failures = 0
@@ -842,31 +860,8 @@ def encode_results(records: Iterable[Record], max_frame: int = contract.MAX_FRAM
     chunks: Chunks = [cur]
     size, count = _FRAME_HEAD, 0
     for job_id, res, stamps in records:
-        try:
-            tag, payload = _payload(res, errors)
-            extra = b"" if stamps is None else _stamps(stamps)
-        except ProtocolError as exc:
-            replaced.append((job_id, f"reply not encodable: {exc}"))
-            tag, payload = _T_ERROR, _error_bytes(internal(f"reply not encodable: {exc}"))
-            extra = b""
-            if stamps is not None:
-                try:
-                    extra = _stamps(stamps)
-                except ProtocolError:
-                    extra = _stamps({})
-        if type(payload) is bytes:
-            n = len(payload)
-        elif type(payload) is list:
-            n = sum(_size(p) for p in payload)
-        else:
-            n = payload.nbytes  # type: ignore[union-attr]
-        record = _RECORD + n if stamps is None else _TRACED + n + len(extra)
-        if _FRAME_HEAD + record > max_frame:
-            replaced.append((job_id, f"a reply of {_FRAME_HEAD + record} bytes is over the "
-                                     f"{max_frame} byte frame limit"))
-            tag, payload = _T_ERROR, _TOO_LARGE_BYTES
-            n = len(payload)
-            record = _RECORD + n if stamps is None else _TRACED + n + len(extra)
+        tag, payload, n, extra, record = _record(job_id, res, stamps, errors, replaced,
+                                                 max_frame)
         if size + record > max_frame and count:
             _RESULTS_HEAD.pack_into(first, 0, _W.results, count)
             frames.append(chunks)
@@ -906,13 +901,45 @@ def encode_results(records: Iterable[Record], max_frame: int = contract.MAX_FRAM
 _LONE_HEAD = struct.Struct(">BIQBI")  # a one-record results frame: results byte, Count, record
 
 
-def encode_lone(job_id: int, res: Result, max_frame: int = contract.MAX_FRAME) -> (
-        tuple[Chunks, int] | None):
-    """A lone job's results frame and its size, byte for byte what ``encode_results``
+def _record(job_id: int, res: Result, stamps: Mapping[str, int] | None,
+            errors: dict[int, bytes], replaced: list[tuple[int, str]],
+            max_frame: int) -> tuple[int, Payload, int, bytes, int]:
+    """One record's tag, payload, payload bytes, stamps and size: ``internal`` where the
+    result cannot travel, ``too_large`` where the record alone is over ``max_frame`` (each
+    noted in ``replaced``)."""
+    try:
+        tag, payload = _payload(res, errors)
+        extra = b"" if stamps is None else _stamps(stamps)
+    except ProtocolError as exc:
+        replaced.append((job_id, f"reply not encodable: {exc}"))
+        tag, payload = _T_ERROR, _error_bytes(internal(f"reply not encodable: {exc}"))
+        extra = b""
+        if stamps is not None:
+            try:
+                extra = _stamps(stamps)
+            except ProtocolError:
+                extra = _stamps({})
+    if type(payload) is bytes:
+        n = len(payload)
+    elif type(payload) is list:
+        n = sum(_size(p) for p in payload)
+    else:
+        n = payload.nbytes  # type: ignore[union-attr]
+    record = _RECORD + n if stamps is None else _TRACED + n + len(extra)
+    if _FRAME_HEAD + record > max_frame:
+        replaced.append((job_id, f"a reply of {_FRAME_HEAD + record} bytes is over the "
+                                 f"{max_frame} byte frame limit"))
+        tag, payload = _T_ERROR, _TOO_LARGE_BYTES
+        n = len(payload)
+        record = _RECORD + n if stamps is None else _TRACED + n + len(extra)
+    return tag, payload, n, extra, record
+
+
+def _lone(job_id: int, res: Result, max_frame: int) -> tuple[Chunks, int] | None:
+    """A lone job's results frame and its size, byte for byte what ``_encode_records``
     makes of ``[(job_id, res, None)]``, for the plain results (a float, a 1-D contiguous
     f32 array that fits ``max_frame``, or a buffer kept: ``Kept``); ``None`` for any other,
-    which ``encode_results`` then answers. Here because a lone job is the common case at
-    low load, where every microsecond of Python is on the caller's clock."""
+    which ``_encode_records`` then answers."""
     cls = type(res)
     if cls is float:
         size = _LONE_HEAD.size + 8
@@ -936,6 +963,37 @@ def encode_lone(job_id: int, res: Result, max_frame: int = contract.MAX_FRAME) -
             return [head + res.tobytes()], size
         return [head, res.data.cast("B")], size
     return None
+
+
+def encode_table(job_ids: np.ndarray, values: np.ndarray, max_frame: int) -> list[list[Any]]:
+    """The results frames of a table of jobs (``templates.Table``): ``values`` is
+    ``count x n`` f32 (vectors) or ``count`` floats (scalars, sent as f64), row ``i`` the
+    result of ``job_ids[i]``; byte for byte what ``encode_results`` makes of those records.
+    As many frames as ``max_frame`` needs; ``[]`` when one record alone would be over it
+    (the caller then answers each job through ``encode_results``)."""
+    count = int(job_ids.size)
+    if values.ndim == 2:
+        n = values.shape[1]
+        if n == 0:
+            return []
+        data: tuple[Any, ...] = ("data", "<f4", (n,))
+        tag, nbytes = _W.tag_vector, 4 * n
+    else:
+        data, tag, nbytes = ("data", "<f8"), _W.tag_scalar, 8
+    dtype = np.dtype([("id", ">u8"), ("tag", "u1"), ("len", ">u4"), data])
+    per_frame = (max_frame - _RESULTS_HEAD.size) // dtype.itemsize
+    if per_frame < 1:
+        return []
+    records = np.empty(count, dtype)
+    records["id"] = job_ids
+    records["tag"] = tag
+    records["len"] = nbytes
+    records["data"] = values
+    frames = []
+    for start in range(0, count, per_frame):
+        part = records[start : start + per_frame]
+        frames.append([_RESULTS_HEAD.pack(_W.results, part.size), part.data.cast("B")])
+    return frames
 
 
 # -- worker -> Erlang: ETF frames ------------------------------------------------------------

@@ -16,7 +16,7 @@ Only regular files are used: nothing is opened through a symlink or waited on as
 and a result is written to a new file only (``O_EXCL``), never over whatever stands there.
 A result goes back as one part: Erlang reads one file into one binary in one call, where
 several parts would have to be joined into a new binary, a copy of the whole result on a
-normal scheduler that held up small jobs of other callers by 3 ms on the H200 machine.
+normal scheduler that would hold up the small jobs of other callers.
 
 Clean-up never depends on this process ending well: a reaper (a small process of its own,
 started here) waits for the worker to end, however it ends (SIGKILL included, or the node's
@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from . import elements
+
 __all__ = ["FileArg", "FileResult", "SharedFolder", "ShmError"]
 
 #: The prefix of every folder Erlang makes; nothing else is ever removed.
@@ -54,9 +56,9 @@ STALE_AFTER_S = 60.0
 LOCK = ".lock"
 #: The part size a result's record names is its size rounded up to a multiple of this.
 PART_UNIT = 1 << 20
-#: An operand is in this many parts at most (Erlang cuts one into 8 at most): each part is
-#: a mapping of its own while the job waits, and a process may hold about 65,000.
-MAX_PARTS = 64
+#: An operand is in this many parts at most, as Erlang cuts it: each part is a mapping of its
+#: own while the job waits, and a process may hold only so many.
+MAX_PARTS = elements.SHM_PARTS
 
 _REAPER = """
 import os, shutil, sys

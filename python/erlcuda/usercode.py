@@ -1,5 +1,5 @@
-"""User CUDA code: nvcc turns a source into a cubin (cached on disk), and elementwise kernels
-are written from a one-statement operation.
+"""User CUDA code: a user's source checked and compiled through the one nvcc cache
+(``compile.py``), and elementwise kernels written from a one-statement operation.
 
 Needs nvcc, not PyCUDA or a GPU, so a source can be checked anywhere the toolkit is. Errors:
 ``CompileError`` (nvcc refused the source; ``.log`` is its message), ``NoCompiler`` (no nvcc),
@@ -10,19 +10,21 @@ is an nvcc option outside ``ALLOWED_OPTIONS``.
 from __future__ import annotations
 
 import bisect
-import functools
-import hashlib
-import json
-import logging
 import os
 import re
-import shutil
-import stat
-import subprocess
-import tempfile
-import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
+
+from . import elements
+from .compile import (
+    SOURCE_NAME,
+    CompileError,
+    NoCompiler,
+    arch_of,
+    cache_dir,
+    cubin,
+    default_arch,
+    find_nvcc,
+)
 
 __all__ = [
     "ALLOWED_OPTIONS",
@@ -31,33 +33,20 @@ __all__ = [
     "CompileError",
     "NoCompiler",
     "arch_of",
+    "cache_dir",
     "compile_module",
     "default_arch",
     "elementwise_source",
     "find_nvcc",
 ]
 
-log = logging.getLogger("erlcuda.usercode")
-
 #: C type of each element type.
-C_TYPES = {
-    "f32": "float",
-    "f64": "double",
-    "i32": "int",
-    "u32": "unsigned int",
-    "i64": "long long",
-    "u8": "unsigned char",
-}
+C_TYPES = elements.C_TYPES
 
-#: Seconds nvcc may take on one source.
-NVCC_TIMEOUT = 300
-#: The name nvcc sees the source under: its messages say ``kernel.cu(LINE): error: ...``.
-SOURCE_NAME = "kernel.cu"
 #: The longest kernel name: the launch frame's name field is one length byte.
-MAX_NAME = 255
+MAX_NAME = elements.KERNEL_NAME_BYTES
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?")
 #: A macro's value: nvcc hands -D to the host compiler through a shell, so the value keeps to
 #: characters that no shell treats specially (and no comma, where nvcc splits a list).
 _MACRO = r"[A-Za-z_][A-Za-z0-9_]*(?:=[A-Za-z0-9_.+-]*)?"
@@ -80,8 +69,6 @@ ALLOWED_OPTIONS: tuple[str, ...] = (
     r"--?(?:expt-)?extended-lambda",
 )
 _ALLOWED = re.compile("|".join(f"(?:{option})" for option in ALLOWED_OPTIONS))
-#: nvcc's intermediate files (/tmp/tmpxft_00001a2b_00000000-6_kernel.ptx): the prefix goes.
-_TEMP_NAME = re.compile(r"\S*tmpxft_[0-9a-fA-F]+_[0-9a-fA-F]+-[0-9]+_")
 #: C++ and CUDA words no variable or kernel may be called.
 _RESERVED = frozenset(
     """alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t
@@ -100,14 +87,6 @@ _ELEMENTWISE_NAMES = frozenset({"i", "n"})
 _PREFIX = "erlcuda_"
 
 
-class CompileError(Exception):
-    """nvcc did not compile a source; ``log`` is what it said."""
-
-    def __init__(self, log: str) -> None:
-        super().__init__(log)
-        self.log = log
-
-
 class BadOption(ValueError):
     """An nvcc option that is not in ``ALLOWED_OPTIONS``; ``option`` is the flag as given."""
 
@@ -117,87 +96,17 @@ class BadOption(ValueError):
         self.option = option
 
 
-class NoCompiler(Exception):
-    """nvcc was not found (neither on PATH nor in ``$CUDA_HOME/bin``)."""
-
-
-# -- compiling ------------------------------------------------------------------------------
-
-
-def default_arch() -> str:
-    """The architecture to compile for without a GPU to ask: ``$ERLCUDA_ARCH``, else sm_90."""
-    return os.environ.get("ERLCUDA_ARCH") or "sm_90"
-
-
-def arch_of(capability: tuple[int, int]) -> str:
-    """The nvcc architecture of a compute capability: (9, 0) -> ``sm_90``."""
-    return f"sm_{capability[0]}{capability[1]}"
-
-
-def find_nvcc() -> str:
-    """nvcc's path: on PATH, else ``$CUDA_HOME/bin`` (or ``$CUDA_PATH/bin``)."""
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        home = os.environ.get(var)
-        if home and os.access(Path(home) / "bin" / "nvcc", os.X_OK):
-            return str(Path(home) / "bin" / "nvcc")
-    raise NoCompiler("nvcc not found: put it on PATH or set CUDA_HOME")
-
-
-@functools.cache
-def _nvcc_version(nvcc: str) -> str:
-    try:
-        proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True,
-                              timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise NoCompiler(f"cannot run {nvcc}: {exc}") from exc
-    if proc.returncode != 0:
-        raise NoCompiler(f"{nvcc} --version failed: {proc.stderr.strip()}")
-    return proc.stdout
-
-
-def cache_dir() -> Path:
-    """Where cubins are kept: ``$ERLCUDA_CACHE_DIR``, else ``~/.cache/erlcuda/kernels``."""
-    env = os.environ.get("ERLCUDA_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "erlcuda" / "kernels"
-
-
 def compile_module(source: str, options: Sequence[str], arch: str, *,
                    cache: str | os.PathLike[str] | None = None,
                    progress: Callable[[float], None] | None = None) -> bytes:
-    """A cubin of ``source`` for ``arch`` (``sm_90``), compiled by ``nvcc --cubin`` with the
-    extra ``options``, or the one cached under ``cache`` (default ``cache_dir()``) for the same
-    source, preprocessed text (what it includes), options, architecture and nvcc version. A
-    cache that cannot be written is skipped.
-    ``progress(seconds)`` is called every ``PROGRESS_EVERY`` seconds while nvcc runs.
-    """
-    if not _ARCH.fullmatch(arch):
-        raise ValueError(f"bad architecture {arch!r:.40}: expected one like sm_90")
+    """A cubin of a user's ``source`` for ``arch`` (``sm_90``) through the one cache
+    (``compile.cubin``), once its ``options`` are allowed ones and it names no file but a
+    header of the include path; ``progress(seconds)`` as for ``compile.cubin``."""
     opts = _allowed(options)
     if "\0" in source:
         raise ValueError("the source holds a NUL byte")
     _check_file_names(source)
-    nvcc = find_nvcc()
-    # The files a source includes are part of what is compiled, and only the preprocessor
-    # knows which (an include has many spellings): the key holds its output, so that a
-    # changed header is compiled again. It costs one preprocessor run, a fraction of a compile.
-    expanded = _nvcc(nvcc, source, opts, arch, preprocess=True)
-    key = hashlib.sha256(
-        json.dumps([source, opts, arch, _nvcc_version(nvcc),
-                    hashlib.sha256(expanded).hexdigest()]).encode()
-    ).hexdigest()
-    folder = Path(cache) if cache is not None else cache_dir()
-    usable = _private_folder(folder)
-    entry = folder / f"{key}.cubin"
-    found = _read_entry(entry, key) if usable else None
-    if found is not None:
-        return found
-    cubin = _nvcc(nvcc, source, opts, arch, **({"progress": progress} if progress else {}))
-    if usable:
-        _store(entry, _entry_head(key, cubin) + cubin)
-    return cubin
+    return cubin(source, opts, arch, cache=cache, progress=progress)
 
 
 def _allowed(options: Sequence[str]) -> list[str]:
@@ -326,128 +235,6 @@ class _Scan:
                              "the include path, named relative to it and without '..' or '\\'")
 
 
-#: How often a long compile reports that it is still running (the worker turns that into a
-#: log line, which also tells Erlang's watchdog that the worker is alive).
-PROGRESS_EVERY = 5.0
-
-
-def _wait(proc: subprocess.Popen[str], progress: Callable[[float], None] | None) -> str:
-    """nvcc's output once it exits; killed past ``NVCC_TIMEOUT``."""
-    start = time.monotonic()
-    while True:
-        try:
-            out, _ = proc.communicate(timeout=PROGRESS_EVERY)
-            return out or ""
-        except subprocess.TimeoutExpired:
-            elapsed = time.monotonic() - start
-            if elapsed > NVCC_TIMEOUT:
-                proc.kill()
-                proc.communicate()
-                raise CompileError(f"nvcc took longer than {NVCC_TIMEOUT} s") from None
-            if progress is not None:
-                progress(elapsed)
-
-
-def _nvcc(nvcc: str, source: str, options: list[str], arch: str, *,
-          preprocess: bool = False, progress: Callable[[float], None] | None = None) -> bytes:
-    """The cubin of ``source``, or with ``preprocess`` its preprocessed text."""
-    with tempfile.TemporaryDirectory(prefix="erlcuda-nvcc-") as tmp:
-        src = Path(tmp) / SOURCE_NAME
-        out = Path(tmp) / ("kernel.ii" if preprocess else "kernel.cubin")
-        src.write_text(source, encoding="utf-8")
-        cmd = [nvcc, "-E" if preprocess else "--cubin", f"-arch={arch}", *options,
-               "-o", out.name, src.name]
-        try:
-            # Run inside the temporary folder, so that messages name the file alone, and keep
-            # nvcc's intermediate files there too (it puts them in $TMPDIR).
-            proc = subprocess.Popen(cmd, cwd=tmp, env={**os.environ, "TMPDIR": tmp},
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise NoCompiler(f"cannot run {nvcc}: {exc}") from exc
-        output = _wait(proc, progress)
-        log = _TEMP_NAME.sub("", output.replace(tmp + os.sep, "")).strip()
-        if proc.returncode != 0:
-            raise CompileError(log or f"nvcc failed with status {proc.returncode}")
-        try:
-            return out.read_bytes()
-        except OSError as exc:
-            raise CompileError(f"nvcc wrote no cubin: {log}") from exc
-
-
-# -- the cache ------------------------------------------------------------------------------
-#
-# An entry is a header, then the cubin: the header names the key the entry was written for
-# and the cubin's sha256, so that a file under another key's name, or a partial one, is a
-# miss. The folder and its entries must be this user's, and no one else may write to the
-# folder: a cubin from the cache runs on the GPU with this user's rights.
-
-_ENTRY_MAGIC = b"erlcuda-cubin 1\n"
-
-
-def _entry_head(key: str, cubin: bytes) -> bytes:
-    return b"%s%s %s\n" % (_ENTRY_MAGIC, key.encode(), hashlib.sha256(cubin).hexdigest().encode())
-
-
-_ENTRY_HEAD = len(_entry_head("0" * 64, b""))
-
-
-def _private_folder(folder: Path) -> bool:
-    """Whether the cache may use ``folder``: made (mode 0700) where missing, else a folder of
-    this user that neither its group nor others may write to."""
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = folder.stat()
-    except OSError:
-        return False
-    if not stat.S_ISDIR(info.st_mode):
-        return False
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        log.warning("the kernel cache %s is not used: it must be a folder of this user that "
-                    "no other may write to (chmod go-w)", folder)
-        return False
-    return True
-
-
-def _read_entry(path: Path, key: str) -> bytes | None:
-    """The cubin that ``path`` holds for ``key``; None where there is none, where the entry
-    is not a regular file of this user (a symlink is not followed), or where its header
-    names another key or another cubin."""
-    try:
-        # Without blocking: a FIFO there would wait for a writer.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            info = os.fstat(f.fileno())
-            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-                return None
-            data = f.read()
-    except OSError:
-        return None
-    cubin = data[_ENTRY_HEAD:]
-    return cubin if data[:_ENTRY_HEAD] == _entry_head(key, cubin) else None
-
-
-def _store(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (a reader sees all of it or nothing), over
-    whatever is there, a symlink included (the link is replaced, not its target)."""
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-
-
 # -- elementwise kernels ----------------------------------------------------------------------
 
 
@@ -471,6 +258,27 @@ def _c_type(var: str, elem: object) -> str:
     return c_type
 
 
+def _input_params(inputs: Sequence[tuple[str, str, str]],
+                  seen: set[str]) -> tuple[list[str], list[str]]:
+    """The kernel params of ``inputs`` and the reads of its vector inputs into locals."""
+    params: list[str] = []
+    reads: list[str] = []
+    for item in inputs:
+        if len(item) != 3:
+            raise ValueError(f"input {item!r:.60}: expected (name, type, vector | scalar)")
+        var, elem, kind = item
+        _check_var(var, seen)
+        c_type = _c_type(var, elem)
+        if kind == "scalar":
+            params.append(f"const {c_type} {var}")
+        elif kind == "vector":
+            params.append(f"const {c_type}* __restrict__ {_PREFIX}{var}")
+            reads.append(f"        const {c_type} {var} = {_PREFIX}{var}[i];")
+        else:
+            raise ValueError(f"input {var}: kind {kind!r:.20} is neither vector nor scalar")
+    return params, reads
+
+
 def elementwise_source(name: str, inputs: Sequence[tuple[str, str, str]],
                        outputs: Sequence[tuple[str, str]], operation: str) -> str:
     """CUDA C of the elementwise kernel ``name``:
@@ -490,21 +298,7 @@ def elementwise_source(name: str, inputs: Sequence[tuple[str, str, str]],
     if not outputs:
         raise ValueError("an elementwise kernel needs at least one output")
     seen = {name}
-    params: list[str] = []
-    reads: list[str] = []
-    for item in inputs:
-        if len(item) != 3:
-            raise ValueError(f"input {item!r:.60}: expected (name, type, vector | scalar)")
-        var, elem, kind = item
-        _check_var(var, seen)
-        c_type = _c_type(var, elem)
-        if kind == "scalar":
-            params.append(f"const {c_type} {var}")
-        elif kind == "vector":
-            params.append(f"const {c_type}* __restrict__ {_PREFIX}{var}")
-            reads.append(f"        const {c_type} {var} = {_PREFIX}{var}[i];")
-        else:
-            raise ValueError(f"input {var}: kind {kind!r:.20} is neither vector nor scalar")
+    params, reads = _input_params(inputs, seen)
     locals_: list[str] = []
     writes: list[str] = []
     for item in outputs:

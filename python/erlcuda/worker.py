@@ -1,32 +1,38 @@
 """The worker behind the Erlang port: reads frames, routes jobs to device lanes, answers calls.
 
-With one device (one GPU, or the CPU backend's default), the thread that reads the port
-owns the device and runs the jobs itself: it reads every frame already in the pipe, runs
-them as batches and writes the replies, so a lone job pays no hand-off between threads
-(waking another thread cost 17-32 us a job, bench/results). Control calls then run on that
-thread too, between batches.
+One loop (``serve``) reads every frame and routes what it holds (``_take``, ``dispatch``);
+only where the jobs run differs. With one device (one GPU, or the CPU backend's default),
+the thread that reads the port owns the device: the jobs of every frame already in the pipe
+are kept and then run as batches by that thread (``_flush``), so a lone job pays no
+hand-off between threads, and control calls run on it too, between batches.
 
-With several devices, the reading thread only decodes and routes; each device lane runs its
-jobs on its own thread and writes its own replies (frames are written under one lock, never
-interleaved), and control calls run on a separate thread so that a slow one never stalls
-the reading of jobs. ``--device-thread`` gives a lone device that layout too.
+With several devices, each device lane runs its jobs on its own thread and writes its own
+replies (frames are written under one lock, never interleaved), and control calls run on a
+separate thread so that a slow one never stalls the reading of jobs. ``--device-thread``
+gives a lone device that layout too.
 
 Each call is a handler in a table (``hello``, ``info``, ``free``, ``load``,
-``elementwise``, ``unload``; the test and benchmark hooks only when the worker is started
-with them), so a call that is not in the table is refused. A call of Id 0 is one no caller
-waits for (Erlang's ``free``, sent after the launches that made the buffers): it is run in
-its turn and never answered, a failure logged instead.
+``elementwise``, ``unload``), so a call that is not in the table is refused. An entry point
+may add calls of its own: ``cli.main(argv, extensions={name: fn})`` runs this worker with
+``fn(worker, args)`` answering the call ``name`` (on the control thread, as ``load`` is; it
+reaches a device through ``worker.on_device``). The test double under ``test/worker/`` and
+the benchmarks' worker under ``bench/worker/`` are such entry points. A call of Id 0 is one
+no caller waits for (Erlang's ``free``, sent after the launches that made the buffers): it
+is run in its turn and never answered, a failure logged instead.
 
 A launch that the batched f32 path does not take (``general.py``: buffers, other element
 types, ``copy``/``zeros``/``empty``, user kernels) is routed as a general job, decided here
 from what the frame says and checked on its device's thread. User code is compiled here (the
 control thread), once per compute capability, and loaded into every device on its thread.
 
-The reading thread of a lone device takes a frame that comes alone the shortest way: a
-plain launch by its template or as a batch of one, a general launch checked and run at once
-(a chain of kernels on buffers sends the same frame with other buffer ids: its check is
-learned as a template too, ``lone.py``), and Erlang's ``free`` read with a few slices
-(``protocol.decode_free``) and run at once, with no answer.
+Every frame is decoded and checked once, through the template cache in front of the
+decoder (``templates.py``): a launch that repeats the layout of one already checked is read
+with a few slices, and a batch frame of one template's launches is read as a table. The
+reading thread of a lone device takes a frame that comes alone the shortest way: a plain
+launch run as a batch of one, a general launch checked and run at once (a chain of kernels
+on buffers sends the same frame with other buffer ids: its check is a template too).
+Erlang's ``free`` is read with a few slices (``protocol.decode_free``) and queued on its
+device in its turn, with no answer.
 
 ``hello`` carries Erlang's version and protocol: a worker of another version (a stale copy
 in priv/, another checkout on the path) says so in its answer and refuses every job.
@@ -34,13 +40,15 @@ in priv/, another checkout on the path) says so in its answer and refuses every 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,31 +59,28 @@ from .backends.base import Backend, BackendError, BackendUnavailable, Device
 from .framing import FrameError, FrameReader, FrameWriter, frame_size
 from .general import Registry, UserKernel
 from .lanes import Control, Job, Lane, UniformJobs, results_frames
-from .lone import Templates
 from .protocol import Call, Failure, Launch, ProtocolError
 from .shm import FileArg, SharedFolder
-from .uniform import decode_uniform
+from .templates import Templates
 
 log = logging.getLogger("erlcuda.worker")
 
 _LAUNCH = contract.WIRE.launch
 _ETF = etf.VERSION
-#: Launch flags that a lone frame's fast paths leave to ``_take_frame`` (all but keep and
+#: Launch flags that a lone frame's fast paths leave to the decoder (all but keep and
 #: geometry: a trace, a result file).
 _NOT_LONE = 0xFF & ~(contract.WIRE.flag_keep | contract.WIRE.flag_geometry)
 
 #: Exit status when a device's context is poisoned: Erlang restarts the worker.
 EXIT_FATAL = 70
-#: How long a GPU's thread polls for work before sleeping: waking a sleeping thread cost
-#: about 30 us a job on the H200 machine (bench/results/h200); the CPU backend's virtual
-#: devices share the cores with everything else, so they never poll.
+#: How long a GPU's thread polls for work before sleeping: waking a sleeping thread costs
+#: more than a small job (bench/ measures it); the CPU backend's virtual devices share the
+#: cores with everything else, so they never poll.
 AUTO_SPIN_US = 300
 
-#: Calls that exist only with ``--test-hooks`` / ``--bench-hooks``.
-TEST_HOOKS = ("fault", "print", "stall")
-BENCH_HOOKS = ("echo", "pure")
-
 Handler = Callable[[list[Any]], Any]
+#: A call added by an entry point: ``fn(worker, args)`` is its answer (see the module doc).
+Extension = Callable[["Worker", list[Any]], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +89,6 @@ class Options:
     cpu_devices: int = 1
     max_batch: int = 256
     max_batch_elements: int = 1 << 24
-    test_hooks: bool = False
-    bench_hooks: bool = False
     spin_us: int = -1  # -1: AUTO_SPIN_US on a GPU, none on the CPU backend
     device_thread: bool = False  # a lone device on a thread of its own, not the reader's
     buffer_limit: int = 0  # bytes of buffers per device (0: no bound but the device's)
@@ -93,7 +96,8 @@ class Options:
 
 class Worker:
     def __init__(self, reader: FrameReader, writer: FrameWriter, options: Options,
-                 shm: SharedFolder | None = None) -> None:
+                 shm: SharedFolder | None = None,
+                 extensions: Mapping[str, Extension] | None = None) -> None:
         self.reader = reader
         self.shm = shm
         self.writer = writer
@@ -105,8 +109,7 @@ class Worker:
         self.unavailable: Failure | None = None
         self.refusal: Failure | None = None
         try:
-            self.backend, self.reason = select(options.backend, cpu_devices=options.cpu_devices,
-                                               test_hooks=options.test_hooks)
+            self.backend, self.reason = select(options.backend, cpu_devices=options.cpu_devices)
             count = self.backend.device_count()
             unavailable = None
         except BackendUnavailable as exc:
@@ -127,79 +130,94 @@ class Worker:
                  buffer_limit=options.buffer_limit, registry=self.registry)
             for i in range(count)
         ]
+        self.extensions = dict(extensions or {})
         self.handlers = self._handlers()
-        # One device: the reading thread owns it (``_serve_here``).
+        # One device: the reading thread owns it and runs its jobs (``serve``).
         self.inline = len(self.lanes) == 1 and not options.device_thread
         self._device: Device | None = None
-        self._templates = Templates()  # of lone frames, for the reading thread alone
-        self._calls: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
+        self._pending: list[Job] = []  # jobs kept for the device this thread owns
+        self._templates = Templates()  # of the frames read, for the reading thread alone
+        self._calls: queue.SimpleQueue[Call | _Freed | None] = queue.SimpleQueue()
         self._control = threading.Thread(target=self._serve_calls, name="erlcuda-control",
                                          daemon=True)
 
     # -- main loop -------------------------------------------------------------------------
     def serve(self) -> int:
+        """The one loop: read a frame, take what it holds (``_take``), and run what was
+        taken once nothing more is read ahead (``_flush``); at the end of the input, stop."""
         if self.inline:
-            return self._serve_here()
-        for lane in self.lanes:
-            lane.start()
-        self._control.start()
+            self._device = self.lanes[0].open_here()
+        else:
+            for lane in self.lanes:
+                lane.start()
+            self._control.start()
         try:
-            while True:
-                frame = self.reader.read()
-                if frame is None:
-                    return self.shutdown(0)
-                uniform = self._uniform(frame)
-                if uniform is not None:
-                    self.lanes[uniform[0]].submit(uniform[1])
-                    continue
-                recv = time.perf_counter_ns()
-                for message in self._messages(frame):
-                    self.dispatch(message, recv)
+            while (frame := self.reader.read()) is not None:
+                self._take(frame)
+                if not self.reader.pending():
+                    self._flush()
+            self._flush()
+            return self.shutdown(0)
         except FrameError as exc:
             log.error("port closed: %s", exc)
             return self.shutdown(1)
 
-    def _serve_here(self) -> int:
-        """One device, owned and run by this thread: every frame already in the pipe is
-        read (up to a batch of jobs), then run, then answered; calls run in their turn."""
-        lane = self.lanes[0]
-        self._device = device = lane.open_here()
-        limit = self.options.max_batch
-        try:
-            while True:
-                frame = self.reader.read()
-                if frame is None:
-                    return self.shutdown(0)
-                # Erlang's free, before a launch in the pipe or alone: run now, in its turn
-                if self._free_here(frame, lane, device) or (
-                        not self.reader.pending() and self._lone(frame, lane, device)):
-                    continue
-                jobs: list[Job] = []
-                while True:
-                    self._take_frame(frame, jobs, lane, device)
-                    if len(jobs) >= limit or not self.reader.pending():
-                        break
-                    frame = self.reader.read()
-                    if frame is None:
-                        lane.run_jobs(jobs, device)
-                        return self.shutdown(0)
-                lane.run_jobs(jobs, device)
-        except FrameError as exc:
-            log.error("port closed: %s", exc)
-            return self.shutdown(1)
+    def _take(self, frame: bytearray | memoryview) -> None:
+        """Route what ``frame`` holds: Erlang's ``free`` (read with a few slices,
+        ``protocol.decode_free``) to its lane at once, a lone frame the shortest way
+        (``_lone``), a batch frame of one template's launches as a table, anything else
+        decoded into jobs for the lanes and calls."""
+        if frame and frame[0] == _ETF:
+            free = protocol.decode_free(frame)
+            if free is not None:
+                self._flush()  # the launches read before it first
+                try:
+                    self._free(list(free))
+                except ValueError as exc:  # nobody waits for an answer: logged
+                    log.error("call free (Id 0) failed: %s", exc)
+                return
+        if self.inline and not self._pending and not self.reader.pending() and self._lone(
+                frame, self.lanes[0], self._device):
+            return
+        uniform = self._uniform(frame)
+        if uniform is not None:
+            self._to_lane(uniform[0], uniform[1])
+            return
+        recv = time.perf_counter_ns()
+        for message in self._messages(frame):
+            self.dispatch(message, recv)
+
+    def _to_lane(self, index: int, item: Job | UniformJobs) -> None:
+        """Hand ``item`` to lane ``index``: queued for its thread, or, where this thread
+        owns the device, kept for ``_flush`` (a job) or run after what is kept (a table)."""
+        if not self.inline:
+            self.lanes[index].submit(item)
+        elif type(item) is Job:
+            self._pending.append(item)
+            if len(self._pending) >= self.options.max_batch:
+                self._flush()
+        else:
+            self._flush()
+            self.lanes[0].run_uniform(item, self._device)  # type: ignore[arg-type]
+
+    def _flush(self) -> None:
+        """Run the jobs kept for the device this thread owns, as batches (``run_jobs``)."""
+        if self._pending:
+            jobs, self._pending = self._pending, []
+            self.lanes[0].run_jobs(jobs, self._device)
 
     def _lone(self, frame: bytearray | memoryview, lane: Lane, device: Device | None) -> bool:
         """Run a launch frame that came alone, as the batched path would, where it is a
         plain one (no trace, no shared memory, nothing to refuse), or as a general job where
-        it is one (kept results, buffers, a geometry), by its template (``lone.py``) or
+        it is one (kept results, buffers, a geometry), by its template (``templates.py``) or
         checked here (``_lone_general``); ``False``, with nothing done, for any other
         frame."""
         if len(frame) < protocol.LAUNCH_HEAD_SIZE or frame[0] != _LAUNCH or (
                 frame[protocol.LAUNCH_FLAGS] & _NOT_LONE or self.refusal is not None):
-            return False  # a traced launch or a result file: decoded once, by _take_frame
+            return False  # a traced launch or a result file: decoded once, by dispatch
         if not frame[protocol.LAUNCH_FLAGS]:
             template = self._templates.find(frame)
-            if template is not None:
+            if template is not None and template.device == lane.index:
                 return lane.run_lone(protocol.launch_job_id(frame), template.fill(frame),
                                      device)
         general_template = self._templates.find_general(frame)
@@ -215,10 +233,10 @@ class Worker:
         if (type(message) is not Launch or message.error is not None
                 or message.device != lane.index):
             return False
-        if message.general or message.kernel not in kernels.KERNELS:
-            if message.kernel not in contract.KERNELS and (
-                    message.kernel not in self.registry.kernels):
-                return False  # unknown_kernel: answered by the usual path
+        path = general.route(message, self.registry)
+        if path == "unknown":
+            return False  # unknown_kernel: answered by the usual path
+        if path == "general":
             self._lone_general(frame, message, lane, device)
             return True
         try:
@@ -228,22 +246,9 @@ class Worker:
         self._templates.learn(frame, message, request)
         return lane.run_lone(message.job_id, request, device)
 
-    def _free_here(self, frame: bytearray | memoryview, lane: Lane,
-                   device: Device | None) -> bool:
-        """Run ``frame`` now where it is Erlang's ``free`` (the commonest call by far, read
-        with a few slices: ``protocol.decode_free``), on the device this thread owns; else
-        ``False``, with nothing done."""
-        if not frame or frame[0] != _ETF:
-            return False
-        free = protocol.decode_free(frame)
-        if free is None:
-            return False
-        _run_free(free, lane, device)
-        return True
-
     def _lone_general(self, frame: bytearray | memoryview, message: Launch, lane: Lane,
                       device: Device | None) -> None:
-        """Run a lone general launch: checked here, its template learned (``lone.py``),
+        """Run a lone general launch: checked here, its template learned (``templates.py``),
         then run by the lane; one the check refuses is answered by the lane's own path."""
         t_take = time.perf_counter_ns()
         try:
@@ -254,46 +259,16 @@ class Worker:
         self._templates.learn_general(frame, message, plan, lane.store.held)
         lane.run_plan(Job(message.job_id), plan, device, t_take)
 
-    def _take_frame(self, frame: bytearray | memoryview, jobs: list[Job], lane: Lane,
-                    device: Device | None) -> None:
-        """Add ``frame``'s jobs to ``jobs``. A uniform batch or a call runs at once, after
-        the jobs before it (which keeps each caller's replies in order)."""
-        if frame and frame[0] == _ETF:
-            free = protocol.decode_free(frame)
-            if free is not None:
-                lane.run_jobs(jobs, device)  # the launches read before it first
-                jobs.clear()
-                _run_free(free, lane, device)
-                return
-        uniform = self._uniform(frame)
-        if uniform is not None:
-            lane.run_jobs(jobs, device)
-            jobs.clear()
-            lane.run_uniform(uniform[1], device)
-            return
-        recv = time.perf_counter_ns()
-        for message in self._messages(frame):
-            if isinstance(message, Launch):
-                job = self.launch(message, recv)
-                if job is not None:
-                    jobs.append(job)
-            else:
-                lane.run_jobs(jobs, device)
-                jobs.clear()
-                self._answer_here(message)
-
     def _uniform(self, frame: bytearray | memoryview) -> tuple[int, UniformJobs] | None:
-        """A uniform batch frame (``uniform.py``) to run on its device as one table, or
-        ``None`` for the general path, which also answers whatever this one would refuse."""
+        """A batch frame of one template's launches (``templates.Table``) to run on its
+        device as one table, or ``None`` for the general path, which also answers whatever
+        this one would refuse."""
         if self.refusal is not None or self.options.max_batch < 2 or not frame:
             return None
-        found = decode_uniform(frame)
+        found = self._templates.table(frame)
         if found is None or not 0 <= found.device < len(self.lanes):
             return None
-        try:
-            batch = kernels.parse_uniform(found.kernel, found.args)
-        except kernels.BadArgs:
-            return None
+        batch = found.batch
         lane = self.lanes[found.device]
         if lane.unavailable is not None or 4 * (batch.elements + batch.result_elements) > (
                 lane.memory):
@@ -311,18 +286,38 @@ class Worker:
         return messages
 
     def dispatch(self, message: Launch | Call, recv: int = 0) -> None:
-        """Route one message to its device's thread, or a call to the control thread (with
-        several devices, or ``--device-thread``)."""
+        """Route one message: a launch to its device's lane (``_to_lane``), a ``free`` to
+        its lane in its turn, any other call to the control thread, or, where this thread
+        owns the device, run here after the jobs kept before it (which keeps each caller's
+        replies in order)."""
         if isinstance(message, Launch):
             job = self.launch(message, recv)
             if job is not None:
-                self.lanes[message.device].submit(job)
+                self._to_lane(message.device, job)
+        elif self.inline:
+            self._flush()
+            self._answer_here(message)
         elif message.function == "free":
             # Queued on its device here, between the launches read before it and those read
             # after: a launch that follows a free finds that memory given back.
-            self._answer_here(message)
+            self._dispatch_free(message)
         else:
             self._calls.put(message)
+
+    def _dispatch_free(self, call: Call) -> None:
+        """Queue a ``free`` on its device's lane now; one with an answer is answered by the
+        control thread once the lane has run it, so that whatever follows the answer finds
+        the buffers freed (the reading thread never waits on a lane)."""
+        if _unanswered(call):
+            self._run_unanswered(call)
+            return
+        try:
+            done = self._free(call.args)
+        except ValueError as exc:
+            self.writer.write(protocol.encode_call_error(call.call_id,
+                                                         f"{type(exc).__name__}: {exc}"))
+            return
+        self._calls.put(_Freed(call.call_id, done))
 
     def launch(self, message: Launch, recv: int = 0) -> Job | None:
         """Check a job: the ``Job`` to run on ``message.device``'s lane, or ``None`` where it
@@ -345,11 +340,10 @@ class Worker:
                 return self._reply_now(job, job.error)
         elif not 0 <= device < (lanes or 1):
             return self._reply_now(job, protocol.bad_device(device))
-        elif message.general or message.kernel not in kernels.KERNELS:
-            if message.kernel in contract.KERNELS or message.kernel in self.registry.kernels:
-                job.general = message  # checked on its device's thread
-            else:
-                job.error = protocol.unknown_kernel(message.kernel)
+        elif (path := general.route(message, self.registry)) == "general":
+            job.general = message  # checked on its device's thread
+        elif path == "unknown":
+            job.error = protocol.unknown_kernel(message.kernel)
         elif any(type(a) is FileArg for a in message.args):
             job.unmapped = (message.kernel, message.args)  # mapped on its device's thread
         else:
@@ -373,18 +367,21 @@ class Worker:
             "hello": self.hello, "info": self.info_call, "free": self.free_call,
             "load": self.load_call, "elementwise": self.elementwise_call,
             "unload": self.unload_call}
-        if self.options.test_hooks:
-            handlers.update(fault=self.fault, print=self.print_hook, stall=self.stall)
-        if self.options.bench_hooks:
-            handlers.update(echo=self.echo, pure=self.pure_call)
+        for name, extension in self.extensions.items():
+            if name in handlers:
+                raise ValueError(f"the call {name} is the worker's own")
+            handlers[name] = functools.partial(extension, self)
         return handlers
 
     def _serve_calls(self) -> None:
         while (call := self._calls.get()) is not None:
-            if _unanswered(call):
+            if type(call) is _Freed:
+                frame = call.answer()
+            elif _unanswered(call):
                 self._run_unanswered(call)
                 continue
-            frame = self.answer(call)
+            else:
+                frame = self.answer(call)
             try:
                 self.writer.write(frame)
             except FrameError:
@@ -406,7 +403,7 @@ class Worker:
             handler = self.handlers.get(call.function)
             if handler is None:
                 log.error("call %s (Id 0): %s", f"{call.function:.80}",
-                          self._refused(call.function))
+                          _refused(call.function))
                 return
             handler(call.args)
         except Exception as exc:
@@ -417,7 +414,7 @@ class Worker:
         """The frame answering ``call``: ``{'r', Id, Answer}`` or ``{'e', Id, Text}``."""
         handler = self.handlers.get(call.function)
         if handler is None:
-            return protocol.encode_call_error(call.call_id, self._refused(call.function))
+            return protocol.encode_call_error(call.call_id, _refused(call.function))
         try:
             frame = protocol.encode_answer(call.call_id, handler(call.args))
         except Exception as exc:
@@ -427,14 +424,6 @@ class Worker:
             return protocol.encode_call_error(
                 call.call_id, f"the answer of {size} bytes is over the frame limit")
         return frame
-
-    @staticmethod
-    def _refused(function: str) -> str:
-        if function in TEST_HOOKS:
-            return f"call {function} is disabled: the worker runs without --test-hooks"
-        if function in BENCH_HOOKS:
-            return f"call {function} is disabled: the worker runs without --bench-hooks"
-        return f"unknown call {function:.80}"
 
     def hello(self, args: list[Any]) -> dict[Any, Any]:
         """The info map with the worker's version and protocol. ``args`` is ``[]`` (nothing
@@ -502,7 +491,7 @@ class Worker:
             "os_pid": os.getpid(),
             "python": sys.version.split()[0],
             "batching": self.options.max_batch > 1,
-            "hooks": [name for name in (*TEST_HOOKS, *BENCH_HOOKS) if name in self.handlers],
+            "hooks": list(self.extensions),  # the calls an entry point added
             "device_info": devices,
             "modules": sorted(self.registry.modules),
         }
@@ -525,7 +514,9 @@ class Worker:
         self._free(args)
         return protocol.OK
 
-    def _free(self, args: list[Any]) -> None:
+    def _free(self, args: list[Any]) -> Future[Any] | None:
+        """Free the buffers ``args`` name: now where this thread owns the device, else
+        queued on its lane (the future of that)."""
         match args:
             case [int() as index, list() as ids] if all(
                     type(i) is int and i >= 0 for i in ids) and not isinstance(index, bool):
@@ -537,7 +528,10 @@ class Worker:
             if self.inline:  # this thread owns the device: freed now, in its turn
                 lane.free_here(self._device, ids)
             else:  # not awaited: the reading thread calls this and must not wait on a lane
-                lane.submit(Control(lambda d: lane.free_buffers(d, ids)))
+                item = Control(lambda d: lane.free_buffers(d, ids))
+                lane.submit(item)
+                return item.future
+        return None
 
     def load_call(self, args: list[Any]) -> Any:
         """``load(Module, Source, Options, Kernels)``: ``ok`` or ``{error, Reason}``."""
@@ -658,47 +652,6 @@ class Worker:
             except Exception as exc:
                 log.warning("device %d: unloading %s: %s", lane.index, module, exc)
 
-    # -- test hooks ------------------------------------------------------------------------
-    def fault(self, args: list[Any]) -> Any:
-        """Launch the kernel that faults on device ``args[0]`` (a sticky CUDA error)."""
-        return self.on_device(args[0], lambda d: d.inject_fault())  # type: ignore[union-attr]
-
-    def print_hook(self, args: list[Any]) -> Any:
-        """Write ``args[0]`` to fd 1 and ``args[1]`` to fd 2, as native code would."""
-        os.write(1, bytes(args[0]) + b"\n")
-        os.write(2, bytes(args[1]) + b"\n")
-        return protocol.OK
-
-    def stall(self, args: list[Any]) -> Any:
-        """Keep device ``args[0]``'s thread busy for ``args[1]`` ms."""
-        device, ms = args
-        self.on_device(device, lambda _d: time.sleep(ms / 1000))
-        return protocol.OK
-
-    # -- benchmark hooks -------------------------------------------------------------------
-    def echo(self, args: list[Any]) -> Any:
-        """``args[0]`` back: the bare transport."""
-        return args[0]
-
-    def pure_call(self, args: list[Any]) -> list[int]:
-        return self.pure(*args)
-
-    def pure(self, index: int, kernel: Any, args: list[Any], repeat: int) -> list[int]:
-        """Time the bare backend call for one job, ``repeat`` times, on the device's thread."""
-        request = kernels.parse(str(kernel), args)
-
-        def timed(device: Device | None) -> list[int]:
-            if device is None:
-                raise BackendUnavailable("device unavailable")
-            times = []
-            for _ in range(repeat):
-                t0 = time.perf_counter_ns()
-                device.run(request.kernel, [request])
-                times.append(time.perf_counter_ns() - t0)
-            return times
-
-        return self.on_device(index, timed)
-
     # -- ending ----------------------------------------------------------------------------
     def _fatal(self, why: str) -> None:
         # A sticky CUDA error poisons the context for good: exit and let Erlang restart us.
@@ -722,12 +675,24 @@ class Worker:
         return status
 
 
-def _run_free(free: tuple[int, list[int]], lane: Lane, device: Device | None) -> None:
-    """Free ``(Device, Ids)`` on the calling thread, which owns ``lane``'s device; ids of
-    another device are none this worker holds (it has one device here)."""
-    index, ids = free
-    if index == lane.index and ids:
-        lane.free_here(device, ids)
+@dataclass(frozen=True, slots=True)
+class _Freed:
+    """An answered ``free`` queued on a lane: the control thread answers it once done."""
+
+    call_id: Any
+    done: Future[Any] | None
+
+    def answer(self) -> list[bytes | memoryview]:
+        try:
+            if self.done is not None:
+                self.done.result()
+        except Exception as exc:
+            return protocol.encode_call_error(self.call_id, f"{type(exc).__name__}: {exc}")
+        return protocol.encode_answer(self.call_id, protocol.OK)
+
+
+def _refused(function: str) -> str:
+    return f"unknown call {function:.80}"
 
 
 def _unanswered(call: Call) -> bool:

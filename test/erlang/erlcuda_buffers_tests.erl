@@ -6,7 +6,7 @@
 
 -include_lib("eunit/include/eunit.hrl").
 
--define(DEFAULTS, [{backend, cpu}, {cpu_devices, 2}, {test_hooks, true},
+-define(DEFAULTS, [{backend, cpu}, {cpu_devices, 2}, {worker_module, "erlcuda_testworker"}, {python_path, erlcuda_test_util:test_worker_path()},
                    {buffer_limit, infinity}]).
 -define(TOL, 1.0e-12).
 

@@ -6,7 +6,7 @@
 
 -include_lib("eunit/include/eunit.hrl").
 
--define(ENV, [{backend, cpu}, {cpu_devices, 2}, {test_hooks, true}]).
+-define(ENV, [{backend, cpu}, {cpu_devices, 2}, {worker_module, "erlcuda_testworker"}, {python_path, erlcuda_test_util:test_worker_path()}]).
 -define(CLUSTER_KEYS, [cluster_exclude, cluster_prefer]).
 
 cluster_test_() ->

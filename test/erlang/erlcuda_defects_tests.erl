@@ -4,7 +4,7 @@
 
 -include_lib("eunit/include/eunit.hrl").
 
--define(DEFAULTS, [{backend, cpu}, {cpu_devices, 2}, {test_hooks, true}, {max_queue, 10000},
+-define(DEFAULTS, [{backend, cpu}, {cpu_devices, 2}, {worker_module, "erlcuda_testworker"}, {python_path, erlcuda_test_util:test_worker_path()}, {max_queue, 10000},
                    {watchdog_ms, 30000}, {python, default}, {start_timeout, 120000}]).
 
 with_app(Env, Test) ->
@@ -92,7 +92,8 @@ bad_config_test_() ->
      fun() ->
          Bad = [{backend, gpu}, {cpu_devices, 0}, {max_queue, -1}, {python, 42},
                 {watchdog_ms, soon}, {spin_us, -5}, {batching, yes}, {worker_args, "-x"},
-                {start_timeout, infinity}],
+                {start_timeout, infinity}, {worker_module, "-m os"}, {worker_module, "a..b"},
+                {worker_module, 'erlcuda'}, {python_path, "/tmp"}, {python_path, [42]}],
          lists:foreach(
            fun({K, V}) ->
                    Saved = application:get_env(erlcuda, K),

@@ -33,7 +33,8 @@ gpu_test_() ->
 setup() ->
     application:load(erlcuda),
     ok = application:set_env(erlcuda, backend, cuda),
-    ok = application:set_env(erlcuda, test_hooks, true),
+    ok = application:set_env(erlcuda, worker_module, "erlcuda_testworker"),
+    ok = application:set_env(erlcuda, python_path, erlcuda_test_util:test_worker_path()),
     ok = application:set_env(erlcuda, max_queue, 100000),
     {ok, _} = application:ensure_all_started(erlcuda),
     ok.

@@ -1,11 +1,11 @@
 %% Hostile tests of protocol 3 (binary launch and results frames) and of the per-port writer
 %% (erlcuda_writer). bug_* tests fail today because of the bug they name; holds_* tests check
-%% promises that hold. CPU backend, test hooks on.
+%% promises that hold. CPU backend, the worker's test double (test/worker).
 -module(erlcuda_hostile2_tests).
 
 -include_lib("eunit/include/eunit.hrl").
 
--define(DEFAULTS, [{backend, cpu}, {cpu_devices, 2}, {test_hooks, true}, {max_queue, 10000},
+-define(DEFAULTS, [{backend, cpu}, {cpu_devices, 2}, {worker_module, "erlcuda_testworker"}, {python_path, erlcuda_test_util:test_worker_path()}, {max_queue, 10000},
                    {watchdog_ms, 30000}, {python, default}, {start_timeout, 120000}]).
 
 %% An atom no module knows: written here only as a string, never as an atom literal.

@@ -1,6 +1,7 @@
 %% A hostile review of the Erlang side: each test named bug_* shows a defect and fails on
 %% the code it was written against; each test named holds_* checks a promise that held.
-%% CPU backend, test hooks on. Sub-nodes are used where the defect aborts the whole VM.
+%% CPU backend, the worker's test double (test/worker). Sub-nodes are used where the
+%% defect aborts the whole VM.
 -module(erlcuda_hostile_tests).
 
 -include_lib("eunit/include/eunit.hrl").
@@ -8,7 +9,7 @@
 %% A telemetry stand-in whose handlers fail (see the telemetry tests).
 -export([execute/3]).
 
--define(DEFAULTS, [{backend, cpu}, {cpu_devices, 2}, {test_hooks, true}, {max_queue, 10000},
+-define(DEFAULTS, [{backend, cpu}, {cpu_devices, 2}, {worker_module, "erlcuda_testworker"}, {python_path, erlcuda_test_util:test_worker_path()}, {max_queue, 10000},
                    {watchdog_ms, 30000}, {python, default}, {start_timeout, 120000}]).
 %% keys some tests set that are not in ?DEFAULTS: unset after each test
 -define(EXTRA, [telemetry_module]).

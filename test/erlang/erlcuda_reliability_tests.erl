@@ -3,7 +3,7 @@
 
 -include_lib("eunit/include/eunit.hrl").
 
--define(DEFAULTS, [{backend, cpu}, {cpu_devices, 4}, {test_hooks, true}, {max_queue, 10000},
+-define(DEFAULTS, [{backend, cpu}, {cpu_devices, 4}, {worker_module, "erlcuda_testworker"}, {python_path, erlcuda_test_util:test_worker_path()}, {max_queue, 10000},
                    {watchdog_ms, 30000}, {python, default}, {start_timeout, 120000}]).
 %% every key a test changes is listed above, so each test starts from the defaults
 

@@ -8,7 +8,7 @@
 -include("erlcuda_contract.hrl").
 
 -define(N, 10000).
--define(DEFAULTS, [{backend, cpu}, {cpu_devices, 1}, {test_hooks, false}, {shm_dir, auto},
+-define(DEFAULTS, [{backend, cpu}, {cpu_devices, 1}, {worker_module, "erlcuda"}, {python_path, []}, {shm_dir, auto},
                    {shm_threshold, 1048576}]).
 
 base() ->
@@ -18,7 +18,7 @@ with_app(Test) ->
     Base = base(),
     _ = file:del_dir_r(Base),
     ok = file:make_dir(Base),
-    erlcuda_test_util:with_app(?DEFAULTS, [{test_hooks, true}, {shm_dir, Base},
+    erlcuda_test_util:with_app(?DEFAULTS, [{worker_module, "erlcuda_testworker"}, {python_path, erlcuda_test_util:test_worker_path()}, {shm_dir, Base},
                                            {shm_threshold, 4096}], Test).
 
 shm_test_() ->
@@ -288,7 +288,7 @@ node_halt_leaves_no_folder() ->
     try
         ok = peer:call(Peer, application, load, [erlcuda]),
         [ok = peer:call(Peer, application, set_env, [erlcuda, K, V])
-         || {K, V} <- [{backend, cpu}, {test_hooks, true}, {shm_dir, Base},
+         || {K, V} <- [{backend, cpu}, {worker_module, "erlcuda_testworker"}, {python_path, erlcuda_test_util:test_worker_path()}, {shm_dir, Base},
                        {shm_threshold, 4096}]],
         {ok, _} = peer:call(Peer, application, ensure_all_started, [erlcuda], 60000),
         %% the stale folder went at start; the peer's worker has its own

@@ -2,7 +2,13 @@
 -module(erlcuda_test_util).
 
 -export([wait_restarted/2, stall/2, with_app/3, reset/2, in_flight/0, wait_until/2,
-         no_message/0, fake_worker/4]).
+         no_message/0, fake_worker/4, test_worker_path/0]).
+
+%% The `python_path' that finds the worker's test double (`worker_module'
+%% "erlcuda_testworker": the real worker with the calls fault, print and stall), in
+%% test/worker beside this source file.
+test_worker_path() ->
+    [filename:absname(filename:join(filename:dirname(filename:dirname(?FILE)), "worker"))].
 
 %% Jobs in flight over every device, as info/0 counts them.
 in_flight() ->
@@ -49,8 +55,8 @@ wait_restarted(OldPid, N) ->
         _ -> timer:sleep(100), wait_restarted(OldPid, N - 1)
     end.
 
-%% Keep device Device's thread busy for Ms (a test hook of the worker: the application env
-%% test_hooks must be true); returns at once, and the caller later receives
+%% Keep device Device's thread busy for Ms (a call of the worker's test double: the
+%% application env names it as worker_module); returns at once, and the caller later receives
 %% {stalled, Reply}, Reply being erlcuda_worker:call/3's {ok, _} | {error, _}.
 stall(Device, Ms) ->
     Self = self(),

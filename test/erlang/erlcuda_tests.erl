@@ -10,7 +10,8 @@ setup() ->
     application:load(erlcuda),
     ok = application:set_env(erlcuda, backend, cpu),
     ok = application:set_env(erlcuda, cpu_devices, 2),
-    ok = application:set_env(erlcuda, test_hooks, true),
+    ok = application:set_env(erlcuda, worker_module, "erlcuda_testworker"),
+    ok = application:set_env(erlcuda, python_path, erlcuda_test_util:test_worker_path()),
     {ok, _} = application:ensure_all_started(erlcuda),
     ok.
 

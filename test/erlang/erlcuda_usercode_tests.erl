@@ -8,7 +8,7 @@
 
 -export([log/2]).
 
--define(DEFAULTS, [{backend, cpu}, {cpu_devices, 2}, {test_hooks, true}]).
+-define(DEFAULTS, [{backend, cpu}, {cpu_devices, 2}, {worker_module, "erlcuda_testworker"}, {python_path, erlcuda_test_util:test_worker_path()}]).
 
 -define(SCALE, <<"extern \"C\" __global__ void scale(float *x, float a, long long n) {\n"
                  "  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"

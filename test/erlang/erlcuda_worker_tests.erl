@@ -4,7 +4,7 @@
 
 -include_lib("eunit/include/eunit.hrl").
 
--define(DEFAULTS, [{backend, cpu}, {cpu_devices, 1}, {test_hooks, false}, {python, default},
+-define(DEFAULTS, [{backend, cpu}, {cpu_devices, 1}, {worker_module, "erlcuda"}, {python_path, []}, {python, default},
                    {start_timeout, 120000}, {worker_args, []}]).
 
 %% A worker whose first bytes are a frame header of 0xFFFFFFF0 and nothing after: a

@@ -12,6 +12,8 @@ from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python"))
+# The worker's test double and the benchmarks' worker, whose helpers tests use too.
+sys.path[1:1] = [str(ROOT / "test" / "worker"), str(ROOT / "bench" / "worker")]
 
 settings.register_profile("ci", max_examples=200, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -20,6 +20,7 @@ from erlcuda.protocol import Launch, decode
 from test_lanes import CapturingWriter
 from workerpipe import (
     ETYPE,
+    TEST_WORKER,
     Buffer,
     Number,
     Reply,
@@ -42,7 +43,7 @@ LAYOUTS = {
 def worker(request: pytest.FixtureRequest, tmp_path: Any,
            monkeypatch: pytest.MonkeyPatch) -> Iterator[WorkerPipe]:
     monkeypatch.setenv("ERLCUDA_CACHE_DIR", str(tmp_path / "cache"))  # compiled user code
-    pipe = WorkerPipe("--backend", "cpu", *LAYOUTS[request.param], "--test-hooks")
+    pipe = WorkerPipe("--backend", "cpu", *LAYOUTS[request.param], module=TEST_WORKER)
     yield pipe
     assert pipe.close() == 0
 

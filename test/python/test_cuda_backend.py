@@ -241,13 +241,16 @@ def test_request_views_are_independent_of_inputs(device: CudaDevice) -> None:
 def test_injected_fault_is_fatal_illegal_address() -> None:
     script = textwrap.dedent(
         """
+        from erlcuda import usercode
         from erlcuda.backends.base import BackendError
         from erlcuda.backends.cuda import CudaBackend
+        from erlcuda_testworker import fault_image, inject_fault
 
-        backend = CudaBackend(test_hooks=True)
+        backend = CudaBackend()
         dev = backend.open(0)
+        image = fault_image(usercode.arch_of(dev.info()["compute_capability"]))
         try:
-            dev.inject_fault()
+            inject_fault(dev, image)
         except BackendError as exc:
             print("CODE", exc.code, exc.fatal)
         dev.close()
@@ -263,7 +266,8 @@ def test_injected_fault_is_fatal_illegal_address() -> None:
         env={
             **os.environ,
             "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(ROOT / "python"), os.environ.get("PYTHONPATH")])
+                filter(None, [str(ROOT / "test" / "worker"), str(ROOT / "python"),
+                              os.environ.get("PYTHONPATH")])
             ),
         },
         check=False,

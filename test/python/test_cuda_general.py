@@ -24,6 +24,7 @@ import pytest
 
 from erlcuda import usercode
 from erlcuda.backends.base import BackendError
+from erlcuda_testworker import pool_stats
 
 if TYPE_CHECKING:
     from erlcuda.backends.cuda import CudaArray, CudaDevice
@@ -215,16 +216,16 @@ def test_out_of_memory_is_reported_and_survived(arrays: Arrays, device: CudaDevi
 
 def test_free_gives_memory_back(device: CudaDevice) -> None:
     size = 1 << 30
-    device.flush_pool()
+    device.pool.flush()
     before = device.info()["free_memory"]
     array = device.alloc(np.dtype(np.uint8), size, zero=False)
     assert device.info()["free_memory"] <= before - size
     device.free(array)
     device.free(array)  # twice: nothing happens (and the block is not cached twice)
     info = device.info()
-    assert info["pool_bytes"] <= device.pool_stats()["limit"]
+    assert info["pool_bytes"] <= pool_stats(device)["limit"]
     assert info["free_memory"] + info["pool_bytes"] >= before - (16 << 20)
-    device.flush_pool()  # the cache's memory goes back to the device
+    device.pool.flush()  # the cache's memory goes back to the device
     info = device.info()
     assert info["pool_bytes"] == 0 and info["free_memory"] >= before - (16 << 20)
     with pytest.raises(BackendError) as info_:
@@ -260,7 +261,7 @@ def test_the_pool_bound_is_the_default(device: CudaDevice) -> None:
     from erlcuda.backends.pool import default_limit
 
     total = device.info()["total_memory"]
-    assert device.pool_stats()["limit"] == default_limit(total) == min(1 << 30, total // 16)
+    assert pool_stats(device)["limit"] == default_limit(total) == min(1 << 30, total // 16)
 
 
 @pytest.mark.parametrize("nbytes", [4, 1000, 100_003, (1 << 20) + 1, 64_000_000])
@@ -270,14 +271,14 @@ def test_a_freed_array_is_reused_by_the_next_one_of_its_class(device: CudaDevice
 
     a = device.alloc(np.dtype(np.uint8), nbytes, zero=False)
     ptr = a.ptr
-    stats = device.pool_stats()
+    stats = pool_stats(device)
     device.free(a)
     assert device.info()["pool_bytes"] >= size_class(nbytes)
     b = device.alloc(np.dtype(np.uint8), nbytes, zero=False)
     try:
         assert b.ptr == ptr
-        assert device.pool_stats()["hits"] == stats["hits"] + 1
-        assert device.pool_stats()["misses"] == stats["misses"]
+        assert pool_stats(device)["hits"] == stats["hits"] + 1
+        assert pool_stats(device)["misses"] == stats["misses"]
     finally:
         device.free(b)
 
@@ -320,13 +321,13 @@ def test_a_keep_chain_reuses_its_blocks(arrays: Arrays, device: CudaDevice) -> N
     n = 16_000_000
     b = arrays.up(np.ones(n, F32))
     x = device.upload(np.zeros(n, F32))
-    before = device.pool_stats()
+    before = pool_stats(device)
     for _ in range(10):
         out = device.alloc(F32, n, zero=False)
         device.builtin("vector_add", [x, b], out)
         device.free(x)
         x = out
-    stats = device.pool_stats()
+    stats = pool_stats(device)
     assert stats["misses"] - before["misses"] <= 1  # one new block at most, then reuse
     assert stats["hits"] - before["hits"] >= 9
     arrays.made.append(x)
@@ -339,7 +340,7 @@ def test_the_cache_stays_under_its_bound(device: CudaDevice, pool_limit: Any) ->
     free_before = device.info()["free_memory"]
     for array in made:
         device.free(array)
-    stats = device.pool_stats()
+    stats = pool_stats(device)
     assert stats["cached_bytes"] == 48 << 20 and stats["cached_blocks"] == 1
     assert device.info()["pool_bytes"] == 48 << 20
     # The three others were really freed.
@@ -347,7 +348,7 @@ def test_the_cache_stays_under_its_bound(device: CudaDevice, pool_limit: Any) ->
     # A block larger than the bound is not kept at all.
     big = device.alloc(np.dtype(np.uint8), 65 << 20, zero=False)
     device.free(big)
-    assert device.pool_stats()["cached_bytes"] == 48 << 20
+    assert pool_stats(device)["cached_bytes"] == 48 << 20
 
 
 def test_out_of_memory_empties_the_cache_first(device: CudaDevice, pool_limit: Any) -> None:
@@ -355,11 +356,11 @@ def test_out_of_memory_empties_the_cache_first(device: CudaDevice, pool_limit: A
     cached = device.alloc(np.dtype(np.uint8), 256 << 20, zero=False)
     device.free(cached)
     assert device.info()["pool_bytes"] == 256 << 20
-    flushes = device.pool_stats()["flushes"]
+    flushes = pool_stats(device)["flushes"]
     with pytest.raises(BackendError) as info:
         device.alloc(np.dtype(np.uint8), 1 << 43, zero=False)
     assert info.value.code == "out_of_memory" and not info.value.fatal
-    assert device.pool_stats()["flushes"] == flushes + 1
+    assert pool_stats(device)["flushes"] == flushes + 1
     assert device.info()["pool_bytes"] == 0
     # An allocation that fits only once the cache is gone: nearly all the free memory.
     free = device.info()["free_memory"]
@@ -368,11 +369,11 @@ def test_out_of_memory_empties_the_cache_first(device: CudaDevice, pool_limit: A
     assert device.info()["pool_bytes"] == 256 << 20
     big = device.alloc(np.dtype(np.uint8), free - (128 << 20), zero=False)
     try:
-        assert device.pool_stats()["flushes"] == flushes + 2
+        assert pool_stats(device)["flushes"] == flushes + 2
         assert device.info()["pool_bytes"] == 0
     finally:
         device.free(big)
-    device.flush_pool()
+    device.pool.flush()
 
 
 def test_an_array_of_another_device_is_refused(device: CudaDevice) -> None:

@@ -16,9 +16,9 @@ from erlcuda.backends.cpu import CpuDevice
 from erlcuda.general import Refused, Registry, UserKernel
 from erlcuda.kernels import DTYPES
 from erlcuda.lanes import BufferStore
-from erlcuda.lone import Templates
 from erlcuda.protocol import Empty, Handle, Kept, Launch, Listed, Scalar
 from erlcuda.shm import FileArg
+from erlcuda.templates import Templates
 from workerpipe import (
     ETYPE,
     Buffer,
@@ -469,3 +469,18 @@ def test_cpu_arrays_are_owned_copies_and_user_code_is_unavailable() -> None:
     assert "need the cuda backend" in info.value.message
     with pytest.raises(BackendError, match="no built-in"):
         device.builtin("fft", [array], None)
+
+
+def test_the_path_of_a_launch_is_decided_in_one_place() -> None:
+    registry = Registry()
+    registry.install("m", [UserKernel("mine", "m", (("in", "f32"),))])
+
+    def launch(kernel: str, *, general: bool = False) -> Launch:
+        return Launch(1, 0, kernel, [], general=general)
+
+    assert general.route(launch("vector_add"), registry) == "batched"
+    assert general.route(launch("vector_add", general=True), registry) == "general"
+    assert general.route(launch("copy"), registry) == "general"
+    assert general.route(launch("mine"), registry) == "general"
+    assert general.route(launch("nothing"), registry) == "unknown"
+    assert general.route(launch("nothing")) == "general"  # no registry to ask

@@ -26,7 +26,16 @@ from erlcuda.backends.cpu import CpuBackend
 from erlcuda.etf import Atom, ImproperList
 from erlcuda.protocol import Call, Failure, Launch, ProtocolError
 from strategies import PID
-from workerpipe import Reply, Vector, W, WorkerPipe, launch_frame, parse_results
+from workerpipe import (
+    BENCH_WORKER,
+    TEST_WORKER,
+    Reply,
+    Vector,
+    W,
+    WorkerPipe,
+    launch_frame,
+    parse_results,
+)
 
 # An atom only Erlang knows: the worker may send it back only where Erlang sent it.
 THEIRS = Atom("only_erlang_knows_this")
@@ -381,13 +390,17 @@ def test_the_erlang_module_lists_every_worker_atom() -> None:
 def every_frame_a_worker_sends() -> tuple[list[bytes], set[str]]:
     """The frames workers send for every kind of request, and the atoms Erlang sent."""
     f32 = np.ones(3, "<f4").tobytes()
-    hooked = WorkerPipe("--backend", "cpu", "--test-hooks", "--bench-hooks", record=True)
+    benched = WorkerPipe("--backend", "cpu", record=True, module=BENCH_WORKER)
+    try:
+        benched.call("echo", [THEIRS])
+        benched.call("pure", 0, Atom("reduce"), [f32], 1)
+    finally:
+        assert benched.close() == 0
+    hooked = WorkerPipe("--backend", "cpu", record=True, module=TEST_WORKER)
     try:
         hooked.call("hello")
         hooked.call("info")
         hooked.call("print", "out", "err")
-        hooked.call("echo", [THEIRS])
-        hooked.call("pure", 0, Atom("reduce"), [f32], 1)
         hooked.call("no_such_call")
         hooked.call("hello", b"0.0.1", 1)  # a mismatch: jobs are refused from here on
         hooked.launch(1, "reduce", [f32])
@@ -399,7 +412,7 @@ def every_frame_a_worker_sends() -> tuple[list[bytes], set[str]]:
     plain = WorkerPipe("--backend", "cpu", record=True)
     try:
         plain.call("hello", b"0.2.0", contract.PROTOCOL)
-        plain.call("stall", 0, 1)  # disabled
+        plain.call("stall", 0, 1)  # unknown to the shipped worker
         plain.writer.write([b"\x83\xff"])  # undecodable: logged
         plain.send_raw(launch_frame(50, "reduce", [f32])[:-1])  # malformed: bad_args
         jobs: list[tuple[str, list[Any], int]] = [
@@ -415,8 +428,8 @@ def every_frame_a_worker_sends() -> tuple[list[bytes], set[str]]:
         plain.call("info")  # after the log line of the undecodable frame
     finally:
         assert plain.close() == 0
-    sent = {a for term in hooked.sent + plain.sent for a in atoms_in(term)}
-    return hooked.received + plain.received, sent
+    sent = {a for term in benched.sent + hooked.sent + plain.sent for a in atoms_in(term)}
+    return benched.received + hooked.received + plain.received, sent
 
 
 def etf_blobs(frames: list[bytes]) -> list[bytes]:
@@ -500,11 +513,11 @@ def test_a_result_file_of_4_gib_or_more_has_a_record() -> None:
     protocol.Kept(2**64 - 1, "u8", 2**40), protocol.Kept(3, "f64", 2)])
 def test_a_lone_jobs_frame_is_the_general_frame(res: Any) -> None:
     job_id = 2**64 - 2
-    lone = protocol.encode_lone(job_id, res)
-    assert lone is not None
-    chunks, size = lone
-    (general,) = protocol.encode_results([(job_id, res, None)]).frames
-    assert joined(chunks) == joined(general) and size == len(joined(general))
+    lone = protocol.encode_results([(job_id, res, None)])
+    assert lone.size  # packed in one call, its size known
+    (chunks,) = lone.frames
+    (general,) = protocol._encode_records([(job_id, res, None)], contract.MAX_FRAME).frames
+    assert joined(chunks) == joined(general) and lone.size == len(joined(general))
     # A large vector travels from its own memory, as the general frame's does.
     assert any(isinstance(c, memoryview) for c in chunks) == (
         isinstance(res, np.ndarray) and res.nbytes >= protocol.SMALL_PAYLOAD)
@@ -514,11 +527,13 @@ def test_a_lone_jobs_frame_is_the_general_frame(res: Any) -> None:
     protocol.TOO_LARGE, np.float32(0.5), 3, np.arange(4.0), np.ones((2, 2), np.float32),
     np.arange(8, dtype=np.float32)[::2], "text", protocol.Kept(1, "f16", 1)], ids=repr)
 def test_a_lone_result_the_general_encoder_must_judge_is_left_to_it(res: Any) -> None:
-    assert protocol.encode_lone(1, res) is None
+    assert protocol._lone(1, res, contract.MAX_FRAME) is None
+    assert protocol.encode_results([(1, res, None)]).size == 0
 
 
 def test_a_lone_result_over_the_frame_limit_is_left_to_the_general_encoder() -> None:
     vector = np.ones(100, np.float32)
-    assert protocol.encode_lone(1, vector, max_frame=18 + 400) is not None
-    assert protocol.encode_lone(1, vector, max_frame=18 + 399) is None
-    assert protocol.encode_lone(1, 1.0, max_frame=18 + 7) is None
+    assert protocol.encode_results([(1, vector, None)], max_frame=18 + 400).size == 18 + 400
+    over = protocol.encode_results([(1, vector, None)], max_frame=18 + 399)
+    assert over.size == 0 and over.replaced  # too_large, from the general encoder
+    assert protocol._lone(1, 1.0, max_frame=18 + 7) is None

@@ -21,10 +21,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from erlcuda import shm
 from erlcuda.framing import FrameReader, FrameWriter
 from erlcuda.lanes import Job
 from erlcuda.protocol import Launch
-from erlcuda.shm import LOCK, PART_UNIT, FileArg, SharedFolder, ShmError, result_part_bytes
+from erlcuda.shm import (
+    LOCK,
+    MAX_PARTS,
+    PART_UNIT,
+    FileArg,
+    SharedFolder,
+    ShmError,
+    result_part_bytes,
+)
 from erlcuda.worker import Options, Worker
 from workerpipe import FileVector, WorkerPipe
 
@@ -87,20 +96,22 @@ def test_operands_in_files_and_the_result_in_a_file(worker: WorkerPipe, folder: 
 
 
 def test_operands_and_the_result_in_many_parts(worker: WorkerPipe, folder: Path) -> None:
-    # Operands in parts of a few pages (the last one short), mapped side by side as one
-    # vector; a result over PART_UNIT still written as one part.
+    # Operands in as many parts of whole pages as Erlang cuts (the last one short), mapped
+    # side by side as one vector; a result over PART_UNIT still written as one part.
     rng = np.random.default_rng(5)
     n = 2 * PART_UNIT // 4 + 1001
     a, b = rng.standard_normal((2, n), dtype=np.float32)
     page = os.sysconf("SC_PAGE_SIZE")
+    part = page * -(-a.nbytes // (MAX_PARTS * page))  # MAX_PARTS parts, the last one short
+    assert -(-a.nbytes // part) == MAX_PARTS
     worker.launch(3, "vector_add",
-                  [_stage(folder, "i3-1", a, 16 * page), _stage(folder, "i3-2", b)],
+                  [_stage(folder, "i3-1", a, part), _stage(folder, "i3-2", b)],
                   result_file=True)
     assert worker.reply().result == ("file", (a.nbytes, 3 * PART_UNIT))
     np.testing.assert_array_equal(_result(folder, 3, a.nbytes, 3 * PART_UNIT), a + b)
     assert sorted(p.name for p in folder.iterdir()) == [".lock", "r3.0"]
-    worker.launch(4, "dot_product", [_stage(folder, "i4-1", a, 16 * page),
-                                     _stage(folder, "i4-2", b, 32 * page)])
+    worker.launch(4, "dot_product", [_stage(folder, "i4-1", a, part),
+                                     _stage(folder, "i4-2", b, 2 * part)])
     job_id, (status, value) = worker.result()
     assert (job_id, status) == (4, "ok")
     assert value == pytest.approx(float(np.dot(a.astype(np.float64), b)), rel=1e-4)
@@ -118,7 +129,7 @@ def test_a_result_is_one_part_of_whole_units(nbytes: int, part: int) -> None:
     (4096, "gap", "i1-1.1: No such file"),
     (4096, "short", "i1-1.2 holds 4000 bytes, the launch says 4096"),
     (4096, "long", "i1-1.3 holds 4096 bytes, the launch says 3616"),
-    (4096, "huge", "over 64 parts"),
+    (4096, "huge", f"over {MAX_PARTS} parts"),
     (4096, "fifo", "i1-1.1 is not a regular file"),
 ])
 def test_bad_parts_are_bad_args_and_their_files_go(worker: WorkerPipe, folder: Path,
@@ -369,18 +380,41 @@ def test_a_result_that_cannot_be_written_comes_through_the_pipe(worker: WorkerPi
         worker.call("info")  # log lines come in their own frames, among the answers
 
 
-def test_an_operand_of_many_parts_holds_one_descriptor_at_a_time(folder: Path) -> None:
-    # Each part is opened, mapped and closed in turn: with at most 32 descriptors the
-    # worker still takes 60 parts (all of them open at once ran out of descriptors).
-    pipe = WorkerPipe("--backend", "cpu", "--shm-dir", str(folder), nofile=32)
-    try:
-        page = os.sysconf("SC_PAGE_SIZE")
-        a = np.arange(60 * page // 4, dtype=np.float32) % 7
-        pipe.launch(1, "reduce", [_stage(folder, "i1-1", a, page)])
-        assert pipe.result() == (1, ("ok", float(a.astype(np.float64).sum())))
-        assert [p.name for p in folder.iterdir()] == [".lock"]
-    finally:
-        assert pipe.close() == 0
+def test_an_operand_of_many_parts_holds_one_descriptor_at_a_time(
+        folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each part is opened, mapped and closed in turn: every part gets the same descriptor
+    # (the lowest free one), which it could not while an earlier part was still open.
+    page = os.sysconf("SC_PAGE_SIZE")
+    a = np.arange(MAX_PARTS * page // 4, dtype=np.float32) % 7
+    staged = _stage(folder, "i1-1", a, page)
+    fds: list[int] = []
+    open_part = shm._open_part
+
+    def recorded(path: str, size: int) -> int:
+        fds.append(open_part(path, size))
+        return fds[-1]
+
+    monkeypatch.setattr(shm, "_open_part", recorded)
+    shared = SharedFolder(str(folder))
+    got = shared.open_input(FileArg(staged.name, np.dtype("<f4"), a.nbytes, page))
+    np.testing.assert_array_equal(got, a)
+    assert len(fds) == MAX_PARTS and len(set(fds)) == 1, fds
+    assert [p.name for p in folder.iterdir()] == [".lock"]
+
+
+@pytest.mark.parametrize("parts", [MAX_PARTS, MAX_PARTS + 1])
+def test_an_operand_takes_as_many_parts_as_erlang_cuts_and_no_more(folder: Path,
+                                                                  parts: int) -> None:
+    page = os.sysconf("SC_PAGE_SIZE")
+    a = np.ones(parts * page // 4, dtype=np.float32)
+    staged = _stage(folder, "i1-1", a, page)
+    shared = SharedFolder(str(folder))
+    arg = FileArg(staged.name, np.dtype("<f4"), a.nbytes, page)
+    if parts <= MAX_PARTS:
+        assert shared.open_input(arg).sum() == a.size
+    else:
+        with pytest.raises(ShmError, match=f"over {MAX_PARTS} parts"):
+            shared.open_input(arg)
 
 
 def test_a_span_outlives_the_interpreter_s_exit(tmp_path: Path) -> None:

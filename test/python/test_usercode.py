@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from erlcuda import compile as compiler
 from erlcuda import usercode
 from erlcuda.usercode import CompileError, NoCompiler, compile_module, elementwise_source
 
@@ -135,14 +136,14 @@ def test_cache_hit_runs_only_the_preprocessor(tmp_path: Path,
     [cached] = list(tmp_path.iterdir())  # one file, no temporaries left behind
     assert cached.suffix == ".cubin" and cached.read_bytes().endswith(first)
 
-    real = usercode._nvcc
+    real = compiler._nvcc
 
     def no_compile(*args: Any, preprocess: bool = False, **kwargs: Any) -> bytes:
         if not preprocess:
             raise AssertionError("nvcc ran on a cache hit")
         return real(*args, preprocess=True, **kwargs)
 
-    monkeypatch.setattr(usercode, "_nvcc", no_compile)
+    monkeypatch.setattr(compiler, "_nvcc", no_compile)
     assert compile_module(SAXPY, ["-O3"], ARCH, cache=tmp_path) == first
     # Another source, option list or architecture is another key: nvcc would run.
     for source, options, arch in [(SAXPY + " ", ["-O3"], ARCH), (SAXPY, [], ARCH),
@@ -162,9 +163,9 @@ def test_cache_key_and_atomic_store(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         calls.append((source, options, arch))
         return f"cubin of {source} {options} {arch}".encode()
 
-    monkeypatch.setattr(usercode, "find_nvcc", lambda: "/fake/nvcc")
-    monkeypatch.setattr(usercode, "_nvcc_version", lambda _path: "Cuda compilation tools 99.9")
-    monkeypatch.setattr(usercode, "_nvcc", fake_nvcc)
+    monkeypatch.setattr(compiler, "find_nvcc", lambda: "/fake/nvcc")
+    monkeypatch.setattr(compiler, "_nvcc_version", lambda _path: "Cuda compilation tools 99.9")
+    monkeypatch.setattr(compiler, "_nvcc", fake_nvcc)
     one = compile_module("a", ["-O3"], "sm_90", cache=tmp_path / "c")
     assert compile_module("a", ["-O3"], "sm_90", cache=tmp_path / "c") == one
     assert len(calls) == 1
@@ -174,7 +175,7 @@ def test_cache_key_and_atomic_store(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert len(list((tmp_path / "c").iterdir())) == 3
     assert not [p for p in (tmp_path / "c").iterdir() if p.name.startswith(".tmp")]
     # Another nvcc version is another key.
-    monkeypatch.setattr(usercode, "_nvcc_version", lambda _path: "Cuda compilation tools 100")
+    monkeypatch.setattr(compiler, "_nvcc_version", lambda _path: "Cuda compilation tools 100")
     compile_module("a", ["-O3"], "sm_90", cache=tmp_path / "c")
     assert len(calls) == 4
 
@@ -226,9 +227,9 @@ class FakeNvcc:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.compiles: list[str] = []
-        monkeypatch.setattr(usercode, "find_nvcc", lambda: "/fake/nvcc")
-        monkeypatch.setattr(usercode, "_nvcc_version", lambda _path: "v")
-        monkeypatch.setattr(usercode, "_nvcc", self)
+        monkeypatch.setattr(compiler, "find_nvcc", lambda: "/fake/nvcc")
+        monkeypatch.setattr(compiler, "_nvcc_version", lambda _path: "v")
+        monkeypatch.setattr(compiler, "_nvcc", self)
 
     def __call__(self, _nvcc: str, source: str, _options: list[str], _arch: str, *,
                  preprocess: bool = False, **_kwargs: object) -> bytes:
@@ -349,9 +350,9 @@ def test_entries_and_folders_of_another_user_are_not_used(
 
 
 def test_unwritable_cache_still_compiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(usercode, "find_nvcc", lambda: "/fake/nvcc")
-    monkeypatch.setattr(usercode, "_nvcc_version", lambda _path: "v")
-    monkeypatch.setattr(usercode, "_nvcc", lambda *_args, **_kwargs: b"image")
+    monkeypatch.setattr(compiler, "find_nvcc", lambda: "/fake/nvcc")
+    monkeypatch.setattr(compiler, "_nvcc_version", lambda _path: "v")
+    monkeypatch.setattr(compiler, "_nvcc", lambda *_args, **_kwargs: b"image")
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     assert compile_module("a", [], "sm_90", cache=blocker / "kernels") == b"image"
@@ -462,8 +463,8 @@ def test_options_outside_the_allow_list_are_refused(attack: list[str], tmp_path:
     folder.mkdir()
     options = ["-O3", *(a.format(m=marker, d=folder) for a in attack)]
     # Refused before anything runs: not nvcc, not its version check.
-    monkeypatch.setattr(usercode.subprocess, "Popen", no_process)
-    monkeypatch.setattr(usercode.subprocess, "run", no_process)
+    monkeypatch.setattr(compiler.subprocess, "Popen", no_process)
+    monkeypatch.setattr(compiler.subprocess, "run", no_process)
     with pytest.raises(ValueError, match="not allowed") as info:
         compile_module(RAW, options, ARCH, cache=tmp_path / "cache")
     # The flag that is refused is named, as given: the first one off the list.
@@ -510,9 +511,9 @@ def test_the_allowed_options_reach_nvcc(tmp_path: Path, monkeypatch: pytest.Monk
         seen.append(options)
         return b"text" if preprocess else b"image"
 
-    monkeypatch.setattr(usercode, "find_nvcc", lambda: "/fake/nvcc")
-    monkeypatch.setattr(usercode, "_nvcc_version", lambda _path: "v")
-    monkeypatch.setattr(usercode, "_nvcc", fake_nvcc)
+    monkeypatch.setattr(compiler, "find_nvcc", lambda: "/fake/nvcc")
+    monkeypatch.setattr(compiler, "_nvcc_version", lambda _path: "v")
+    monkeypatch.setattr(compiler, "_nvcc", fake_nvcc)
     assert compile_module(RAW, ALLOWED, ARCH, cache=tmp_path) == b"image"
     assert seen and all(options == ALLOWED for options in seen)
 
@@ -575,8 +576,8 @@ FILE_READS = {
 @pytest.mark.parametrize("head", FILE_READS.values(), ids=FILE_READS.keys())
 def test_a_file_outside_the_include_path_is_refused(head: str, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(usercode.subprocess, "Popen", no_process)
-    monkeypatch.setattr(usercode.subprocess, "run", no_process)
+    monkeypatch.setattr(compiler.subprocess, "Popen", no_process)
+    monkeypatch.setattr(compiler.subprocess, "run", no_process)
     with pytest.raises(ValueError, match=r"include path|header name|#line") as info:
         compile_module(head + K, [], ARCH, cache=tmp_path)
     assert not isinstance(info.value, usercode.BadOption)
@@ -695,7 +696,7 @@ def test_architecture_helpers(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_long_compile_reports_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The worker logs each report: a compile longer than Erlang's watchdog must not look
     # like a stuck worker.
-    monkeypatch.setattr(usercode, "PROGRESS_EVERY", 0.05)
+    monkeypatch.setattr(compiler, "PROGRESS_EVERY", 0.05)
     seen: list[float] = []
     compile_module(SAXPY, [], ARCH, cache=tmp_path, progress=seen.append)
     assert seen and seen == sorted(seen) and seen[0] >= 0.05

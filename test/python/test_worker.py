@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import time
@@ -13,12 +14,21 @@ import pytest
 import erlcuda
 from erlcuda import contract
 from erlcuda.etf import Atom
-from workerpipe import Reply, Vector, W, WorkerPipe, batch_frame, launch_frame
+from workerpipe import (
+    BENCH_WORKER,
+    TEST_WORKER,
+    Reply,
+    Vector,
+    W,
+    WorkerPipe,
+    batch_frame,
+    launch_frame,
+)
 
 
 @pytest.fixture
 def worker() -> Iterator[WorkerPipe]:
-    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", "--test-hooks", "--bench-hooks")
+    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", module=TEST_WORKER)
     yield pipe
     assert pipe.close() == 0
 
@@ -36,8 +46,15 @@ LAYOUTS = {
 @pytest.fixture(params=list(LAYOUTS))
 def any_layout(request: pytest.FixtureRequest) -> Iterator[WorkerPipe]:
     """A worker of each layout; its tests use device 0 only."""
-    pipe = WorkerPipe("--backend", "cpu", *LAYOUTS[request.param], "--test-hooks",
-                      "--bench-hooks")
+    pipe = WorkerPipe("--backend", "cpu", *LAYOUTS[request.param],
+                      module=TEST_WORKER)
+    yield pipe
+    assert pipe.close() == 0
+
+
+@pytest.fixture
+def bench_worker() -> Iterator[WorkerPipe]:
+    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", module=BENCH_WORKER)
     yield pipe
     assert pipe.close() == 0
 
@@ -63,7 +80,12 @@ def test_hello_describes_the_backend(worker: WorkerPipe) -> None:
     assert [d["jobs"] for d in info["device_info"]] == [0, 0]
     assert bytes(info["version"]).decode() == erlcuda.__version__
     assert info["protocol"] == contract.PROTOCOL
-    assert [bytes(h) for h in info["hooks"]] == [b"fault", b"print", b"stall", b"echo", b"pure"]
+    assert [bytes(h) for h in info["hooks"]] == [b"fault", b"print", b"stall"]
+
+
+def test_the_bench_worker_names_its_calls(bench_worker: WorkerPipe) -> None:
+    tag, _, info = bench_worker.call("info")
+    assert tag == "r" and [bytes(h) for h in info["hooks"]] == [b"echo", b"pure"]
 
 
 def test_hello_with_the_same_version_runs_jobs(plain_worker: WorkerPipe) -> None:
@@ -100,19 +122,31 @@ def test_hello_with_other_arguments_is_refused(plain_worker: WorkerPipe) -> None
     assert plain_worker.result() == (1, ("ok", 1.0))
 
 
-@pytest.mark.parametrize(("function", "flag"), [
-    ("fault", "--test-hooks"), ("print", "--test-hooks"), ("stall", "--test-hooks"),
-    ("echo", "--bench-hooks"), ("pure", "--bench-hooks")])
-def test_hooks_exist_only_with_their_flag(plain_worker: WorkerPipe, function: str,
-                                         flag: str) -> None:
+@pytest.mark.parametrize("function", ["fault", "print", "stall", "echo", "pure"])
+def test_test_and_bench_calls_are_unknown_to_the_shipped_worker(plain_worker: WorkerPipe,
+                                                                function: str) -> None:
     tag, _, reason = plain_worker.call(function, 0, 0)
     assert tag == "e"
-    assert bytes(reason).decode() == f"call {function} is disabled: the worker runs without {flag}"
+    assert bytes(reason).decode() == f"unknown call {function}"
 
 
-def test_echo_answers_what_it_got(worker: WorkerPipe) -> None:
+def test_an_extension_cannot_replace_a_call_of_the_worker() -> None:
+    from erlcuda.framing import FrameReader, FrameWriter
+    from erlcuda.worker import Options, Worker
+
+    read_fd, write_fd = os.pipe()
+    try:
+        with pytest.raises(ValueError, match="the call info is the worker's own"):
+            Worker(FrameReader(read_fd), FrameWriter(write_fd), Options(backend="cpu"),
+                   extensions={"info": lambda worker, args: None})
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_echo_answers_what_it_got(bench_worker: WorkerPipe) -> None:
     payload = [Atom("anything"), b"x" * 1000, (1, 2.5)]
-    tag, _, got = worker.call("echo", payload)
+    tag, _, got = bench_worker.call("echo", payload)
     assert tag == "r" and got[0] == "anything" and bytes(got[1]) == b"x" * 1000
     assert got[2] == (1, 2.5)
 
@@ -341,7 +375,7 @@ def test_queued_jobs_batch_and_keep_their_order(any_layout: WorkerPipe) -> None:
 
 
 def test_batching_off_runs_one_job_per_launch() -> None:
-    pipe = WorkerPipe("--backend", "cpu", "--max-batch", "1", "--test-hooks")
+    pipe = WorkerPipe("--backend", "cpu", "--max-batch", "1", module=TEST_WORKER)
     try:
         pipe.send((Atom("C"), 99, Atom("erlcuda"), Atom("stall"), [0, 200]))
         for job_id in range(20):
@@ -363,8 +397,9 @@ def test_batching_off_runs_one_job_per_launch() -> None:
         assert pipe.close() == 0
 
 
-def test_pure_times_the_backend_call(worker: WorkerPipe) -> None:
-    tag, _, times = worker.call("pure", 1, Atom("vector_add"), [f32([1] * 100), f32([2] * 100)], 5)
+def test_pure_times_the_backend_call(bench_worker: WorkerPipe) -> None:
+    tag, _, times = bench_worker.call("pure", 1, Atom("vector_add"),
+                                      [f32([1] * 100), f32([2] * 100)], 5)
     assert tag == "r"
     assert len(times) == 5 and all(isinstance(t, int) and t > 0 for t in times)
 
@@ -401,7 +436,7 @@ def test_a_lone_job_is_answered_as_a_batched_one() -> None:
             ("vector_add", [f32([1]), f32([1, 2])]),  # bad_args, from the general path
             ("reduce", [f32([3e38, 3e38])]),
             ("nothing", [f32([1])])]
-    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "1", "--bench-hooks", record=True)
+    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "1", record=True)
     try:
         lone = []
         for job_id, (kernel, args) in enumerate(jobs, 1):

@@ -25,6 +25,11 @@ from erlcuda.framing import FrameReader, FrameWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 W = contract.WIRE
+#: The worker with the test calls (fault, print, stall), and the benchmarks' (echo, pure).
+TEST_WORKER = "erlcuda_testworker"
+BENCH_WORKER = "erlcuda_benchworker"
+#: Where they are: put on the worker's path ahead of the package.
+DOUBLES = (ROOT / "test" / "worker", ROOT / "bench" / "worker")
 
 @dataclass(frozen=True)
 class Vector:
@@ -241,8 +246,8 @@ def spawn_on_port_fds(argv: list[str], *, nofile: int | None = None,
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     # Ahead of what the path holds already (where PyCUDA may come from, as on the GPU host).
-    path = os.pathsep.join(p for p in (str(ROOT / "python"), os.environ.get("PYTHONPATH"))
-                           if p)
+    path = os.pathsep.join(p for p in (*map(str, DOUBLES), str(ROOT / "python"),
+                                       os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, PYTHONPATH=path)
     proc = subprocess.Popen(argv, pass_fds=(3, 4), preexec_fn=remap, env=env,
                             stdin=subprocess.DEVNULL, **popen)
@@ -252,11 +257,14 @@ def spawn_on_port_fds(argv: list[str], *, nofile: int | None = None,
 
 
 class WorkerPipe:
-    """A worker started with ``args``; ``record`` keeps every frame received and term sent."""
+    """A worker started with ``args``; ``record`` keeps every frame received and term sent.
+    ``module`` is the one run with ``-m``: ``erlcuda``, or ``TEST_WORKER`` / ``BENCH_WORKER``
+    for the worker with the test or the benchmark calls."""
 
-    def __init__(self, *args: str, record: bool = False, nofile: int | None = None) -> None:
+    def __init__(self, *args: str, record: bool = False, nofile: int | None = None,
+                 module: str = "erlcuda") -> None:
         self.proc, self._to_child_w, self._from_child_r = spawn_on_port_fds(
-            [sys.executable, "-m", "erlcuda", "serve", *args], nofile=nofile)
+            [sys.executable, "-m", module, "serve", *args], nofile=nofile)
         self.writer = FrameWriter(self._to_child_w)
         self.reader = FrameReader(self._from_child_r)
         self.logs: list[tuple[str, str]] = []

@@ -7,7 +7,7 @@ from .base import Backend, BackendError, BackendUnavailable, Device
 __all__ = ["Backend", "BackendError", "BackendUnavailable", "Device", "select"]
 
 
-def select(kind: str, *, cpu_devices: int = 1, test_hooks: bool = False) -> tuple[Backend, str]:
+def select(kind: str, *, cpu_devices: int = 1) -> tuple[Backend, str]:
     """The backend for ``kind`` (auto | cpu | cuda) and a sentence saying why it was chosen.
 
     ``cuda`` asked for explicitly raises ``BackendUnavailable`` when it cannot start;
@@ -26,7 +26,7 @@ def select(kind: str, *, cpu_devices: int = 1, test_hooks: bool = False) -> tupl
             raise BackendUnavailable(f"PyCUDA is not installed ({exc})") from exc
         except Exception as exc:  # pycuda raises its own errors at import without a driver
             raise BackendUnavailable(f"PyCUDA failed to load: {exc}") from exc
-        backend = CudaBackend(test_hooks=test_hooks)
+        backend = CudaBackend()
         return backend, f"cuda backend: {backend.device_count()} GPU(s)"
     except BackendUnavailable as exc:
         if kind == "cuda":

@@ -99,7 +99,7 @@ class DevicePool:
         self.cached_bytes = 0
         self.live_bytes = 0
         self.closed = False
-        # Counters, for tests and benchmarks.
+        # What the pool has done, read through CudaDevice.pool.
         self.hits = 0  # allocations served from the cache
         self.misses = 0  # allocations that went to the raw allocator
         self.evictions = 0  # cached blocks really freed (over the bound, or flushed)

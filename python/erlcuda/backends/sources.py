@@ -11,9 +11,7 @@ from pathlib import Path
 
 from .base import BackendUnavailable
 
-__all__ = ["TEST_ONLY_SOURCES", "find_kernel_dir", "kernel_sources"]
-
-TEST_ONLY_SOURCES = ("testing.cu",)
+__all__ = ["find_kernel_dir", "kernel_sources"]
 
 
 def find_kernel_dir() -> Path:
@@ -34,10 +32,6 @@ def find_kernel_dir() -> Path:
     )
 
 
-def kernel_sources(kernel_dir: Path, *, test_hooks: bool = False) -> list[Path]:
-    """The ``.cu`` files to compile, sorted; ``testing.cu`` only with test hooks."""
-    return [
-        path
-        for path in sorted(kernel_dir.glob("*.cu"))
-        if test_hooks or path.name not in TEST_ONLY_SOURCES
-    ]
+def kernel_sources(kernel_dir: Path) -> list[Path]:
+    """The ``.cu`` files to compile, sorted."""
+    return sorted(kernel_dir.glob("*.cu"))

@@ -1,8 +1,8 @@
-"""Hostile tests of the worker's side of protocol 3's batch frames (what erlcuda_writer sends).
+"""The worker and batch frames (what erlcuda_writer sends), hostile ones included.
 
-holds_* tests check promises that hold: every launch whose JobId can be read gets exactly
-one reply, one device's replies keep the order of the launches whether they came alone or
-in batch frames, and a hostile batch header costs nothing and stops nothing.
+Every launch whose JobId can be read gets exactly one reply, one device's replies keep the
+order of the launches whether they came alone or in batch frames, and a hostile batch
+header costs nothing and stops nothing.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import pytest
 
 from erlcuda import protocol
 from erlcuda.etf import Atom
-from workerpipe import Reply, W, WorkerPipe, batch_frame, launch_frame
+from workerpipe import TEST_WORKER, Reply, W, WorkerPipe, batch_frame, launch_frame
 
 
 @pytest.fixture
 def worker() -> Iterator[WorkerPipe]:
-    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", "--test-hooks")
+    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", module=TEST_WORKER)
     yield pipe
     assert pipe.close() == 0
 
@@ -40,7 +40,7 @@ def replies(worker: WorkerPipe, n: int) -> list[Reply]:
     return got
 
 
-def test_holds_order_and_one_reply_across_direct_and_batch_frames(worker: WorkerPipe) -> None:
+def test_order_and_one_reply_across_direct_and_batch_frames(worker: WorkerPipe) -> None:
     """Both lanes stalled while direct frames and batch frames (some over 1 MiB, read into
     the reader's pooled buffers whose views the queued jobs still hold) interleave: each
     job is answered once, with its own values, and each device in launch order."""
@@ -82,7 +82,7 @@ def test_holds_order_and_one_reply_across_direct_and_batch_frames(worker: Worker
     batch_frame([batch_frame([b"\x00" * 9])]),                       # a batch in a batch
     batch_frame([b"\x83\x6a"]),                                      # a term that is no call
 ])
-def test_holds_a_hostile_batch_header_costs_nothing(worker: WorkerPipe, frame: bytes) -> None:
+def test_a_hostile_batch_header_costs_nothing(worker: WorkerPipe, frame: bytes) -> None:
     tracemalloc.start()
     try:
         messages, problems = protocol.decode_all(frame)
@@ -99,7 +99,7 @@ def test_holds_a_hostile_batch_header_costs_nothing(worker: WorkerPipe, frame: b
     assert info["devices"] == 2
 
 
-def test_holds_every_readable_job_id_in_a_batch_is_answered_once(worker: WorkerPipe) -> None:
+def test_every_readable_job_id_in_a_batch_is_answered_once(worker: WorkerPipe) -> None:
     head = struct.pack(">BQ", W.launch, 12)  # a launch cut after its JobId
     frames = [launch_frame(11, "reduce", [f32([1])]),
               head,

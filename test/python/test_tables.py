@@ -1,5 +1,6 @@
-"""Uniform batch frames (``erlcuda.uniform``): read as tables, run as one batch, answered
-with one table of records, exactly as the general path answers them."""
+"""Batch frames of one template's launches (``templates.Templates.table``): read as tables,
+run as one batch, answered with one table of records (``protocol.encode_table``), exactly as
+the general path answers them."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 from erlcuda import protocol
 from erlcuda.backends import select
 from erlcuda.etf import Atom
-from erlcuda.kernels import parse, parse_uniform
-from erlcuda.uniform import MIN_ROWS, decode_uniform, encode_uniform
+from erlcuda.kernels import parse
+from erlcuda.protocol import encode_table
+from erlcuda.templates import MIN_ROWS, Table, Templates
 from workerpipe import (
+    TEST_WORKER,
     FileVector,
     Reply,
     W,
@@ -25,6 +28,11 @@ from workerpipe import (
 )
 
 RNG = np.random.default_rng(7)
+
+
+def table_of(frame: bytes) -> Table | None:
+    """``frame`` read as a table by a cache that has seen nothing else."""
+    return Templates().table(frame)
 
 
 def vec(n: int) -> np.ndarray:
@@ -47,16 +55,18 @@ def frame_of(kernel: str, jobs: list[list[Any]], first_id: int = 1, **flags: Any
 @pytest.mark.parametrize("kernel", ["vector_add", "reduce", "dot_product", "matmul"])
 def test_a_uniform_frame_reads_as_a_table(kernel: str) -> None:
     jobs = jobs_of(kernel, 20)
-    found = decode_uniform(frame_of(kernel, jobs, first_id=100))
+    found = table_of(frame_of(kernel, jobs, first_id=100))
     assert found is not None
-    assert found.kernel == kernel and found.device == 0 and found.count == 20
+    batch = found.batch
+    assert batch.kernel == kernel and found.device == 0 and batch.count == 20
     assert found.job_ids.tolist() == list(range(100, 120))
+    blocks = [b for b in (batch.a, batch.b) if b is not None]
     for i, args in enumerate(jobs):
-        for got, want in zip(found.args, args, strict=True):
-            if isinstance(want, np.ndarray):
-                np.testing.assert_array_equal(got[i], want)
-            else:
-                assert got == want
+        vectors = [a for a in args if isinstance(a, np.ndarray)]
+        for got, want in zip(blocks, vectors, strict=True):
+            np.testing.assert_array_equal(got[i], want)
+        dims = [a for a in args if not isinstance(a, np.ndarray)]
+        assert dims == [batch.m, batch.n, batch.k][:len(dims)]
 
 
 def _differing(kernel: str, change: str) -> bytes:
@@ -87,25 +97,25 @@ def _differing(kernel: str, change: str) -> bytes:
 @pytest.mark.parametrize("change", ["kernel", "size", "device", "trace", "result_file",
                                     "file", "short", "malformed"])
 def test_anything_but_jobids_and_data_differing_takes_the_general_path(change: str) -> None:
-    assert decode_uniform(_differing("vector_add", change)) is None
+    assert table_of(_differing("vector_add", change)) is None
 
 
 def test_matmul_rows_of_other_dims_take_the_general_path() -> None:
     launches = [launch_frame(i, "matmul", [vec(6), vec(12), 2, 4, 3]) for i in range(10)]
     launches[3] = launch_frame(3, "matmul", [vec(6), vec(12), 3, 4, 2])
-    assert decode_uniform(batch_frame(launches)) is None
+    assert table_of(batch_frame(launches)) is None
 
 
 def test_a_batch_frame_with_bytes_after_its_launches_takes_the_general_path() -> None:
-    assert decode_uniform(frame_of("reduce", jobs_of("reduce", 10)) + b"\0") is None
-    assert decode_uniform(launch_frame(1, "reduce", [vec(3)])) is None
+    assert table_of(frame_of("reduce", jobs_of("reduce", 10)) + b"\0") is None
+    assert table_of(launch_frame(1, "reduce", [vec(3)])) is None
 
 
 @pytest.mark.parametrize("values", [np.arange(12, dtype=np.float32).reshape(4, 3),
                                     np.array([1.5, -np.inf, np.nan, 3e38])])
 def test_the_table_of_records_is_byte_for_byte_the_general_encoding(values: np.ndarray) -> None:
     ids = np.array([5, 2**64 - 1, 7, 0], np.uint64)
-    table = encode_uniform(ids, values, 1 << 20)
+    table = encode_table(ids, values, 1 << 20)
     rows = [v if values.ndim == 2 else float(v) for v in values]
     general = protocol.encode_results([(int(i), r, None) for i, r in zip(ids, rows,
                                                                           strict=True)])
@@ -115,11 +125,11 @@ def test_the_table_of_records_is_byte_for_byte_the_general_encoding(values: np.n
 
 def test_a_table_over_the_frame_limit_is_split_into_frames() -> None:
     values = np.ones((10, 25), np.float32)
-    frames = encode_uniform(np.arange(10, dtype=np.uint64), values, 5 + 3 * (13 + 100))
+    frames = encode_table(np.arange(10, dtype=np.uint64), values, 5 + 3 * (13 + 100))
     assert len(frames) == 4
     replies = [r for f in frames for r in parse_results(b"".join(bytes(c) for c in f))]
     assert [r.job_id for r in replies] == list(range(10))
-    assert encode_uniform(np.arange(2, dtype=np.uint64), values[:2], 50) == []
+    assert encode_table(np.arange(2, dtype=np.uint64), values[:2], 50) == []
 
 
 @pytest.mark.parametrize("kernel", ["vector_add", "reduce", "dot_product", "matmul"])
@@ -127,9 +137,9 @@ def test_the_cpu_backend_runs_a_uniform_batch_as_it_runs_each_job(kernel: str) -
     backend, _ = select("cpu")
     device = backend.open(0)
     jobs = jobs_of(kernel, 16, n=1000)
-    found = decode_uniform(frame_of(kernel, jobs))
+    found = table_of(frame_of(kernel, jobs))
     assert found is not None
-    batch = parse_uniform(kernel, found.args)
+    batch = found.batch
     got = device.run_uniform(batch)
     want = [device.run(kernel, [parse(kernel, args)])[0] for args in jobs]
     if batch.scalar:
@@ -244,7 +254,7 @@ def test_a_table_waiting_behind_a_busy_device_keeps_its_own_data() -> None:
     # Frames over 1 MiB are read into reused buffers: a table queued behind a stalled device
     # must hold its frame's buffer, or the frames read meanwhile overwrite its operands (a
     # failure seen under load: callers got other callers' sums).
-    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", "--test-hooks")
+    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "2", module=TEST_WORKER)
     n, rows = 16384, 20  # 64 KiB operands: a 1.3 MB frame
 
     def frame(first_id: int, device: int, value: float, count: int = rows) -> bytes:

@@ -1,5 +1,5 @@
-"""Templates of lone launch frames: a frame matches only where decoding and checking it
-would give the learned request with its own data, and fills in exactly that."""
+"""The template cache (``templates.py``): a frame matches only where decoding and checking
+it would give the learned request with its own data, and fills in exactly that."""
 
 from __future__ import annotations
 
@@ -10,9 +10,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from erlcuda import general, kernels, lone, protocol
+from erlcuda import general, kernels, protocol
+from erlcuda import templates as cache
 from erlcuda.protocol import Launch
-from workerpipe import ETYPE, Buffer, FileVector, Number, Vector, Zeroed, launch_frame
+from workerpipe import (
+    ETYPE,
+    Buffer,
+    FileVector,
+    Number,
+    Vector,
+    Zeroed,
+    batch_frame,
+    launch_frame,
+)
 
 rng = np.random.default_rng(7)
 
@@ -27,8 +37,8 @@ def checked(frame: bytearray) -> tuple[Launch, kernels.Request]:
     return launch, kernels.parse(launch.kernel, launch.args)
 
 
-def learned(frame: bytearray) -> lone.Templates:
-    templates = lone.Templates()
+def learned(frame: bytearray) -> cache.Templates:
+    templates = cache.Templates()
     templates.learn(frame, *checked(frame))
     return templates
 
@@ -95,7 +105,7 @@ def test_no_template_for_shared_memory_or_for_converted_operands() -> None:
     frame = bytearray(launch_frame(1, "reduce", [FileVector("i1-0", 4000)]))
     launch = protocol.decode(frame)
     assert isinstance(launch, Launch)
-    templates = lone.Templates()
+    templates = cache.Templates()
     templates.learn(frame, launch, kernels.parse("reduce", [f32(1000)]))
     assert templates.find(frame) is None
     # A request whose vectors are not views of the frame's bytes (a copy) teaches nothing.
@@ -106,9 +116,9 @@ def test_no_template_for_shared_memory_or_for_converted_operands() -> None:
 
 
 def test_templates_are_kept_up_to_a_bound_and_can_be_cleared() -> None:
-    templates = lone.Templates()
+    templates = cache.Templates()
     frames = [bytearray(launch_frame(1, "reduce", [f32(n)]))
-              for n in range(lone.MAX_TEMPLATES + 1)]
+              for n in range(cache.MAX_TEMPLATES + 1)]
     for frame in frames:
         templates.learn(frame, *checked(frame))
     assert templates.find(frames[0]) is None  # the oldest went
@@ -118,7 +128,7 @@ def test_templates_are_kept_up_to_a_bound_and_can_be_cleared() -> None:
 
 
 def test_a_traced_or_malformed_launch_teaches_no_template() -> None:
-    templates = lone.Templates()
+    templates = cache.Templates()
     for frame in (bytearray(launch_frame(1, "reduce", [f32(4)], trace=True)),
                   bytearray(launch_frame(1, "reduce", [f32(4)], result_file=True))):
         launch = protocol.decode(frame)
@@ -145,8 +155,8 @@ def general_plan(frame: bytearray, held: Held,
 
 
 def general_learned(frame: bytearray, held: Held,
-                    registry: general.Registry | None = None) -> lone.Templates:
-    templates = lone.Templates()
+                    registry: general.Registry | None = None) -> cache.Templates:
+    templates = cache.Templates()
     launch, plan = general_plan(frame, held, registry)
     templates.learn_general(frame, launch, plan, held)
     return templates
@@ -266,15 +276,40 @@ def test_no_general_template_for_data_shared_memory_or_a_trace() -> None:
 
 def test_general_templates_are_kept_up_to_a_bound_and_cleared_with_the_others() -> None:
     held = Held({1: ("f32", 4)})
-    templates = lone.Templates()
+    templates = cache.Templates()
     frames = [bytearray(launch_frame(1, "k" * (n + 1), [Buffer(1)]))
-              for n in range(lone.MAX_TEMPLATES + 1)]
+              for n in range(cache.MAX_TEMPLATES + 1)]
     registry = general.Registry()
     registry.install("m", [general.UserKernel("k" * (n + 1), "m", (("inout", "f32"),))
-                           for n in range(lone.MAX_TEMPLATES + 1)])
+                           for n in range(cache.MAX_TEMPLATES + 1)])
     for frame in frames:
         templates.learn_general(frame, *general_plan(frame, held, registry), held)
     assert templates.find_general(frames[0]) is None  # the oldest went
     assert all(templates.find_general(f) is not None for f in frames[1:])
     templates.clear()
     assert templates.find_general(frames[-1]) is None
+
+
+def test_a_batch_frame_teaches_the_template_of_its_launches_alone() -> None:
+    # A table is its first launch's template applied to every row: a lone frame of that
+    # shape then hits the same template, and a batch of a lone frame's shape hits it too.
+    jobs = [[f32(50), f32(50)] for _ in range(cache.MIN_ROWS)]
+    launches = [launch_frame(1 + i, "vector_add", args) for i, args in enumerate(jobs)]
+    templates = cache.Templates()
+    found = templates.table(batch_frame(launches))
+    assert found is not None and found.batch.count == cache.MIN_ROWS
+    alone = bytearray(launch_frame(99, "vector_add", [f32(50), f32(50)]))
+    template = templates.find(alone)
+    assert template is not None and template.device == 0
+    same_request(template.fill(alone), checked(alone)[1])
+    other = cache.Templates()
+    other.learn(alone, *checked(alone))
+    assert other.table(batch_frame(launches)) is not None
+
+
+def test_a_launch_for_another_device_is_its_own_template() -> None:
+    frame = bytearray(launch_frame(1, "reduce", [f32(10)], device=3))
+    templates = learned(frame)
+    template = templates.find(frame)
+    assert template is not None and template.device == 3
+    assert templates.find(bytearray(launch_frame(2, "reduce", [f32(10)]))) is None

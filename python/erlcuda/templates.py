@@ -1,4 +1,4 @@
-"""Templates of lone launch frames: a repeated launch read with a few slices.
+"""The template cache in front of decode-and-check: a repeated launch read with a few slices.
 
 A caller that launches the same kernel on operands of the same sizes, one job at a time,
 sends frames that differ only in their JobId and their data. Once one such frame has been
@@ -17,8 +17,14 @@ later frame whose buffers are of the same types and lengths has that plan with i
 The check reads nothing else, so it would say the same again. A frame whose buffers differ,
 or are not held (``buffer_lost``), is checked as ever.
 
+A batch frame whose launches are all one template's (the same kernel on operands of the
+same sizes, as Erlang's writer sends many callers' launches under load) is a table: its
+first launch is looked up here (decoded, checked and learned where it is new), and every
+other row is checked against that template's bytes at once, with numpy (``table``). The
+rows are then read as ``count x n`` blocks over the frame and run as one batch.
+
 The checks also depend on the catalogue (the user kernels loaded): a worker whose catalogue
-changes must ``clear`` its templates.
+changes must ``clear`` its templates. A cache is used by one thread: the port's reader.
 """
 
 from __future__ import annotations
@@ -28,12 +34,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import protocol
+from . import contract, general, kernels, protocol
 from .general import Held, Operand, Plan
-from .kernels import Request
+from .kernels import Request, UniformRequest
 
 #: Templates kept at most; past it, the oldest goes (a caller with ever new shapes).
 MAX_TEMPLATES = 32
+
+
+#: Batch frames of fewer launches take the general path: a table costs more than it saves.
+MIN_ROWS = 8
+
+_BATCH_HEAD = 5  # the batch byte and Count
+_SIZE = 4  # each launch's Size, before it
+_U32 = struct.Struct(">I")
+_JOB_ID_AT, _JOB_ID_END = protocol.LAUNCH_JOB_ID
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +58,11 @@ class Template:
     # The checked request's other fields: kernel, m, n, k, elements, result_elements.
     kernel: str
     dims: tuple[int, int, int, int, int]
+    device: int
+    # The header as columns of a batch frame's row (its Size, then the launch) and the
+    # bytes each must hold, for ``rows``.
+    columns: np.ndarray
+    expected: np.ndarray
 
     def matches(self, frame: bytearray | memoryview) -> bool:
         return all(frame[start:end] == held for start, end, held in self.header)
@@ -54,6 +74,28 @@ class Template:
         m, n, k, elements, result_elements = self.dims
         return Request(self.kernel, views[0], views[1] if len(views) > 1 else None, m, n, k,
                        elements, result_elements)
+
+    def rows(self, table: np.ndarray) -> UniformRequest | None:
+        """The batch of ``table`` (a batch frame's rows, ``count x (Size + launch)``), where
+        every row matches; else ``None``."""
+        if not (table[:, self.columns] == self.expected).all():
+            return None
+        blocks = [table[:, _SIZE + offset: _SIZE + offset + count * dtype.itemsize].view(dtype)
+                  for offset, count, dtype in self.vectors]
+        m, n, k, elements, result_elements = self.dims
+        scalar = contract.KERNELS[self.kernel].result.kind != "vector"
+        return UniformRequest(self.kernel, blocks[0], blocks[1] if len(blocks) > 1 else None,
+                              m, n, k, int(table.shape[0]), elements, result_elements, scalar)
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """A batch frame read as one template's rows: row ``i`` of ``batch`` is the job
+    ``job_ids[i]`` on ``device``."""
+
+    device: int
+    job_ids: np.ndarray
+    batch: UniformRequest
 
 
 _ID = struct.Struct(">Q")
@@ -152,6 +194,47 @@ class Templates:
             tuple(header), handles, tuple(sigs), tuple(indices),  # type: ignore[arg-type]
             struct.Struct(f">{nkeep}Q") if nkeep else None, keep_at, plan)
 
+    def table(self, frame: bytes | bytearray | memoryview) -> Table | None:
+        """``frame`` read as a table (see the module doc), or ``None`` where it is not a
+        batch frame of one template's launches; those take the general path, which answers
+        whatever this one would refuse."""
+        size = len(frame)
+        if size < _BATCH_HEAD + _SIZE or frame[0] != contract.WIRE.batch:
+            return None
+        (count,) = _U32.unpack_from(frame, 1)
+        if count < MIN_ROWS:
+            return None
+        (length,) = _U32.unpack_from(frame, _BATCH_HEAD)
+        row = _SIZE + length
+        if length <= protocol.LAUNCH_HEAD_SIZE or size - _BATCH_HEAD != count * row:
+            return None
+        first = memoryview(frame)[_BATCH_HEAD + _SIZE: _BATCH_HEAD + row]
+        template = self.find(first) or self._learn_first(first)
+        if template is None:
+            return None
+        # np.frombuffer holds the frame's buffer while a view of it lives: the reader reuses
+        # a large frame's buffer once nothing does. (np.ndarray(buffer=...) would not.)
+        rows = np.frombuffer(frame, np.uint8, count * row, _BATCH_HEAD).reshape(count, row)
+        batch = template.rows(rows)
+        if batch is None:
+            return None
+        job_ids = rows[:, _SIZE + _JOB_ID_AT: _SIZE + _JOB_ID_END].view(">u8")[:, 0]
+        return Table(template.device, job_ids.astype(np.uint64), batch)
+
+    def _learn_first(self, frame: memoryview) -> Template | None:
+        """The template of a batch frame's first launch, decoded and checked here; ``None``
+        where it is not a plain launch of a batched kernel that checks."""
+        launch = protocol.decode(frame)
+        if type(launch) is not protocol.Launch or launch.error is not None or (
+                general.route(launch) != "batched"):
+            return None
+        try:
+            request = kernels.parse(launch.kernel, launch.args)
+        except kernels.BadArgs:
+            return None
+        self.learn(frame, launch, request)
+        return self.find(frame)
+
     def find(self, frame: bytearray | memoryview) -> Template | None:
         template = self._by_size.get(len(frame))
         return template if template is not None and template.matches(frame) else None
@@ -189,7 +272,18 @@ class Templates:
             del self._by_size[next(iter(self._by_size))]
         self._by_size[len(frame)] = Template(
             tuple(header), tuple(vectors), request.kernel,
-            (request.m, request.n, request.k, request.elements, request.result_elements))
+            (request.m, request.n, request.k, request.elements, request.result_elements),
+            launch.device, *_columns(header, len(frame)))
+
+
+def _columns(header: list[tuple[int, int, bytes]], length: int) -> tuple[np.ndarray, np.ndarray]:
+    """A batch row's header columns (its Size, then ``header``'s spans of the launch) and
+    the bytes they hold."""
+    columns = [np.arange(_SIZE), *(np.arange(_SIZE + start, _SIZE + end)
+                                   for start, end, _ in header)]
+    expected = [np.frombuffer(_U32.pack(length), np.uint8),
+                *(np.frombuffer(held, np.uint8) for _, _, held in header)]
+    return np.concatenate(columns), np.concatenate(expected)
 
 
 def _address(array: np.ndarray) -> int:

@@ -1,4 +1,4 @@
-// Test-only kernel, compiled only when CudaBackend(test_hooks=True): it stores to an address
+// The test double's fault kernel (erlcuda_testworker.fault loads it as user code): it stores to an address
 // in the never-mapped first page, so the launch ends in a sticky illegal-address error
 // (CUDA_ERROR_ILLEGAL_ADDRESS) that poisons the context, as a real kernel bug would.
 #include <stdint.h>

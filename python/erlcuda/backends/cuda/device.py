@@ -1,348 +1,52 @@
-"""The CUDA backend: erlcuda's own kernels (``kernels/*.cu``), compiled by nvcc, run through PyCUDA.
-
-This module imports PyCUDA at the top: it is imported only when the cuda backend is chosen,
-so the package works without PyCUDA (``backends.select`` turns the ImportError into
-``BackendUnavailable``).
-
-``CudaBackend`` compiles every kernel file once per compute capability (PyCUDA caches the
-cubins on disk, keyed on source, options and nvcc version). ``CudaDevice`` owns one CUDA
-context, made current in the thread that opens it, one stream, and staging buffers that
-grow with the largest batch seen and are reused: every batch is copied into pinned host
-memory, sent with one host-to-device copy, computed with as few launches as the kernel
-allows, and fetched with one device-to-host copy. Arrays returned are views into the pinned
-output staging, valid until the next ``run`` (the contract of ``base.Device``).
-
-The general path (``alloc``/``upload``/``download``/``free``/``builtin`` and user modules)
-works on ``CudaArray`` device arrays of any element type, on the same stream; each of its
-calls returns once its work on the device is done, so a fault is reported by the call that
-caused it. Host transfers go through two pinned chunks in turn (one is packed while the other
-is copied), so large ones run near pinned speed without pinning the caller's memory.
-
-Device arrays come from a caching allocator (``pool.DevicePool``, one per device): a freed
-array's block is kept by size class and handed to the next allocation of its class, so a
-chain of steps that each make a result and free the previous one does not pay
-``cuMemAlloc``/``cuMemFree`` per step. The cache holds at most ``pool.default_limit`` bytes
-(1 GiB, or 1/16 of the device's memory if that is less), shows in ``info()`` as
-``pool_bytes``, is freed whole before an allocation (or a staging buffer's growth) fails for
-lack of memory, and goes with ``close``. Every block is used on the device's one stream, so
-a cached block is reused in stream order without waiting.
-"""
+"""``CudaDevice``: one CUDA context, stream and set of staging buffers, owned by the thread
+that opens it; its batched runs, general-path arrays, built-ins and user modules."""
 
 from __future__ import annotations
 
 import itertools
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import pycuda.compiler
 import pycuda.driver as cuda
 
-from ..kernels import F32, Request, UniformRequest
-from .base import Backend, BackendError, BackendUnavailable, Device, Result
-from .pool import Block, DevicePool, default_limit, size_class
-
-# The kernel sources' helpers live in .sources (no PyCUDA there); still importable from here.
-from .sources import TEST_ONLY_SOURCES as TEST_ONLY_SOURCES
-from .sources import find_kernel_dir as find_kernel_dir
-from .sources import kernel_sources as kernel_sources
-
-#: Threads per block of the 1-D kernels; kernels/common.cuh's kBlock1D must agree.
-BLOCK_1D = 256
-#: Most blocks per multiprocessor of vector_add's grid-stride loop. Measured on an H200 at
-#: 256M elements: the more blocks the better (32/SM 4.1 TB/s, 1024/SM 4.35), so the cap
-#: only bounds the grid for huge vectors; up to 2048 * SMs * 1024 elements each thread
-#: adds one float4.
-VECTOR_ADD_BLOCKS_PER_SM = 2048
-#: Blocks per multiprocessor of reduction pass 1 (4..32 all read ~4.3 TB/s on an H200).
-REDUCE_BLOCKS_PER_SM = 8
-#: Elements each thread of reduce pass 1 handles at least: fewer blocks for small vectors.
-REDUCE_ELEMENTS_PER_THREAD = 8
-#: A reduce/dot batch whose largest job is bigger than this runs job by job through the
-#: two-pass kernels; smaller jobs share one launch of the segmented kernel (a block each).
-SEGMENT_MAX = 1 << 20
-#: matmul's tile and K step, and its threads per block (kernels/matmul.cu).
-MATMUL_TILE = 128
-MATMUL_BK = 8
-MATMUL_THREADS = 256
-#: matmul_f64's tile (kernels/matmul.cu: 64 x 64, 256 threads).
-MATMUL_F64_TILE = 64
-MAX_GRID_X = 2**31 - 1
-MAX_GRID_Z = 65535
-#: Smallest staging allocation, in elements; staging grows geometrically beyond it.
-MIN_STAGING = 1 << 20
-#: Packed operands start on multiples of this many elements (256 bytes), so that each one
-#: is 16-byte aligned for the kernels' float4 paths.
-PACK_ALIGN = 64
-#: Bytes per pinned chunk of the general path's host transfers (two of them per device).
-TRANSFER_CHUNK = 32 << 20
-
-#: Kernel file (stem) and PyCUDA argument format of each function: P pointer, q int64,
-#: i int32.
-FUNCTIONS: Mapping[str, tuple[str, str]] = {
-    "vector_add": ("vector_add", "PPPq"),
-    "reduce_partial": ("reduce", "PPqP"),
-    "dot_partial": ("reduce", "PPqP"),
-    "reduce_final": ("reduce", "PiP"),
-    "reduce_segments": ("reduce", "PPPiP"),
-    "dot_segments": ("reduce", "PPPiP"),
-    "matmul_aligned": ("matmul", "PPPiii"),
-    "matmul_checked": ("matmul", "PPPiii"),
-    "vector_add_f64": ("vector_add", "PPPq"),
-    "reduce_partial_f64": ("reduce", "PPqP"),
-    "dot_partial_f64": ("reduce", "PPqP"),
-    "reduce_final_f64": ("reduce", "PiP"),
-    "matmul_f64": ("matmul", "PPPiii"),
-}
-TEST_FUNCTIONS: Mapping[str, tuple[str, str]] = {"erlcuda_fault": ("testing", "P")}
-NVCC_OPTIONS = ("-O3",)  # IEEE f32 arithmetic: no --use_fast_math
-
-#: Words in a CUDA error message that mean the context is unusable (a sticky error).
-_STICKY_MARKERS = (
-    "illegal",
-    "misaligned",
-    "launch failed",
-    "launch failure",
-    "hardware stack",
-    "program counter",
-    "ecc",
-    "uncorrectable",
-    "context is destroyed",
-    "exception",
-    "device-side assert",
+from ...kernels import F32, Request, UniformRequest
+from ..base import BackendError, BackendUnavailable, Device, Result
+from ..pool import DevicePool, default_limit, size_class
+from .context import (
+    cuda_errors,
+    is_oom,
+    to_backend_error,
 )
-
-#: PyCUDA argument format of each element type passed by value to a user kernel.
-_SCALAR_FORMATS = {"f4": "f", "f8": "d", "i4": "i", "u4": "I", "i8": "q", "u1": "B"}
-F64 = np.dtype("<f8")
-
-
-def _cache_dir() -> str | bool:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    path = Path(base) / "erlcuda"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return False  # PyCUDA: no cache, compile every time
-    return str(path)
-
-
-def compile_kernels(
-    kernel_dir: Path, capability: tuple[int, int], *, test_hooks: bool = False
-) -> dict[str, bytes]:
-    """Each kernel file compiled to a cubin for ``capability``, by file stem."""
-    arch = f"sm_{capability[0]}{capability[1]}"
-    cache_dir = _cache_dir()
-    cubins: dict[str, bytes] = {}
-    for path in kernel_sources(kernel_dir, test_hooks=test_hooks):
-        try:
-            cubins[path.stem] = pycuda.compiler.compile(
-                path.read_text(),
-                options=list(NVCC_OPTIONS),
-                no_extern_c=True,  # the sources declare their own extern "C" entry points
-                arch=arch,
-                cache_dir=cache_dir,
-                include_dirs=[str(kernel_dir)],
-            )
-        except cuda.CompileError as exc:  # str() carries nvcc's command, stdout and stderr
-            raise BackendUnavailable(f"nvcc failed on {path.name} for {arch}: {exc}") from exc
-        except Exception as exc:  # nvcc missing, unreadable source, ...
-            raise BackendUnavailable(
-                f"cannot compile {path.name} for {arch}: {type(exc).__name__}: {exc}"
-            ) from exc
-    return cubins
-
-
-# -- errors --------------------------------------------------------------------------------
-
-
-def to_backend_error(exc: BaseException) -> BackendError:
-    """The ``BackendError`` for a PyCUDA (or allocation) exception."""
-    message = str(exc) or type(exc).__name__
-    low = message.lower()
-    if isinstance(exc, (cuda.MemoryError, MemoryError)) or "out of memory" in low:
-        return BackendError("out_of_memory", message)
-    # An illegal address reaches PyCUDA as LogicError ("an illegal memory access was
-    # encountered"), usually at the next synchronize.
-    if "illegal address" in low or "illegal memory access" in low:
-        return BackendError("illegal_address", message, fatal=True)
-    if "too many resources" in low:  # a launch refused before it ran: nothing is poisoned
-        return BackendError("launch_failed", message)
-    if isinstance(exc, cuda.LaunchError):
-        return BackendError("launch_failed", message, fatal=True)
-    if isinstance(exc, cuda.LogicError) and ("invalid value" in low or "invalid argument" in low):
-        return BackendError("invalid_value", message)
-    return BackendError("unknown", message, fatal=any(m in low for m in _STICKY_MARKERS))
-
-
-def _is_oom(exc: BaseException) -> bool:
-    """Whether ``exc`` (of an allocation) means the device has no room."""
-    return isinstance(exc, (cuda.MemoryError, MemoryError)) or "out of memory" in str(exc).lower()
-
-
-@contextmanager
-def _cuda_errors() -> Iterator[None]:
-    try:
-        yield
-    except BackendError:
-        raise
-    except (cuda.Error, MemoryError) as exc:
-        raise to_backend_error(exc) from exc
-
-
-# -- staging buffers -----------------------------------------------------------------------
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _round_up(a: int, b: int) -> int:
-    return _ceil_div(a, b) * b
-
-
-def _grown(needed: int, current: int) -> int:
-    return max(needed, 2 * current, MIN_STAGING)
-
-
-class _DeviceBuffer:
-    """Device memory for ``dtype`` elements that grows, never shrinks, and is reused.
-
-    ``reclaim`` (if given) frees memory held elsewhere (the device's pool) and returns the
-    bytes it freed: it is called once before a growth fails for lack of memory."""
-
-    def __init__(self, what: str, dtype: np.dtype[Any] | type = F32,
-                 reclaim: Callable[[], int] | None = None) -> None:
-        self.what = what
-        self.itemsize = np.dtype(dtype).itemsize
-        self.capacity = 0  # elements
-        self._alloc: cuda.DeviceAllocation | None = None
-        self._reclaim = reclaim
-
-    @property
-    def ptr(self) -> int:
-        assert self._alloc is not None, f"{self.what}: not allocated"
-        return int(self._alloc)
-
-    def ensure(self, count: int) -> int:
-        """The buffer's address, after growing it to hold ``count`` elements if need be.
-
-        On failure the old buffer is kept and ``BackendError('out_of_memory')`` is raised.
-        """
-        if self._alloc is not None and count <= self.capacity:
-            return self.ptr
-        want = _grown(count, self.capacity)
-        try:
-            alloc = cuda.mem_alloc(want * self.itemsize)
-        except cuda.MemoryError:
-            want = max(count, 1)
-            alloc = self._alloc_exactly(want)
-        self.free()
-        self._alloc = alloc
-        self.capacity = want
-        return self.ptr
-
-    def _alloc_exactly(self, count: int) -> cuda.DeviceAllocation:
-        """``count`` elements of device memory, after reclaiming the pool's if need be."""
-        try:
-            return cuda.mem_alloc(count * self.itemsize)
-        except cuda.MemoryError as exc:
-            error = exc
-        if self._reclaim is not None and self._reclaim() > 0:
-            try:
-                return cuda.mem_alloc(count * self.itemsize)
-            except cuda.MemoryError as exc:
-                error = exc
-        raise BackendError(
-            "out_of_memory",
-            f"cannot allocate {count * self.itemsize} bytes of device memory "
-            f"for {self.what}: {error}",
-        ) from error
-
-    def free(self) -> None:
-        if self._alloc is not None:
-            try:
-                self._alloc.free()
-            except cuda.Error:
-                pass  # a poisoned context; the driver frees it with the context
-            self._alloc = None
-            self.capacity = 0
-
-
-class _HostBuffer:
-    """Pinned (page-locked) host memory, grown and reused like ``_DeviceBuffer``."""
-
-    def __init__(self, what: str, dtype: np.dtype[Any] | type = F32) -> None:
-        self.what = what
-        self.dtype = np.dtype(dtype)
-        self.array: np.ndarray = np.empty(0, self.dtype)
-        self._pinned = False
-
-    def ensure(self, count: int) -> np.ndarray:
-        """The whole pinned array (at least ``count`` elements); slice it."""
-        if self._pinned and count <= self.array.size:
-            return self.array
-        want = _grown(count, self.array.size if self._pinned else 0)
-        try:
-            array = cuda.pagelocked_empty(want, self.dtype)
-        except (cuda.MemoryError, MemoryError, ValueError):
-            try:
-                array = cuda.pagelocked_empty(max(count, 1), self.dtype)
-            except (cuda.MemoryError, MemoryError, ValueError) as exc:
-                raise BackendError(
-                    "out_of_memory",
-                    f"cannot allocate {count * self.dtype.itemsize} bytes of pinned host "
-                    f"memory for {self.what}: {exc}",
-                ) from exc
-        self.free()
-        self.array = array
-        self._pinned = True
-        return array
-
-    def free(self) -> None:
-        # Freed explicitly, in the owning thread: PyCUDA cannot free pinned memory from
-        # another thread, which is where the garbage collector might drop the last view.
-        if self._pinned:
-            try:
-                self.array.base.free()  # type: ignore[union-attr]
-            except cuda.Error:
-                pass
-            self.array = np.empty(0, self.dtype)
-            self._pinned = False
-
-
-# -- device arrays and user modules ---------------------------------------------------------
-
-
-class CudaArray:
-    """A device array of the general path: ``size`` elements of ``dtype`` (``nbytes`` bytes)
-    in a block of the pool of the device that made it (the block may be larger: its size
-    class). An empty one holds no block (the driver makes no zero-byte blocks) and passes a
-    null pointer to kernels."""
-
-    __slots__ = ("_block", "_freed", "dtype", "nbytes", "size")
-
-    def __init__(self, block: Block | None, dtype: np.dtype[Any], size: int) -> None:
-        self._block = block
-        self._freed = False
-        self.dtype = dtype
-        self.size = size
-        self.nbytes = size * dtype.itemsize
-
-    @property
-    def ptr(self) -> int:
-        """The device address (0 for an empty array)."""
-        if self._freed:
-            raise BackendError("invalid_value", "a device array was used after it was freed")
-        return 0 if self._block is None else self._block.ptr
-
-    def __repr__(self) -> str:
-        state = " freed" if self._freed else ""
-        return f"<CudaArray {self.dtype.name}[{self.size}]{state}>"
+from .kernels import (
+    BLOCK_1D,
+    BUILTIN_ARITY,
+    F64,
+    FUNCTIONS,
+    MATMUL_BK,
+    MATMUL_F64_TILE,
+    MATMUL_THREADS,
+    MATMUL_TILE,
+    MAX_GRID_X,
+    MAX_GRID_Z,
+    PACK_ALIGN,
+    REDUCE_BLOCKS_PER_SM,
+    REDUCE_ELEMENTS_PER_THREAD,
+    SCALAR_FORMATS,
+    SEGMENT_MAX,
+    TRANSFER_CHUNK,
+    VECTOR_ADD_BLOCKS_PER_SM,
+)
+from .transfers import (
+    CudaArray,
+    DeviceBuffer,
+    Fill,
+    HostBuffer,
+    ceil_div,
+    fill_blocks,
+    pack,
+    round_up,
+)
 
 
 class _UserModule:
@@ -398,11 +102,11 @@ class CudaDevice(Device):
         """Make the context (pushed on this thread's stack) and load the kernels."""
         self.index = index
         self._closed = False
-        with _cuda_errors():
+        with cuda_errors():
             self._dev = cuda.Device(index)
             self._ctx = self._make_context()
         try:
-            with _cuda_errors():
+            with cuda_errors():
                 self._setup(cubins)
         except BaseException:
             self._release_context()
@@ -420,10 +124,7 @@ class CudaDevice(Device):
         self._sm_count = int(self._dev.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT))
         self._modules = {stem: cuda.module_from_buffer(cubin) for stem, cubin in cubins.items()}
         self._fn: dict[str, cuda.Function] = {}
-        wanted = dict(FUNCTIONS)
-        if "testing" in self._modules:
-            wanted.update(TEST_FUNCTIONS)
-        for name, (stem, signature) in wanted.items():
+        for name, (stem, signature) in FUNCTIONS.items():
             if stem not in self._modules:
                 raise BackendUnavailable(f"kernel file {stem}.cu was not compiled")
             self._fn[name] = self._modules[stem].get_function(name).prepare(signature)
@@ -432,22 +133,22 @@ class CudaDevice(Device):
         # pool's cache before it fails for lack of memory.
         self._pool = DevicePool(self._raw_alloc, self._raw_free,
                                 limit=default_limit(int(self._dev.total_memory())),
-                                is_oom=_is_oom)
+                                is_oom=is_oom)
         # 8 bytes a block: f64 partials too.
         self._partials = cuda.mem_alloc(self._sm_count * REDUCE_BLOCKS_PER_SM * 8)
         reclaim = self._pool.flush
-        self._dev_in = _DeviceBuffer("input staging", reclaim=reclaim)
-        self._dev_out = _DeviceBuffer("output staging", reclaim=reclaim)
-        self._dev_offsets = _DeviceBuffer("segment offsets", np.int64, reclaim=reclaim)
-        self._host_in = _HostBuffer("input staging")
-        self._host_out = _HostBuffer("output staging")
-        self._host_offsets = _HostBuffer("segment offsets", np.int64)
+        self._dev_in = DeviceBuffer("input staging", reclaim=reclaim)
+        self._dev_out = DeviceBuffer("output staging", reclaim=reclaim)
+        self._dev_offsets = DeviceBuffer("segment offsets", np.int64, reclaim=reclaim)
+        self._host_in = HostBuffer("input staging")
+        self._host_out = HostBuffer("output staging")
+        self._host_offsets = HostBuffer("segment offsets", np.int64)
         # The general path: a scalar result, pinned transfer chunks and their copies' events,
         # and the user modules by name.
         self._scalar = cuda.mem_alloc(8)
         self._scalar_host = cuda.pagelocked_empty(1, F64)
-        self._host_chunks = (_HostBuffer("transfer chunk", np.uint8),
-                             _HostBuffer("transfer chunk", np.uint8))
+        self._host_chunks = (HostBuffer("transfer chunk", np.uint8),
+                             HostBuffer("transfer chunk", np.uint8))
         self._chunk_copied = (cuda.Event(), cuda.Event())
         self._user: dict[str, _UserModule] = {}
 
@@ -461,7 +162,7 @@ class CudaDevice(Device):
         for r in requests:
             if r.key != requests[0].key or r.kernel != kernel:
                 raise BackendError("invalid_value", "a batch mixes kernels or matmul shapes")
-        with _cuda_errors():
+        with cuda_errors():
             if kernel == "vector_add":
                 return self._vector_add(requests)
             if kernel == "reduce":
@@ -473,7 +174,7 @@ class CudaDevice(Device):
         raise BackendError("not_supported", f"unknown kernel {kernel!r}")
 
     def info(self) -> dict[str, Any]:
-        with _cuda_errors():
+        with cuda_errors():
             free, _total = cuda.mem_get_info()
             major, minor = self._dev.compute_capability()
             return {
@@ -519,19 +220,6 @@ class CudaDevice(Device):
         except cuda.Error:
             pass
 
-    # -- test hook -------------------------------------------------------------------------
-
-    def inject_fault(self) -> None:
-        """Launch ``erlcuda_fault`` (test hooks only): raises the fatal illegal_address error."""
-        fault = self._fn.get("erlcuda_fault")
-        if fault is None:
-            raise BackendError("not_supported", "test hooks are off")
-        with _cuda_errors():
-            target = self._dev_out.ensure(1)
-            fault.prepared_async_call((1, 1, 1), (1, 1, 1), self._stream, target)
-            self._stream.synchronize()
-        raise BackendError("unknown", "erlcuda_fault ran without faulting")
-
     # -- the general path: device arrays -----------------------------------------------------
 
     def _check_open(self) -> None:
@@ -561,7 +249,7 @@ class CudaDevice(Device):
         array = CudaArray(block, dtype, count)
         if zero:  # a reused block holds its last user's bytes: zeroed all the same
             try:
-                with _cuda_errors():
+                with cuda_errors():
                     cuda.memset_d8_async(block.ptr, 0, nbytes, self._stream)
             except BackendError:
                 self.free(array)
@@ -575,7 +263,7 @@ class CudaDevice(Device):
         if array.nbytes == 0:
             return array
         try:
-            with _cuda_errors():
+            with cuda_errors():
                 self._to_device(array.ptr, src.view(np.uint8))
         except BaseException:
             self.free(array)
@@ -587,7 +275,7 @@ class CudaDevice(Device):
         array = _vector(array, "download")
         out = np.empty(array.size, array.dtype)
         if array.nbytes > 0:
-            with _cuda_errors():
+            with cuda_errors():
                 self._from_device(out.view(np.uint8), array.ptr)
         return out
 
@@ -607,19 +295,11 @@ class CudaDevice(Device):
         # its next user, on the same stream; a block really freed waits (``_raw_free``).
         self._pool.free(block)
 
-    def pool_stats(self) -> dict[str, int]:
-        """The pool's counters (tests and benchmarks): cached and live blocks and bytes,
-        hits, misses, evictions, flushes and the bound."""
-        pool = self._pool
-        return {"cached_bytes": pool.cached_bytes, "cached_blocks": pool.cached_blocks,
-                "live_bytes": pool.live_bytes, "live_blocks": pool.live_blocks,
-                "hits": pool.hits, "misses": pool.misses, "evictions": pool.evictions,
-                "flushes": pool.flushes, "limit": pool.limit}
-
-    def flush_pool(self) -> int:
-        """Free every cached block now; the bytes freed."""
-        self._check_open()
-        return self._pool.flush()
+    @property
+    def pool(self) -> DevicePool:
+        """The pool of this device's general-path arrays, with its counters; a pool of a
+        closed device raises ``PoolClosed`` on use."""
+        return self._pool
 
     def _raw_alloc(self, nbytes: int) -> cuda.DeviceAllocation:
         return cuda.mem_alloc(nbytes)
@@ -653,7 +333,7 @@ class CudaDevice(Device):
                 self._chunk_copied[slot].synchronize()  # its buffer's last copy is done
             size = min(chunk, nbytes - start)
             staged = buffers[slot][:size]
-            _pack(staged, data[start : start + size])
+            pack(staged, data[start : start + size])
             cuda.memcpy_htod_async(ptr + start, staged, self._stream)
             self._chunk_copied[slot].record(self._stream)
         self._stream.synchronize()
@@ -678,7 +358,7 @@ class CudaDevice(Device):
             slot = index % 2
             self._chunk_copied[slot].synchronize()
             size = min(chunk, nbytes - start)
-            _pack(data[start : start + size], buffers[slot][:size])
+            pack(data[start : start + size], buffers[slot][:size])
 
     def _read_scalar(self, dtype: np.dtype[Any]) -> float:
         """The scalar result at ``self._scalar`` (one ``dtype`` element), after the stream."""
@@ -691,13 +371,13 @@ class CudaDevice(Device):
 
     def builtin(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
         self._check_open()
-        with _cuda_errors():
+        with cuda_errors():
             result = self._builtin(kernel, operands, out)
             self._stream.synchronize()
         return result
 
     def _builtin(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
-        arity = {"copy": 1, "vector_add": 2, "reduce": 1, "dot_product": 2, "matmul": 5}
+        arity = BUILTIN_ARITY
         if kernel not in arity:
             raise BackendError("not_supported", f"no built-in kernel {kernel!r:.40}")
         if len(operands) != arity[kernel]:
@@ -768,15 +448,15 @@ class CudaDevice(Device):
             if isinstance(arg, CudaArray):
                 codes.append("P")
                 values.append(arg.ptr)
-            elif isinstance(arg, np.generic) and arg.dtype.str[1:] in _SCALAR_FORMATS:
-                codes.append(_SCALAR_FORMATS[arg.dtype.str[1:]])
+            elif isinstance(arg, np.generic) and arg.dtype.str[1:] in SCALAR_FORMATS:
+                codes.append(SCALAR_FORMATS[arg.dtype.str[1:]])
                 values.append(arg.item())
             else:
                 raise BackendError("invalid_value", f"{function}: cannot pass "
                                    f"{type(arg).__name__} to a kernel")
         fmt = "".join(codes)
         try:
-            with _cuda_errors():
+            with cuda_errors():
                 if loaded.formats.get(function) != fmt:
                     fn.prepare(fmt)
                     loaded.formats[function] = fmt
@@ -830,7 +510,7 @@ class CudaDevice(Device):
             return
         per_thread = 2 if f64 else 4  # a double2 or a float4 per loop step
         blocks = min(
-            _ceil_div(_ceil_div(n, per_thread), BLOCK_1D),
+            ceil_div(ceil_div(n, per_thread), BLOCK_1D),
             self._sm_count * VECTOR_ADD_BLOCKS_PER_SM,
         )
         self._fn["vector_add_f64" if f64 else "vector_add"].prepared_async_call(
@@ -843,7 +523,7 @@ class CudaDevice(Device):
         i < n, written as 0.0 when n == 0. ``y`` is ignored unless ``dot``. f32 elements
         summed in f32, or (``f64``) f64 ones in f64."""
         blocks = min(
-            _ceil_div(n, BLOCK_1D * REDUCE_ELEMENTS_PER_THREAD),
+            ceil_div(n, BLOCK_1D * REDUCE_ELEMENTS_PER_THREAD),
             self._sm_count * REDUCE_BLOCKS_PER_SM,
         )
         partials = int(self._partials)
@@ -876,7 +556,7 @@ class CudaDevice(Device):
         if m <= 0 or n <= 0 or batch <= 0:
             return
         tile = MATMUL_F64_TILE if f64 else MATMUL_TILE
-        tiles = _ceil_div(m, tile) * _ceil_div(n, tile)
+        tiles = ceil_div(m, tile) * ceil_div(n, tile)
         if max(m, n, k) > MAX_GRID_X or tiles > MAX_GRID_X:
             raise BackendError("invalid_value", f"matmul {m}x{k} by {k}x{n} is too large")
         aligned = (
@@ -912,16 +592,16 @@ class CudaDevice(Device):
         if self._closed:
             raise BackendError("invalid_value", "device is closed")
         count, size = batch.a.shape
-        with _cuda_errors():
+        with cuda_errors():
             if batch.kernel == "vector_add" and batch.b is not None:
-                out = self._add(count * size, _fill_blocks(batch.a, batch.b))
+                out = self._add(count * size, fill_blocks(batch.a, batch.b))
                 return out.reshape(count, size)
             if batch.kernel in ("reduce", "dot_product"):
                 dot = batch.kernel == "dot_product"
-                return self._sums([size] * count, _fill_blocks(batch.a, batch.b), dot=dot)
+                return self._sums([size] * count, fill_blocks(batch.a, batch.b), dot=dot)
             if batch.kernel == "matmul" and batch.b is not None:
                 m, n, k = batch.m, batch.n, batch.k
-                out = self._product(m, n, k, count, _fill_blocks(batch.a, batch.b))
+                out = self._product(m, n, k, count, fill_blocks(batch.a, batch.b))
                 return out.reshape(count, m * n)
         return super().run_uniform(batch)
 
@@ -935,16 +615,16 @@ class CudaDevice(Device):
 
         def fill(host_in: np.ndarray, b_at: int) -> None:
             for r, start, size in zip(requests, starts, sizes, strict=True):
-                _pack(host_in[start : start + size], r.a)
-                _pack(host_in[b_at + start : b_at + start + size], _b(r))
+                pack(host_in[start : start + size], r.a)
+                pack(host_in[b_at + start : b_at + start + size], _b(r))
 
         out = self._add(sum(sizes), fill)
         return [out[start : start + size] for start, size in zip(starts, sizes, strict=True)]
 
-    def _add(self, total: int, fill: _Fill) -> np.ndarray:
+    def _add(self, total: int, fill: Fill) -> np.ndarray:
         if total == 0:
             return np.empty(0, F32)
-        b_at = _round_up(total, PACK_ALIGN)  # b's operands start here in the input staging
+        b_at = round_up(total, PACK_ALIGN)  # b's operands start here in the input staging
         self._ensure_capacity(b_at + total, total)
         host_in = self._host_in.array
         fill(host_in, b_at)
@@ -959,19 +639,19 @@ class CudaDevice(Device):
 
         def fill(host_in: np.ndarray, y_at: int) -> None:
             for r, start, size in zip(requests, starts, sizes, strict=True):
-                _pack(host_in[start : start + size], r.a)
+                pack(host_in[start : start + size], r.a)
                 if dot:
-                    _pack(host_in[y_at + start : y_at + start + size], _b(r))
+                    pack(host_in[y_at + start : y_at + start + size], _b(r))
 
         return [float(v) for v in self._sums(sizes, fill, dot=dot)]
 
-    def _sums(self, sizes: list[int], fill: _Fill, *, dot: bool) -> np.ndarray:
+    def _sums(self, sizes: list[int], fill: Fill, *, dot: bool) -> np.ndarray:
         """Each segment's sum (dot: of products), as f32 values in an f64 array."""
         total = sum(sizes)
         count = len(sizes)
         if total == 0:
             return np.zeros(count)
-        y_at = _round_up(total, PACK_ALIGN)  # dot: y's operands start here
+        y_at = round_up(total, PACK_ALIGN)  # dot: y's operands start here
         in_elements = y_at + total if dot else total
         segmented = count > 1 and max(sizes) <= SEGMENT_MAX
         self._ensure_capacity(in_elements, count, count + 1 if segmented else 0)
@@ -1002,16 +682,16 @@ class CudaDevice(Device):
 
         def fill(host_in: np.ndarray, b_at: int) -> None:
             for i, r in enumerate(requests):
-                _pack(host_in[i * a_size : (i + 1) * a_size], r.a)
-                _pack(host_in[b_at + i * b_size : b_at + (i + 1) * b_size], _b(r))
+                pack(host_in[i * a_size : (i + 1) * a_size], r.a)
+                pack(host_in[b_at + i * b_size : b_at + (i + 1) * b_size], _b(r))
 
         out = self._product(m, n, k, count, fill)
         return [out[i * c_size : (i + 1) * c_size] for i in range(count)]
 
-    def _product(self, m: int, n: int, k: int, count: int, fill: _Fill) -> np.ndarray:
+    def _product(self, m: int, n: int, k: int, count: int, fill: Fill) -> np.ndarray:
         if m == 0 or n == 0:
             return np.empty(0, F32)
-        b_at = _round_up(count * m * k, PACK_ALIGN)  # the stacked Bs start here
+        b_at = round_up(count * m * k, PACK_ALIGN)  # the stacked Bs start here
         in_elements = b_at + count * k * n
         self._ensure_capacity(in_elements, count * m * n)
         host_in = self._host_in.array
@@ -1021,91 +701,3 @@ class CudaDevice(Device):
             cuda.memcpy_htod_async(d_in, host_in[:in_elements], self._stream)
         self.launch_matmul(d_in, d_in + 4 * b_at, self._dev_out.ptr, m, n, k, count)
         return self._fetch(count * m * n)
-
-
-#: Operands at least this large are copied into the staging by several threads at once: an
-#: operand in shared memory faults its pages in as it is read, and one thread doing all of
-#: it was most of a large job's time in the worker.
-PARALLEL_PACK_MIN = 16 << 20
-_PACK_THREADS = min(8, os.cpu_count() or 1)
-_packers: ThreadPoolExecutor | None = None
-
-
-def _pack(dst: np.ndarray, src: np.ndarray) -> None:
-    """``np.copyto(dst, src)``, in parallel slices for a large one (numpy lets go of the GIL
-    while it copies)."""
-    global _packers
-    if src.nbytes < PARALLEL_PACK_MIN or src.ndim != 1:
-        np.copyto(dst, src)
-        return
-    if _packers is None:
-        _packers = ThreadPoolExecutor(_PACK_THREADS, thread_name_prefix="erlcuda-pack")
-    step = -(-src.size // _PACK_THREADS)
-    jobs = [_packers.submit(np.copyto, dst[i : i + step], src[i : i + step])
-            for i in range(0, src.size, step)]
-    for job in jobs:
-        job.result()
-
-
-#: Packs a batch's operands into the input staging: ``fill(host_in, second_at)``, the
-#: second operands (if any) starting at element ``second_at``.
-_Fill = Callable[[np.ndarray, int], None]
-
-
-def _fill_blocks(a: np.ndarray, b: np.ndarray | None) -> _Fill:
-    """The fill of a uniform batch: each block copied at once, rows one after another."""
-
-    def fill(host_in: np.ndarray, second_at: int) -> None:
-        count, size = a.shape
-        np.copyto(host_in[: count * size].reshape(count, size), a)
-        if b is not None:
-            rows, width = b.shape
-            np.copyto(host_in[second_at : second_at + rows * width].reshape(rows, width), b)
-
-    return fill
-
-
-# -- the backend ---------------------------------------------------------------------------
-
-
-class CudaBackend(Backend):
-    """Every CUDA device PyCUDA sees, with the kernels compiled for each one's architecture.
-
-    Raises ``BackendUnavailable`` when the driver does not start, there is no device, the
-    kernel sources are missing or nvcc fails (the message carries nvcc's output).
-    """
-
-    name = "cuda"
-    #: What ``open`` makes: a subclass may name a subclass of ``CudaDevice``.
-    device_type: type[CudaDevice] = CudaDevice
-
-    def __init__(self, kernel_dir: Path | None = None, *, test_hooks: bool = False) -> None:
-        try:
-            cuda.init()
-            count = int(cuda.Device.count())
-            capabilities = {
-                i: tuple(int(v) for v in cuda.Device(i).compute_capability()) for i in range(count)
-            }
-        except cuda.Error as exc:
-            raise BackendUnavailable(f"CUDA driver: {exc}") from exc
-        if count == 0:
-            raise BackendUnavailable("no CUDA device")
-        self.kernel_dir = kernel_dir if kernel_dir is not None else find_kernel_dir()
-        self.test_hooks = test_hooks
-        self._count = count
-        self._capabilities: dict[int, tuple[int, int]] = {
-            i: (cap[0], cap[1]) for i, cap in capabilities.items()
-        }
-        self._cubins = {
-            cap: compile_kernels(self.kernel_dir, cap, test_hooks=test_hooks)
-            for cap in sorted(set(self._capabilities.values()))
-        }
-
-    def device_count(self) -> int:
-        return self._count
-
-    def open(self, index: int) -> CudaDevice:
-        if not 0 <= index < self._count:
-            raise BackendError("invalid_value", f"no CUDA device {index}")
-        cubins = self._cubins[self._capabilities[index]]
-        return self.device_type(index, cubins)

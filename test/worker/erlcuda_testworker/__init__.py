@@ -1,0 +1,87 @@
+"""The test double of the erlcuda worker: the real worker with the calls that tests need.
+
+    PYTHONPATH=test/worker:python python -m erlcuda_testworker serve <the args of erlcuda serve>
+
+It runs ``erlcuda.cli.main`` with these calls added (``erlcuda.worker.Extension``):
+
+- ``fault(Device)``: a kernel that stores to an unmapped address runs on ``Device``: the
+  sticky CUDA error poisons the context and the worker exits for Erlang to restart it.
+- ``print(Out, Err)``: ``Out`` written to fd 1 and ``Err`` to fd 2, as native code would.
+- ``stall(Device, Ms)``: ``Device``'s thread kept busy for ``Ms`` ms.
+
+Also the helpers GPU tests use on a device directly: ``inject_fault``, ``pool_stats``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from erlcuda import protocol
+from erlcuda.backends.base import BackendError, BackendUnavailable, Device
+from erlcuda.worker import Extension, Worker
+
+#: The faulting kernel's source; loaded as a user module, compiled through the worker's cache.
+FAULT_SOURCE = Path(__file__).resolve().with_name("testing.cu")
+FAULT_MODULE = "erlcuda_testing"
+FAULT_KERNEL = "erlcuda_fault"
+
+
+def fault_image(arch: str) -> bytes:
+    """The cubin of ``testing.cu`` for ``arch`` (``sm_90``)."""
+    from erlcuda import usercode
+
+    return usercode.compile_module(FAULT_SOURCE.read_text(), [], arch)
+
+
+def inject_fault(device: Device | None, image: bytes) -> None:
+    """Load ``image`` (``fault_image``) into ``device`` and launch its faulting kernel: raises
+    the fatal ``BackendError`` of an illegal address."""
+    if device is None:
+        raise BackendUnavailable("the device is unavailable")
+    device.load_module(FAULT_MODULE, image, [FAULT_KERNEL])
+    target = device.alloc(np.dtype("<f4"), 1, zero=True)
+    device.launch_user(FAULT_MODULE, FAULT_KERNEL, [target], (1, 1, 1), (1, 1, 1), 0)
+    raise BackendError("unknown", f"{FAULT_KERNEL} ran without faulting")
+
+
+def pool_stats(device: Any) -> dict[str, int]:
+    """A CUDA device's pool counters: cached and live blocks and bytes, hits, misses,
+    evictions, flushes and the bound."""
+    pool = device.pool
+    return {"cached_bytes": pool.cached_bytes, "cached_blocks": pool.cached_blocks,
+            "live_bytes": pool.live_bytes, "live_blocks": pool.live_blocks,
+            "hits": pool.hits, "misses": pool.misses, "evictions": pool.evictions,
+            "flushes": pool.flushes, "limit": pool.limit}
+
+
+def fault(worker: Worker, args: list[Any]) -> Any:
+    from erlcuda import usercode
+
+    [index] = args
+    lane = worker.lanes[index]
+    lane.ready.wait()
+    capability = lane.device_info.get("compute_capability")
+    arch = usercode.arch_of(tuple(capability)) if capability else usercode.default_arch()
+    image = fault_image(arch)
+    return worker.on_device(index, lambda device: inject_fault(device, image))
+
+
+def print_call(worker: Worker, args: list[Any]) -> Any:
+    out, err = args
+    os.write(1, bytes(out) + b"\n")
+    os.write(2, bytes(err) + b"\n")
+    return protocol.OK
+
+
+def stall(worker: Worker, args: list[Any]) -> Any:
+    index, ms = args
+    worker.on_device(index, lambda _device: time.sleep(ms / 1000))
+    return protocol.OK
+
+
+CALLS: dict[str, Extension] = {"fault": fault, "print": print_call, "stall": stall}
