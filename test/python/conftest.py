@@ -34,6 +34,13 @@ def gpu_count() -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A test of a module that starts worker processes is an integration test: `make
+    # test-fast` leaves them out (`-m "not process"`).
+    process = pytest.mark.process
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and hasattr(module, "WorkerPipe"):
+            item.add_marker(process)
     if gpu_count() > 0:
         return
     skip = pytest.mark.skip(reason="no CUDA GPU (PyCUDA missing or no driver)")
