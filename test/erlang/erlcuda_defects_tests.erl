@@ -10,38 +10,6 @@
 with_app(Env, Test) ->
     erlcuda_test_util:with_app(?DEFAULTS, Env, Test).
 
-%% An operand frame over 4 GiB - 1 wrapped its 4-byte length: the worker read the caller's
-%% floats as frame headers, and a crafted operand could forge another caller's result.
-%% (Shared memory off: with it, such operands never travel in a frame.)
-frame_over_4gib_test_() ->
-    with_app([{shm_dir, none}], {timeout, 60, fun() ->
-        %% two operands of 2^29 + 1 floats: each is within the element limit, together
-        %% they are 8 bytes over what a 4-byte length can say (one 2 GiB binary, shared)
-        A = binary:copy(<<0:32>>, (1 bsl 29) + 1),
-        ?assertEqual({error, too_large}, erlcuda:launch(vector_add, [A, A])),
-        ?assertEqual({error, too_large}, erlcuda:launch_sync(dot_product, [A, A])),
-        ?assertEqual(0, erlcuda_jobs:size()),
-        ?assertEqual({ok, [2.0]}, erlcuda:launch_sync(vector_add, [[1.0], [1.0]]))
-    end}).
-
-%% A caller killed while suspended in port_command, after it registered its job, left the
-%% entry and its place in the device's queue behind for good, and the watchdog then
-%% killed a healthy idle worker.
-killed_while_writing_test_() ->
-    with_app([{watchdog_ms, 3000}], {timeout, 60, fun() ->
-        #{worker_os_pid := Pid} = erlcuda:info(),
-        Mb = binary:copy(<<1.0:32/float-little>>, 1 bsl 18),
-        Loop = fun Loop() -> _ = erlcuda:launch(reduce, [Mb]), Loop() end,
-        Callers = [spawn(Loop) || _ <- lists:seq(1, 200)],
-        timer:sleep(300),
-        [exit(C, kill) || C <- Callers],
-        ok = wait_until(fun() -> erlcuda_jobs:size() =:= 0 andalso in_flight() =:= 0 end, 100),
-        %% well past the watchdog's limit: the idle worker is still the same one
-        timer:sleep(4000),
-        ?assertMatch(#{worker_os_pid := Pid, restarts := 0}, erlcuda:info()),
-        ?assertEqual({ok, 2.0}, erlcuda:launch_sync(reduce, [[2.0]]))
-    end}).
-
 %% launch_sync with {trace, true} always timed out and left the reply in the mailbox.
 traced_launch_sync_test_() ->
     with_app([], fun() ->
@@ -214,8 +182,6 @@ telemetry_test_() ->
         end
     end).
 
-in_flight() -> erlcuda_test_util:in_flight().
-
 wait_until(Cond, N) -> erlcuda_test_util:wait_until(Cond, N).
 
 no_message() -> erlcuda_test_util:no_message().
@@ -229,13 +195,3 @@ text_settings_as_binaries_test_() ->
         ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]]))
     end).
 
-%% A result no reply frame can carry is refused before anything runs: by the launch
-%% itself, with no job registered (it is never computed and then refused).
-result_too_large_for_a_frame_test_() ->
-    with_app([], fun() ->
-        ?assertEqual({error, too_large}, erlcuda:launch(matmul, [[], [], 40000, 40000, 0])),
-        ?assertEqual({error, too_large},
-                     erlcuda:launch_sync(matmul, [[], [], 33000, 33000, 0], [{format, binary}])),
-        ?assertEqual(#{submitted => 0}, maps:with([submitted], erlcuda_jobs:counters())),
-        ?assertEqual(0, erlcuda_jobs:size())
-    end).

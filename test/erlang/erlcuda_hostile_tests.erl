@@ -38,31 +38,6 @@ bug_info_during_worker_death_test_() ->
         ?assert(is_map(Info))
     end}).
 
-%% 2. The port owner writes control calls with a plain port_command/2: when the port is busy
-%% (a worker that stopped reading while callers wrote large launches), the owner itself is
-%% suspended, so the watchdog never fires, info/0 never answers, and the callers stay
-%% suspended for good. Without the info/0 call the watchdog frees everyone in ~0.6 s.
-bug_owner_blocked_by_busy_port_test_() ->
-    with_app([{watchdog_ms, 500}], {timeout, 30, fun() ->
-        #{worker_os_pid := Pid} = erlcuda:info(),
-        Big = binary:copy(<<1.0:32/float-little>>, 1 bsl 20),
-        Self = self(),
-        try
-            os:cmd("kill -STOP " ++ integer_to_list(Pid)),
-            [spawn(fun() -> Self ! {launched, catch erlcuda:launch(reduce, [Big])} end)
-             || _ <- lists:seq(1, 4)],
-            timer:sleep(100),
-            spawn(fun() -> Self ! {info, catch erlcuda:info()} end),
-            Deadline = erlang:monotonic_time(millisecond) + 5000,
-            Launched = [receive {launched, R} -> R after left(Deadline) -> blocked end
-                        || _ <- lists:seq(1, 4)],
-            Info = receive {info, I} -> I after left(Deadline) -> blocked end,
-            ?assertEqual({0, true}, {length([B || blocked = B <- Launched]), is_map(Info)})
-        after
-            kill9(Pid)
-        end
-    end}).
-
 %% 3. A control call handled after the port has closed but before its exit_status message
 %% is handled makes send_call/4's `true = port_command(...)' raise badarg: the port owner
 %% crashes (and the info caller exits). sys:suspend/1 only widens a window that a busy owner
