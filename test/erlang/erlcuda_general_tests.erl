@@ -168,40 +168,6 @@ general_kernels_test() ->
 
 %% The launch frame.
 
-plain_frame_is_byte_identical_test() ->
-    Data = <<1.0:32/float-little, 2.0:32/float-little>>,
-    {ok, Frame} = erlcuda_protocol:encode_launch(7, 1, matmul, [Data, Data, 1, 1, 2],
-                                                 #{trace => false, result_file => true}),
-    Head = <<?WIRE_LAUNCH, 7:64, 1:16, ?WIRE_FLAG_RESULT_FILE, 6, "matmul", 5>>,
-    Vec = <<?WIRE_ARG_VECTOR, 0, 8:64, Data/binary>>,
-    ?assertEqual(<<Head/binary, Vec/binary, Vec/binary, ?WIRE_ARG_DIM, 1:64,
-                   ?WIRE_ARG_DIM, 1:64, ?WIRE_ARG_DIM, 2:64>>,
-                 body(Frame)).
-
-%% A frame's bytes after its length, which must be theirs.
-body(Frame) ->
-    <<Len:32, Body/binary>> = iolist_to_binary(Frame),
-    ?assertEqual(Len, byte_size(Body)),
-    Body.
-
-general_frame_test() ->
-    Args = [{vector, f64, <<1.0:64/float-little>>}, {handle, 42},
-            {scalar, i32, <<5:32/little, 0:32>>}, {empty, u8, 9},
-            {file, i64, <<"i3-1">>, 80, 1048576}],
-    {ok, Frame} = erlcuda_protocol:encode_launch(
-                    3, 0, k, Args, #{trace => true, result_file => false, keep => [100, 101],
-                                     geometry => {{4, 2, 1}, {128, 1, 1}, 64}}),
-    Flags = ?WIRE_FLAG_TRACE bor ?WIRE_FLAG_KEEP bor ?WIRE_FLAG_GEOMETRY,
-    ?assertEqual(<<?WIRE_LAUNCH, 3:64, 0:16, Flags, 1, "k", 5,
-                   ?WIRE_ARG_VECTOR, 1, 8:64, 1.0:64/float-little,
-                   ?WIRE_ARG_HANDLE, 42:64,
-                   ?WIRE_ARG_SCALAR, 2, 5:32/little, 0:32,
-                   ?WIRE_ARG_EMPTY, 5, 9:64,
-                   ?WIRE_ARG_FILE, 4, 80:64, 1048576:64, 4, "i3-1",
-                   2, 100:64, 101:64,
-                   4:32, 2:32, 1:32, 128:32, 1:32, 1:32, 64:32>>,
-                 body(Frame)).
-
 shm_plan_keeps_the_type_test() ->
     Folder = #{dir => "/nowhere", threshold => 16},
     {Args, Plan} = erlcuda_shm:plan(Folder, 5, [{vector, f64, binary:copy(<<0>>, 32)},
@@ -210,54 +176,6 @@ shm_plan_keeps_the_type_test() ->
     ?assertEqual(1, length(Plan)).
 
 %% Result records of the general path.
-
-ctx(Shape) ->
-    #{epoch => 9, device => 1, buffers => [?B(node(), 9, 1, 77, f32, 3)], shape => Shape,
-      keep => []}.
-
-decode_test() ->
-    Msg = fun(Tag, Payload, Format, Sync, Ctx) ->
-                  element(3, erlcuda_protocol:message(1, {wire, Tag, Payload}, Format, Sync,
-                                                      Ctx))
-          end,
-    I32 = <<(-1):32/little, 2:32/little>>,
-    T = <<2, I32/binary>>,
-    ?assertEqual({ok, [-1, 2]}, Msg(?WIRE_TAG_TYPED, T, list, false, none)),
-    ?assertEqual({ok, I32}, Msg(?WIRE_TAG_TYPED, T, binary, true, none)),
-    %% a launch_sync caller makes its own lists
-    {deferred, Raw} = Msg(?WIRE_TAG_TYPED, T, list, true, none),
-    ?assertEqual({ok, [-1, 2]}, erlcuda_protocol:finish(Raw, list)),
-    ?assertMatch({error, {internal, _}}, Msg(?WIRE_TAG_TYPED, <<2, 1, 2, 3>>, list, false, none)),
-    ?assertMatch({error, {internal, _}}, Msg(?WIRE_TAG_TYPED, <<9, 1>>, list, false, none)),
-    ?assertMatch({error, {non_finite, _}},
-                 Msg(?WIRE_TAG_TYPED, <<1, 0, 0, 0, 0, 0, 0, 240, 127>>, list, false, none)),
-    H = <<5:64, 1, 4:64>>,
-    Handle = ?B(node(), 9, 1, 5, f64, 4),
-    ?assertEqual({ok, Handle}, Msg(?WIRE_TAG_HANDLE, H, list, true, ctx(value))),
-    Item = fun(Tag, P) -> <<Tag, (byte_size(P)):32, P/binary>> end,
-    L = <<2:32, (Item(?WIRE_TAG_VECTOR, <<1.0:32/float-little>>))/binary,
-          (Item(?WIRE_TAG_HANDLE, H))/binary>>,
-    ?assertEqual({ok, [[1.0], Handle]}, Msg(?WIRE_TAG_LIST, L, list, false, ctx(list))),
-    {deferred, RawL} = Msg(?WIRE_TAG_LIST, L, list, true, ctx(list)),
-    ?assertEqual({ok, [[1.0], Handle]}, erlcuda_protocol:finish(RawL, list)),
-    %% an elementwise kernel's one output comes as it is; a raw kernel's always as a list
-    L1 = <<1:32, (Item(?WIRE_TAG_HANDLE, H))/binary>>,
-    ?assertEqual({ok, Handle}, Msg(?WIRE_TAG_LIST, L1, list, false, ctx(single))),
-    ?assertEqual({ok, Handle}, Msg(?WIRE_TAG_HANDLE, H, list, false, ctx(single))),
-    ?assertEqual({ok, [Handle]}, Msg(?WIRE_TAG_HANDLE, H, list, false, ctx(list))),
-    ?assertMatch({error, {internal, _}}, Msg(?WIRE_TAG_LIST, <<3:32>>, list, false, ctx(list))),
-    %% the worker names a lost buffer by its id: the caller gets its handle
-    Lost = term_to_binary({buffer_lost, 77}),
-    ?assertEqual({error, {buffer_lost, ?B(node(), 9, 1, 77, f32, 3)}},
-                 Msg(?WIRE_TAG_ERROR, Lost, list, false, ctx(value))),
-    ?assertEqual({error, {buffer_lost, 78}},
-                 Msg(?WIRE_TAG_ERROR, term_to_binary({buffer_lost, 78}), list, false,
-                     ctx(value))),
-    %% the seed's records are unchanged
-    V = <<1.0:32/float-little>>,
-    ?assertEqual({f32, V}, Msg(?WIRE_TAG_VECTOR, V, list, true, none)),
-    ?assertEqual({ok, [1.0]}, Msg(?WIRE_TAG_VECTOR, V, list, false, none)),
-    ?assertEqual({ok, 2.5}, Msg(?WIRE_TAG_SCALAR, <<2.5:64/float-little>>, list, true, none)).
 
 %% Declarations of user kernels.
 

@@ -296,17 +296,6 @@ launcher(Deadline, Ids) ->
             launcher(Deadline, Next)
     end.
 
-%% [safe] decoding: a frame naming an atom the node does not know is dropped as
-%% undecodable, and no atom is made.
-holds_no_atom_from_worker_test() ->
-    Name = list_to_binary("erlcuda_hostile_" ++ integer_to_list(erlang:unique_integer([positive]))),
-    Before = erlang:system_info(atom_count),
-    Frame = <<131, 104, 3, 119, 1, $r, 97, 1, 119, (byte_size(Name)), Name/binary>>,
-    ?assertEqual({undecodable, byte_size(Frame)}, erlcuda_protocol:decode(Frame)),
-    Log = <<131, 104, 3, 119, 1, $L, 119, 2, "ok", 109, 0, 0, 0, 1, "x">>,
-    ?assertMatch({log, info, <<"x">>}, erlcuda_protocol:decode(Log)),
-    ?assertEqual(Before, erlang:system_info(atom_count)).
-
 %% Stopping the application reaps a worker that no longer reads its input.
 holds_stop_reaps_stopped_worker_test_() ->
     {setup,
