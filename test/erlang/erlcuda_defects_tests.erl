@@ -96,63 +96,6 @@ type_tags({atom, _, Tag}) ->
 type_tags(_) ->
     [].
 
-%% halt() of the node while the worker was stopped (SIGSTOP) left the worker orphaned.
-orphan_after_halt_test_() ->
-    {timeout, 60, fun() ->
-        Ebin = filename:dirname(code:which(erlcuda)),
-        Eval = "application:load(erlcuda), application:set_env(erlcuda, backend, cpu), "
-               "{ok, _} = application:ensure_all_started(erlcuda), "
-               "#{worker_os_pid := P} = erlcuda:info(), io:format(\"worker ~b~n\", [P]), "
-               "os:cmd(\"kill -STOP \" ++ integer_to_list(P)), halt().",
-        Out = os:cmd("erl -noshell -pa " ++ Ebin ++ " -eval '" ++ Eval ++ "' 2>&1"),
-        {match, [Pid]} = re:run(Out, "worker ([0-9]+)", [{capture, all_but_first, list}]),
-        Gone = wait_until(fun() -> not filelib:is_dir("/proc/" ++ Pid) end, 50),
-        _ = [os:cmd("kill -9 " ++ Pid) || Gone =/= ok],
-        ?assertEqual(ok, Gone)
-    end}.
-
-%% The port owner waited in a receive for the worker's hello (up to start_timeout), so
-%% info() exited its caller while a worker started, and launches could not be answered.
-never_blocks_while_starting_test_() ->
-    Dir = string:trim(os:cmd("mktemp -d")),
-    Script = filename:join(Dir, "slow"),
-    ok = file:write_file(Script, "#!/bin/sh\nexec sleep 60\n"),
-    ok = file:change_mode(Script, 8#755),
-    with_app([{python, Script}, {start_timeout, 2000}], {timeout, 30, fun() ->
-        %% info/0 answers while a start is under way (one that waited for the start would
-        %% only ever see it ended), and through the restarts after it.
-        Statuses = poll_info(erlang:monotonic_time(millisecond) + 5000, []),
-        ?assert(lists:member(starting, Statuses)),
-        case erlcuda:launch(reduce, [[1.0]]) of
-            {error, {worker_down, _}} -> ok;
-            {ok, Id} -> receive {erlcuda, Id, {error, {worker_down, _}}} -> ok
-                        after 5000 -> error(no_reply)
-                        end
-        end
-    end}).
-
-poll_info(Deadline, Seen) ->
-    case erlang:monotonic_time(millisecond) > Deadline of
-        true ->
-            Seen;
-        false ->
-            #{worker_status := Status} = erlcuda:info(),
-            timer:sleep(50),
-            poll_info(Deadline, [Status | Seen])
-    end.
-
-%% A worker of another version is refused with a reason that names both versions.
-version_mismatch_test() ->
-    application:load(erlcuda),
-    Info = #{backend => cpu, devices => 1, status => ok, version => <<"0.0.1">>,
-             protocol => 1},
-    {unavailable, Why} = erlcuda_worker_start:check_hello(Info),
-    ?assertMatch({match, _}, re:run(Why, "version mismatch.*0\\.0\\.1")),
-    {ok, Vsn} = application:get_key(erlcuda, vsn),
-    ?assertEqual(ok, erlcuda_worker_start:check_hello(
-                       Info#{version => list_to_binary(Vsn),
-                             protocol => erlcuda_contract:protocol()})).
-
 %% telemetry events, through a stand-in module for the optional telemetry application.
 telemetry_test_() ->
     with_app([{telemetry_module, erlcuda_telemetry_standin}], fun() ->
@@ -181,8 +124,6 @@ telemetry_test_() ->
             ok = application:unset_env(erlcuda, telemetry_module)
         end
     end).
-
-wait_until(Cond, N) -> erlcuda_test_util:wait_until(Cond, N).
 
 no_message() -> erlcuda_test_util:no_message().
 

@@ -71,27 +71,6 @@ bug_sync_vector_success_emits_exception_test_() ->
         end
     end).
 
-%% README, Options: with {trace, true} "the reply is {erlcuda, JobId, Result, Stamps};
-%% launch_sync answers {ok, R, Stamps} or {error, Why, Stamps}". A traced job answered by
-%% the Erlang side (worker death, fail_all; the sweep) gets the untraced 3-tuple
-%% (erlcuda_jobs.erl:67: the job entry does not even record that it was traced), so a
-%% traced caller that matches the documented shape never sees its reply.
-bug_traced_job_failed_by_erlang_loses_its_shape_test_() ->
-    with_app([], {timeout, 30, fun() ->
-        #{worker_os_pid := Os} = erlcuda:info(),
-        erlcuda_test_util:stall(0, 3000),
-        {ok, Id} = erlcuda:launch(reduce, [[1.0]], [{trace, true}]),
-        kill9(Os),
-        Got = receive
-                  {erlcuda, Id, R, Stamps} -> {traced, R, Stamps};
-                  {erlcuda, Id, R} -> {untraced, R}
-              after 5000 -> none
-              end,
-        receive {stalled, _} -> ok after 5000 -> ok end,
-        erlcuda_test_util:wait_restarted(Os, 100),
-        ?assertMatch({traced, {error, {worker_down, _}}, _}, Got)
-    end}).
-
 %%% ---------------------------------------------------------------------------------------
 %%% What the port owner does per result
 %%% ---------------------------------------------------------------------------------------
@@ -106,12 +85,6 @@ bug_traced_job_failed_by_erlang_loses_its_shape_test_() ->
 %%% ---------------------------------------------------------------------------------------
 %%% Helpers
 %%% ---------------------------------------------------------------------------------------
-
-signal(OsPid, Sig) ->
-    _ = os:cmd("kill -" ++ Sig ++ " " ++ integer_to_list(OsPid)),
-    ok.
-
-kill9(OsPid) -> signal(OsPid, "9").
 
 in_flight() -> erlcuda_test_util:in_flight().
 
