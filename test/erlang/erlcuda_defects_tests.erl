@@ -51,32 +51,6 @@ improper_lists_and_map_options_test_() ->
         no_message()
     end).
 
-%% Bad application config started the application; every launch then answered worker_down
-%% while the worker restarted forever, and info() said backend => undefined.
-bad_config_test_() ->
-    {setup,
-     fun() -> _ = application:stop(erlcuda), application:load(erlcuda) end,
-     fun(_) -> [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS] end,
-     fun() ->
-         Bad = [{backend, gpu}, {cpu_devices, 0}, {max_queue, -1}, {python, 42},
-                {watchdog_ms, soon}, {spin_us, -5}, {batching, yes}, {worker_args, "-x"},
-                {start_timeout, infinity}, {worker_module, "-m os"}, {worker_module, "a..b"},
-                {worker_module, 'erlcuda'}, {python_path, "/tmp"}, {python_path, [42]}],
-         lists:foreach(
-           fun({K, V}) ->
-                   Saved = application:get_env(erlcuda, K),
-                   ok = application:set_env(erlcuda, K, V),
-                   Got = application:start(erlcuda),
-                   case Saved of
-                       {ok, Old} -> ok = application:set_env(erlcuda, K, Old);
-                       undefined -> ok = application:unset_env(erlcuda, K)
-                   end,
-                   ?assertMatch({error, {{bad_config, K, V}, _}}, Got),
-                   ?assertEqual(false, lists:keymember(erlcuda, 1,
-                                                       application:which_applications()))
-           end, Bad)
-     end}.
-
 %% The reason() type lacked {non_finite, _}, so dialyzer in a user's application rejected
 %% a handler for a documented error: every reason the worker sends must be in the type.
 reason_type_test() ->
@@ -126,13 +100,4 @@ telemetry_test_() ->
     end).
 
 no_message() -> erlcuda_test_util:no_message().
-
-%% Elixir writes strings as binaries: `config :erlcuda, python: "/usr/bin/python3"' was
-%% refused as bad_config.
-text_settings_as_binaries_test_() ->
-    application:load(erlcuda),
-    Python = list_to_binary(erlcuda_paths:python(default)),
-    with_app([{python, Python}, {worker_args, [<<"--spin-us">>, <<"0">>]}], fun() ->
-        ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]]))
-    end).
 

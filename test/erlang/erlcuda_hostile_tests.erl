@@ -17,9 +17,6 @@
 with_app(Env, Test) ->
     erlcuda_test_util:with_app(?DEFAULTS, Env, Test).
 
-reset() ->
-    erlcuda_test_util:reset(?DEFAULTS, ?EXTRA).
-
 %%% Defects.
 
 %% 5. Telemetry must never break a launch. A [erlcuda, job, start] handler that raises
@@ -45,36 +42,6 @@ bug_telemetry_stop_raises_test_() ->
 execute([erlcuda, job, start], _, #{kernel := dot_product}) -> error(handler_bug);
 execute([erlcuda, job, stop], _, #{kernel := vector_add}) -> error(handler_bug);
 execute(_, _, _) -> ok.
-
-%% 10. start_timeout is checked only as a positive integer, but the application's start
-%% waits start_timeout + 5000 in a gen_statem:call: above 4294967295 - 5000 that raises
-%% timeout_value, and the start fails with bad_return instead of {bad_config, _, _}.
-bug_huge_start_timeout_test_() ->
-    {setup,
-     fun() -> _ = application:stop(erlcuda), application:load(erlcuda) end,
-     fun(_) -> reset() end,
-     fun() ->
-         [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS],
-         ok = application:set_env(erlcuda, start_timeout, 1 bsl 33),
-         Got = application:start(erlcuda),
-         ?assertMatch({error, {{bad_config, start_timeout, _}, _}}, Got)
-     end}.
-
-%% 12. Each restart re-reads the application env and matches {ok, Config}: one bad value
-%% set at run time (a typo in a remote shell) crashes the port owner at the next worker
-%% death, again in init/1 at each supervisor restart, and the whole application stops -
-%% the crash loop that "the port owner restarts the worker itself" is meant to rule out.
-bug_runtime_bad_env_stops_app_test_() ->
-    with_app([], {timeout, 20, fun() ->
-        #{worker_os_pid := Pid} = erlcuda:info(),
-        ok = application:set_env(erlcuda, max_queue, 0),
-        kill9(Pid),
-        timer:sleep(1500),
-        ok = application:set_env(erlcuda, max_queue, 10000),
-        Running = lists:keymember(erlcuda, 1, application:which_applications()),
-        _ = (catch erlcuda_test_util:wait_restarted(Pid, 20)),
-        ?assertEqual({true, {ok, 1.0}}, {Running, erlcuda:launch_sync(reduce, [[1.0]])})
-    end}).
 
 %%% Promises that held.
 
@@ -154,10 +121,6 @@ is_reply({error, _}) -> true;
 is_reply(_) -> false.
 
 in_flight() -> erlcuda_test_util:in_flight().
-
-kill9(Pid) ->
-    _ = os:cmd("kill -9 " ++ integer_to_list(Pid) ++ " 2>/dev/null"),
-    ok.
 
 wait_until(_, 0) -> timeout;
 wait_until(Cond, N) ->

@@ -99,15 +99,3 @@ wait_empty(N) ->
         _ -> timer:sleep(100), wait_empty(N - 1)
     end.
 
-paths_test() ->
-    %% the worker's code comes from the application's priv dir (a release has no checkout)
-    Dir = erlcuda_paths:python_dir(),
-    ?assertEqual(filename:absname(filename:join(code:priv_dir(erlcuda), "python")), Dir),
-    ?assert(filelib:is_regular(filename:join([Dir, "erlcuda", "__init__.py"]))),
-    Saved = os:getenv("ERLCUDA_PYTHON"),
-    os:putenv("ERLCUDA_PYTHON", "/opt/python-of-choice"),
-    ?assertEqual("/opt/python-of-choice", erlcuda_paths:python(default)),
-    os:unsetenv("ERLCUDA_PYTHON"),
-    ?assertEqual("/usr/bin/python9", erlcuda_paths:python("/usr/bin/python9")),
-    _ = [os:putenv("ERLCUDA_PYTHON", Saved) || is_list(Saved)],
-    ok.
