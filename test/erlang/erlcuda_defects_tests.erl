@@ -70,34 +70,5 @@ type_tags({atom, _, Tag}) ->
 type_tags(_) ->
     [].
 
-%% telemetry events, through a stand-in module for the optional telemetry application.
-telemetry_test_() ->
-    with_app([{telemetry_module, erlcuda_telemetry_standin}], fun() ->
-        register(erlcuda_telemetry_events, self()),
-        try
-            {ok, 3.0} = erlcuda:launch_sync(reduce, [[1.0, 2.0]]),
-            Big = [3.0e38, 3.0e38],
-            %% an async launch: its list is made (and found non-finite) before delivery
-            {ok, Id} = erlcuda:launch(vector_add, [Big, Big]),
-            receive {erlcuda, Id, {error, {non_finite, _}}} -> ok after 5000 -> error(no_reply) end,
-            receive {telemetry, [erlcuda, job, start], #{system_time := _}, #{kernel := reduce}} -> ok
-            after 1000 -> error(no_start)
-            end,
-            receive {telemetry, [erlcuda, job, stop], #{duration := D}, #{kernel := reduce}}
-                      when is_integer(D), D >= 0 -> ok
-            after 1000 -> error(no_stop)
-            end,
-            receive {telemetry, [erlcuda, job, exception], #{duration := _},
-                     #{kernel := vector_add, reason := {non_finite, _}}} -> ok
-            after 1000 -> error(no_exception)
-            end,
-            #{jobs := #{submitted := S, ok := Ok, error := Err}} = erlcuda:info(),
-            ?assert(S >= 2 andalso Ok >= 1 andalso Err >= 1)
-        after
-            unregister(erlcuda_telemetry_events),
-            ok = application:unset_env(erlcuda, telemetry_module)
-        end
-    end).
-
 no_message() -> erlcuda_test_util:no_message().
 

