@@ -1,5 +1,8 @@
-%% Reliability under load, faults and absurd input, on the CPU backend with four devices.
--module(erlcuda_reliability_tests).
+%% The whole application under load and faults, on the CPU backend with four devices: 1,000
+%% callers x 100 mixed jobs twice (one right reply each, memory flat between rounds), SIGKILL
+%% of the worker under load, overload of one device's queue, callers that die with jobs in
+%% flight, and absurd sizes.
+-module(erlcuda_app_tests).
 
 -include_lib("eunit/include/eunit.hrl").
 
@@ -12,12 +15,16 @@ with_app(Env, Test) ->
 
 load_test_() ->
     with_app([], {timeout, 300, fun load/0}).
+
 kill_under_load_test_() ->
     with_app([], {timeout, 120, fun kill_under_load/0}).
+
 overload_test_() ->
     with_app([{max_queue, 5}], {timeout, 30, fun overload/0}).
+
 caller_dies_test_() ->
     with_app([], {timeout, 30, fun caller_dies/0}).
+
 absurd_sizes_test_() ->
     with_app([], fun absurd_sizes/0).
 
@@ -98,4 +105,3 @@ wait_empty(N) ->
         0 -> ok;
         _ -> timer:sleep(100), wait_empty(N - 1)
     end.
-
