@@ -1,5 +1,6 @@
 %% The API (erlcuda) is total: every exported function, given bad terms in every argument,
-%% returns (`{error, _}' or a value) and never raises or hangs.
+%% returns (`{error, _}' or a value) and never raises or hangs; and its reason() type names
+%% every reason the worker sends.
 -module(erlcuda_api_tests).
 
 -include_lib("eunit/include/eunit.hrl").

@@ -1,5 +1,6 @@
-%% The Erlang API on the CPU backend with two virtual devices: results, bad input, timeouts,
-%% a killed worker and many concurrent callers.
+%% The Erlang API on the CPU backend with two virtual devices: results, bad input of any
+%% shape, options as lists and maps, timeouts (and no stray reply after one), traced
+%% launch_sync, a killed worker and many concurrent callers.
 -module(erlcuda_tests).
 
 -include_lib("eunit/include/eunit.hrl").
