@@ -1,5 +1,6 @@
 %% The API (erlcuda) is total: every exported function, given bad terms in every argument,
-%% returns (`{error, _}' or a value) and never raises or hangs.
+%% returns (`{error, _}' or a value) and never raises or hangs; and its reason() type names
+%% every reason the worker sends.
 -module(erlcuda_api_tests).
 
 -include_lib("eunit/include/eunit.hrl").
@@ -52,3 +53,22 @@ call(F, Args) ->
         {'DOWN', M, process, P, Why} -> {raised, Why}
     after 10000 -> exit(P, kill), {raised, hang}
     end.
+
+%% Every reason the worker sends is in the reason() type, so that dialyzer in a user's
+%% application accepts a handler for any documented error (such as {non_finite, _}).
+reason_type_test() ->
+    {ok, {erlcuda, [{abstract_code, {raw_abstract_v1, Forms}}]}} =
+        beam_lib:chunks(code:which(erlcuda), [abstract_code]),
+    [Reason] = [T || {attribute, _, type, {reason, T, []}} <- Forms],
+    Tags = type_tags(Reason),
+    Missing = [R || R <- erlcuda_contract:reasons(), not lists:member(R, Tags)],
+    ?assertEqual([], Missing).
+
+type_tags({type, _, union, Types}) ->
+    lists:flatmap(fun type_tags/1, Types);
+type_tags({type, _, tuple, [{atom, _, Tag} | _]}) ->
+    [Tag];
+type_tags({atom, _, Tag}) ->
+    [Tag];
+type_tags(_) ->
+    [].

@@ -1,6 +1,6 @@
 %% @doc Load and fault generator: many processes launching mixed jobs, every reply checked.
 %%
-%% Used by the reliability tests (the test profile compiles test/erlang) and by `make soak'
+%% Used by erlcuda_app_tests (the test profile compiles test/erlang) and by `make soak'
 %% (bench/soak compiles it into _build/soak); not part of the application. Each job's inputs
 %% are vectors of one small integer value, so its exact result is known without computing
 %% it; a reply is `right' when it equals that result, and every job must get exactly one

@@ -522,3 +522,11 @@ fake_worker() ->
 "    elif s == 6: put(path, bytes(8)); file_record(j, 1 << 40, 1 << 40)\n"
 "def launch(m):\n"
 "    answer(m.job_id, int(m.args[0][0]))\n"]).
+
+%% The plan of a launch's operand files, without the application.
+shm_plan_keeps_the_type_test() ->
+    Folder = #{dir => "/nowhere", threshold => 16},
+    {Args, Plan} = erlcuda_shm:plan(Folder, 5, [{vector, f64, binary:copy(<<0>>, 32)},
+                                                {handle, 1}, <<0:32>>]),
+    ?assertMatch([{file, f64, <<"i5-1">>, 32, _}, {handle, 1}, <<0:32>>], Args),
+    ?assertEqual(1, length(Plan)).

@@ -2,7 +2,8 @@
 -module(erlcuda_test_util).
 
 -export([wait_restarted/2, stall/2, with_app/3, reset/2, in_flight/0, wait_until/2,
-         no_message/0, fake_worker/4, test_worker_path/0]).
+         no_message/0, fake_worker/4, test_worker_path/0, wait_for/2, kill9/1, signal/2,
+         left/1, flush/0, flush_stalled/0]).
 
 %% The `python_path' that finds the worker's test double (`worker_module'
 %% "erlcuda_testworker": the real worker with the calls fault, print and stall), in
@@ -22,6 +23,34 @@ wait_until(Cond, N) ->
         true -> ok;
         false -> timer:sleep(100), wait_until(Cond, N - 1)
     end.
+
+%% As wait_until/2, but a Cond that raises (info/0 while the port owner restarts, say)
+%% counts as not holding yet.
+wait_for(_, 0) -> timeout;
+wait_for(Cond, N) ->
+    case catch Cond() of
+        true -> ok;
+        _ -> timer:sleep(100), wait_for(Cond, N - 1)
+    end.
+
+%% Send signal Sig ("STOP", "CONT", "9", ...) to the OS process OsPid.
+signal(OsPid, Sig) ->
+    _ = os:cmd("kill -" ++ Sig ++ " " ++ integer_to_list(OsPid) ++ " 2>/dev/null"),
+    ok.
+
+kill9(OsPid) -> signal(OsPid, "9").
+
+%% Milliseconds left until Deadline (monotonic milliseconds), never below 0.
+left(Deadline) ->
+    max(0, Deadline - erlang:monotonic_time(millisecond)).
+
+%% Every message in the caller's mailbox, taken out of it.
+flush() ->
+    receive M -> [M | flush()] after 0 -> [] end.
+
+%% Take the {stalled, _} that stall/2 sends once its stall ends (waiting up to 6 s).
+flush_stalled() ->
+    receive {stalled, _} -> ok after 6000 -> ok end.
 
 %% Fails on any message in the caller's mailbox.
 no_message() ->

@@ -1,5 +1,6 @@
-%% The Erlang API on the CPU backend with two virtual devices: results, bad input, timeouts,
-%% a killed worker and many concurrent callers.
+%% The Erlang API on the CPU backend with two virtual devices: results, bad input of any
+%% shape, options as lists and maps, timeouts (and no stray reply after one), traced
+%% launch_sync, a killed worker and many concurrent callers.
 -module(erlcuda_tests).
 
 -include_lib("eunit/include/eunit.hrl").
@@ -289,3 +290,154 @@ info_while_busy_test_() ->
          receive {stalled, _} -> ok after 9000 -> error(stall) end,
          ?assertNot(maps:is_key(worker_answered, erlcuda:info()))
      end}}.
+
+%%% launch/3 and launch_sync/3 against bad input of any shape, options in every form, timeouts
+%%% and traced jobs, in a fixture of their own (the worker's test double, two devices).
+
+-define(DEFAULTS, [{backend, cpu}, {cpu_devices, 2}, {worker_module, "erlcuda_testworker"}, {python_path, erlcuda_test_util:test_worker_path()}, {max_queue, 10000},
+                   {watchdog_ms, 30000}, {python, default}, {start_timeout, 120000}]).
+
+with_app(Env, Test) ->
+    erlcuda_test_util:with_app(?DEFAULTS, Env, Test).
+
+%% Bad input of any shape: a documented {error, Reason} from launch and launch_sync alike,
+%% never an exception; the service goes on, no stray message, the counters stay at 0.
+hostile_input_test_() ->
+    with_app([], fun() ->
+        Big = 1 bsl 1000,
+        Cases =
+            [{unknown_kernel, self(), [[1.0]], []},
+             {unknown_kernel, <<"reduce">>, [[1.0]], []},
+             {unknown_kernel, "reduce", [[1.0]], []},
+             {bad_args, reduce, #{a => 1}, []},
+             {bad_args, reduce, [[1.0] | x], []},
+             {bad_args, reduce, [[1.0, [2.0]]], []},
+             {bad_args, reduce, [[<<1.0:32/float>>]], []},
+             {bad_args, reduce, [[Big]], []},
+             {bad_args, reduce, [[-Big]], []},
+             {bad_args, reduce, [[3.5e38]], []},
+             {bad_args, reduce, [[340282356779733661637539395458142568448]], []},
+             {bad_args, reduce, [<<1:7>>], []},
+             {bad_args, reduce, [{1.0}], []},
+             {bad_args, matmul, [[1.0], [1.0], true, 1, 1], []},
+             {bad_args, matmul, [[1.0], [1.0], 1, 1, 1 bsl 200], []},
+             {bad_args, matmul, [<<>>, <<>>, 0, 0, 1 bsl 31], []},
+             {bad_args, matmul, [[], [], -1, 0, 0], []},
+             {bad_device, reduce, [[1.0]], [{device, 1 bsl 64}]},
+             {bad_device, reduce, [[1.0]], [{device, 2}]},
+             {bad_device, reduce, [[1.0]], [{device, "0"}]},
+             {bad_option, reduce, [[1.0]], {device, 0}},
+             {bad_option, reduce, [[1.0]], [{device, 0} | {}]},
+             {bad_option, reduce, [[1.0]], [{format, <<"binary">>}]},
+             {bad_option, reduce, [[1.0]], [{trace, 1}]},
+             {bad_option, reduce, [[1.0]], [{timeout, -1}]},
+             {bad_option, reduce, [[1.0]], [{timeout, 1.5}]},
+             {bad_option, reduce, [[1.0]], [{timeout, 1 bsl 32}]},
+             {bad_option, reduce, [[1.0]], [{device, 0, extra}]},
+             {bad_option, reduce, [[1.0]], [device]},
+             {bad_option, reduce, [[1.0]], [[]]},
+             {bad_option, reduce, [[1.0]], #{"device" => 0}},
+             {bad_option, reduce, [[1.0]], #{device => any, bogus => 1}}],
+        lists:foreach(
+          fun({Tag, Kernel, Args, Opts} = Case) ->
+                  Async = (catch erlcuda:launch(Kernel, Args, Opts)),
+                  Sync = (catch erlcuda:launch_sync(Kernel, Args, Opts)),
+                  ?assertEqual({Case, Async}, {Case, Sync}),
+                  ?assertMatch({_, {error, {Tag, _}}}, {Case, Async})
+          end, Cases),
+        ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], #{device => any})),
+        ?assertEqual({ok, <<>>}, erlcuda:launch_sync(vector_add, [[], <<>>],
+                                                     [{format, binary}])),
+        timer:sleep(100),
+        no_message(),
+        ?assertEqual({0, 0}, {in_flight(), erlcuda_jobs:size()})
+    end).
+
+%% launch_sync's timeout: no late reply reaches the caller, also with trace; the job's
+%% entry and queue place go once the late reply comes.
+no_stray_after_timeout_test_() ->
+    with_app([], {timeout, 20, fun() ->
+        erlcuda_test_util:stall(0, 500),
+        ?assertEqual({error, timeout}, erlcuda:launch_sync(reduce, [[1.0]], [{timeout, 0}])),
+        ?assertEqual({error, timeout},
+                     erlcuda:launch_sync(reduce, [[1.0]], [{timeout, 20}, {trace, true}])),
+        ?assertEqual({error, timeout},
+                     erlcuda:launch_sync(reduce, [[1.0]], #{timeout => 50, device => 0})),
+        flush_stalled(),
+        timer:sleep(300),
+        no_message(),
+        ?assertEqual({0, 0}, {in_flight(), erlcuda_jobs:size()})
+    end}).
+
+%% A launch_sync that times out while its vector result is on its way leaves nothing in the
+%% mailbox, later either; non-finite vectors and scalars are {error, {non_finite, _}} in list
+%% format and raw in binary format; the queue counters come back to 0. (Shared memory off: the
+%% result comes through the {f32, Bin} path of the pipe.)
+launch_sync_f32_timeout_and_non_finite_test_() ->
+    with_app([{shm_dir, none}], {timeout, 30, fun() ->
+        erlcuda_test_util:stall(0, 800),
+        V = binary:copy(<<1.5:32/float-little>>, 1000),
+        ?assertEqual({error, timeout},
+                     erlcuda:launch_sync(vector_add, [V, V], [{timeout, 100}])),
+        receive {stalled, {ok, _}} -> ok after 5000 -> error(no_stall) end,
+        timer:sleep(300),
+        no_message(),
+        Big = [3.0e38, 3.0e38],
+        ?assertMatch({error, {non_finite, _}}, erlcuda:launch_sync(vector_add, [Big, Big])),
+        ?assertMatch({error, {non_finite, _}}, erlcuda:launch_sync(reduce, [Big])),
+        {ok, Raw} = erlcuda:launch_sync(vector_add, [Big, Big], [{format, binary}]),
+        ?assertEqual(<<0, 0, 128, 127, 0, 0, 128, 127>>, Raw),   % +inf twice
+        {ok, Id} = erlcuda:launch(vector_add, [Big, Big]),
+        ?assertMatch({error, {non_finite, _}}, receive {erlcuda, Id, R} -> R after 5000 -> lost end),
+        ok = erlcuda_test_util:wait_until(fun() -> in_flight() =:= 0 end, 30),
+        no_message()
+    end}).
+
+%% launch_sync with {trace, true} answers with the stamps beside the result, also for an
+%% error, and leaves nothing in the mailbox.
+traced_launch_sync_test_() ->
+    with_app([], fun() ->
+        ?assertMatch({ok, 3.0, #{<<"recv">> := _, <<"forward">> := _}},
+                     erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{trace, true}, {timeout, 5000}])),
+        Big = [3.0e38, 3.0e38],
+        ?assertMatch({error, {non_finite, _}, #{<<"recv">> := _}},
+                     erlcuda:launch_sync(vector_add, [Big, Big], [{trace, true}])),
+        no_message()
+    end).
+
+%% {timeout, T} above 4294967295 is refused as a bad option before anything is submitted (a
+%% timer that large would raise timeout_value after submitting, and the reply land in the
+%% mailbox later).
+timeout_out_of_range_test_() ->
+    with_app([], fun() ->
+        Big = 4294967296,
+        ?assertEqual({error, {bad_option, {timeout, Big}}},
+                     erlcuda:launch_sync(reduce, [[1.0]], [{timeout, Big}])),
+        ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{timeout, 4294967295}])),
+        timer:sleep(200),
+        no_message()
+    end).
+
+%% Improper lists as arguments or options are bad_args / bad_option (never badarg or
+%% function_clause), and options may be given as a map.
+improper_lists_and_map_options_test_() ->
+    with_app([], fun() ->
+        ?assertMatch({error, {bad_args, _}}, erlcuda:launch(vector_add, [[1] | foo])),
+        ?assertMatch({error, {bad_args, _}}, erlcuda:launch_sync(reduce, [[1.0] | [[2.0] | x]])),
+        ?assertMatch({error, {bad_option, _}}, erlcuda:launch(reduce, [[1.0]], [{device, 0} | bad])),
+        ?assertMatch({error, {bad_option, _}},
+                     erlcuda:launch_sync(reduce, [[1.0]], [{format, list} | {device, 0}])),
+        ?assertEqual({ok, 2.0}, erlcuda:launch_sync(reduce, [[2.0]], #{device => 1})),
+        ?assertEqual({ok, <<3.0:32/float-little>>},
+                     erlcuda:launch_sync(vector_add, [[1.0], [2.0]],
+                                         #{format => binary, timeout => 1000})),
+        ?assertEqual({error, {bad_option, {colour, red}}},
+                     erlcuda:launch(reduce, [[1.0]], #{colour => red})),
+        no_message()
+    end).
+
+in_flight() -> erlcuda_test_util:in_flight().
+
+no_message() -> erlcuda_test_util:no_message().
+
+flush_stalled() -> erlcuda_test_util:flush_stalled().

@@ -1,89 +1,15 @@
-%% The Erlang side of element types, buffers and user kernels without a worker: list
-%% conversion per type, launch validation, the launch frame's bytes, the decoding of the
-%% general path's result records, and the checks of user kernels' declarations.
--module(erlcuda_general_tests).
+%% The checks of a launch (erlcuda_job:validate/3) without a worker: built-in kernels in
+%% f32 and f64, options, buffers as operands, the general kernels, and the declarations of
+%% user kernels (erlcuda_loader) with the launches checked against them.
+-module(erlcuda_job_tests).
 
 -include_lib("eunit/include/eunit.hrl").
--include("erlcuda_contract.hrl").
 
 -define(B(Node, Epoch, Device, Id, Type, N), {erlcuda_buffer, Node, Epoch, Device, Id, Type, N}).
 
-%% Element types.
-
-types_match_the_contract_test() ->
-    Types = erlcuda_contract:element_types(),
-    ?assertEqual([f32, f64, i32, u32, i64, u8], Types),
-    ?assertEqual(Types, [erlcuda_vector:type(I) || I <- lists:seq(0, 5)]),
-    ?assertEqual(lists:seq(0, 5), [erlcuda_vector:index(T) || T <- Types]),
-    ?assertEqual(error, erlcuda_vector:type(6)),
-    ?assertEqual([4, 8, 4, 4, 8, 1], [erlcuda_vector:size(T) || T <- Types]).
-
-%% Each integer type takes exactly the range the contract gives it, and the part limit of
-%% shared memory is the contract's.
-ranges_are_the_contracts_test() ->
-    Ints = [{T, erlcuda_contract:element_range(T)}
-            || T <- erlcuda_contract:element_types(), erlcuda_contract:element_range(T) =/= float],
-    ?assertEqual([i32, u32, i64, u8], [T || {T, _} <- Ints]),
-    lists:foreach(
-      fun({T, {Min, Max}}) ->
-              {ok, Bin} = erlcuda_vector:pack(T, [Min, Max]),
-              ?assertEqual({ok, [Min, Max]}, erlcuda_vector:unpack(T, Bin)),
-              ?assertMatch({error, _}, erlcuda_vector:pack(T, [Min - 1])),
-              ?assertMatch({error, _}, erlcuda_vector:pack(T, [Max + 1]))
-      end, Ints),
-    Big = 64 * erlcuda_shm:part_bytes(0) * erlcuda_contract:shm_parts(),
-    ?assert(erlcuda_shm:part_bytes(Big) * erlcuda_contract:shm_parts() >= Big),
-    ?assert(erlcuda_shm:part_bytes(Big) * (erlcuda_contract:shm_parts() - 1) < Big).
-
-pack_round_trips_test() ->
-    Cases = [{f32, [1.5, -2.0, 0.0, 3]}, {f64, [1.0e300, -1.0e-300, 2, 0.1]},
-             {i32, [-2147483648, 0, 2147483647]}, {u32, [0, 4294967295]},
-             {i64, [-9223372036854775808, 9223372036854775807]}, {u8, [0, 7, 255]}],
-    lists:foreach(
-      fun({T, L}) ->
-              {ok, Bin} = erlcuda_vector:pack(T, L),
-              ?assertEqual(length(L) * erlcuda_vector:size(T), byte_size(Bin)),
-              {ok, Back} = erlcuda_vector:unpack(T, Bin),
-              Want = case T of
-                         f32 -> [float(X) || X <- L];
-                         f64 -> [float(X) || X <- L];
-                         _ -> L
-                     end,
-              ?assertEqual(Want, Back)
-      end, Cases),
-    %% little-endian, as the worker reads it
-    ?assertEqual({ok, <<1, 0, 0, 0, 255, 255, 255, 255>>}, erlcuda_vector:pack(i32, [1, -1])),
-    ?assertEqual({ok, <<0, 0, 0, 0, 0, 0, 240, 63>>}, erlcuda_vector:pack(f64, [1.0])).
-
-pack_range_errors_test() ->
-    Bad = [{i32, [2147483648]}, {i32, [-2147483649]}, {u32, [-1]}, {u32, [4294967296]},
-           {i64, [1 bsl 63]}, {u8, [256]}, {u8, [-1]}, {u8, [1.0]}, {i32, [2.5]},
-           {f32, [1.0e39]}, {f32, [foo]}, {f64, [foo]}, {f64, [1 bsl 1100]},
-           {i32, [1 | 2]}],
-    [?assertMatch({error, _}, erlcuda_vector:pack(T, L)) || {T, L} <- Bad],
-    {error, Why} = erlcuda_vector:pack(u8, [1, 2, 300]),
-    ?assertEqual(<<"300 is outside the u8 range">>, iolist_to_binary(Why)).
-
-unpack_non_finite_test() ->
-    Inf32 = <<0, 0, 128, 127>>,
-    Inf64 = <<0, 0, 0, 0, 0, 0, 240, 127>>,
-    ?assertMatch({error, {non_finite, _}}, erlcuda_vector:unpack(f32, Inf32)),
-    ?assertMatch({error, {non_finite, _}}, erlcuda_vector:unpack(f64, Inf64)),
-    %% the same bits are ordinary integers
-    ?assertEqual({ok, [2139095040]}, erlcuda_vector:unpack(u32, Inf32)),
-    ?assertEqual({ok, [0, 0, 128, 127]}, erlcuda_vector:unpack(u8, Inf32)).
-
-scalar_test() ->
-    ?assertEqual({ok, <<1.5:32/float-little, 0:32>>}, erlcuda_vector:scalar(f32, 1.5)),
-    ?assertEqual({ok, <<-3:64/signed-little>>}, erlcuda_vector:scalar(i64, -3)),
-    ?assertEqual({ok, <<200, 0:56>>}, erlcuda_vector:scalar(u8, 200)),
-    ?assertEqual({ok, <<2.0:64/float-little>>}, erlcuda_vector:scalar(f64, 2)),
-    ?assertMatch({error, _}, erlcuda_vector:scalar(u8, 256)),
-    ?assertMatch({error, _}, erlcuda_vector:scalar(i32, 1.0)).
-
-%% Validation.
-
-plain_launch_is_the_seeds_test() ->
+%% A launch of a built-in kernel in f32, with no buffers or options: f32 operands and no
+%% general part.
+plain_launch_test() ->
     {ok, Job} = erlcuda_job:validate(vector_add, [[1.0, 2.0], <<3.0:32/float-little,
                                                                 4.0:32/float-little>>], []),
     ?assertEqual(#{kernel => vector_add, device => 0, format => list, timeout => 5000,
@@ -166,100 +92,7 @@ general_kernels_test() ->
     ?assertEqual([<<1.0:32/float-little>>], maps:get(args, D)),
     ?assertMatch({error, {bad_args, _}}, erlcuda_job:validate(zeros, [-1], [])).
 
-%% The launch frame.
-
-plain_frame_is_byte_identical_test() ->
-    Data = <<1.0:32/float-little, 2.0:32/float-little>>,
-    {ok, Frame} = erlcuda_protocol:encode_launch(7, 1, matmul, [Data, Data, 1, 1, 2],
-                                                 #{trace => false, result_file => true}),
-    Head = <<?WIRE_LAUNCH, 7:64, 1:16, ?WIRE_FLAG_RESULT_FILE, 6, "matmul", 5>>,
-    Vec = <<?WIRE_ARG_VECTOR, 0, 8:64, Data/binary>>,
-    ?assertEqual(<<Head/binary, Vec/binary, Vec/binary, ?WIRE_ARG_DIM, 1:64,
-                   ?WIRE_ARG_DIM, 1:64, ?WIRE_ARG_DIM, 2:64>>,
-                 body(Frame)).
-
-%% A frame's bytes after its length, which must be theirs.
-body(Frame) ->
-    <<Len:32, Body/binary>> = iolist_to_binary(Frame),
-    ?assertEqual(Len, byte_size(Body)),
-    Body.
-
-general_frame_test() ->
-    Args = [{vector, f64, <<1.0:64/float-little>>}, {handle, 42},
-            {scalar, i32, <<5:32/little, 0:32>>}, {empty, u8, 9},
-            {file, i64, <<"i3-1">>, 80, 1048576}],
-    {ok, Frame} = erlcuda_protocol:encode_launch(
-                    3, 0, k, Args, #{trace => true, result_file => false, keep => [100, 101],
-                                     geometry => {{4, 2, 1}, {128, 1, 1}, 64}}),
-    Flags = ?WIRE_FLAG_TRACE bor ?WIRE_FLAG_KEEP bor ?WIRE_FLAG_GEOMETRY,
-    ?assertEqual(<<?WIRE_LAUNCH, 3:64, 0:16, Flags, 1, "k", 5,
-                   ?WIRE_ARG_VECTOR, 1, 8:64, 1.0:64/float-little,
-                   ?WIRE_ARG_HANDLE, 42:64,
-                   ?WIRE_ARG_SCALAR, 2, 5:32/little, 0:32,
-                   ?WIRE_ARG_EMPTY, 5, 9:64,
-                   ?WIRE_ARG_FILE, 4, 80:64, 1048576:64, 4, "i3-1",
-                   2, 100:64, 101:64,
-                   4:32, 2:32, 1:32, 128:32, 1:32, 1:32, 64:32>>,
-                 body(Frame)).
-
-shm_plan_keeps_the_type_test() ->
-    Folder = #{dir => "/nowhere", threshold => 16},
-    {Args, Plan} = erlcuda_shm:plan(Folder, 5, [{vector, f64, binary:copy(<<0>>, 32)},
-                                                {handle, 1}, <<0:32>>]),
-    ?assertMatch([{file, f64, <<"i5-1">>, 32, _}, {handle, 1}, <<0:32>>], Args),
-    ?assertEqual(1, length(Plan)).
-
-%% Result records of the general path.
-
-ctx(Shape) ->
-    #{epoch => 9, device => 1, buffers => [?B(node(), 9, 1, 77, f32, 3)], shape => Shape,
-      keep => []}.
-
-decode_test() ->
-    Msg = fun(Tag, Payload, Format, Sync, Ctx) ->
-                  element(3, erlcuda_protocol:message(1, {wire, Tag, Payload}, Format, Sync,
-                                                      Ctx))
-          end,
-    I32 = <<(-1):32/little, 2:32/little>>,
-    T = <<2, I32/binary>>,
-    ?assertEqual({ok, [-1, 2]}, Msg(?WIRE_TAG_TYPED, T, list, false, none)),
-    ?assertEqual({ok, I32}, Msg(?WIRE_TAG_TYPED, T, binary, true, none)),
-    %% a launch_sync caller makes its own lists
-    {deferred, Raw} = Msg(?WIRE_TAG_TYPED, T, list, true, none),
-    ?assertEqual({ok, [-1, 2]}, erlcuda_protocol:finish(Raw, list)),
-    ?assertMatch({error, {internal, _}}, Msg(?WIRE_TAG_TYPED, <<2, 1, 2, 3>>, list, false, none)),
-    ?assertMatch({error, {internal, _}}, Msg(?WIRE_TAG_TYPED, <<9, 1>>, list, false, none)),
-    ?assertMatch({error, {non_finite, _}},
-                 Msg(?WIRE_TAG_TYPED, <<1, 0, 0, 0, 0, 0, 0, 240, 127>>, list, false, none)),
-    H = <<5:64, 1, 4:64>>,
-    Handle = ?B(node(), 9, 1, 5, f64, 4),
-    ?assertEqual({ok, Handle}, Msg(?WIRE_TAG_HANDLE, H, list, true, ctx(value))),
-    Item = fun(Tag, P) -> <<Tag, (byte_size(P)):32, P/binary>> end,
-    L = <<2:32, (Item(?WIRE_TAG_VECTOR, <<1.0:32/float-little>>))/binary,
-          (Item(?WIRE_TAG_HANDLE, H))/binary>>,
-    ?assertEqual({ok, [[1.0], Handle]}, Msg(?WIRE_TAG_LIST, L, list, false, ctx(list))),
-    {deferred, RawL} = Msg(?WIRE_TAG_LIST, L, list, true, ctx(list)),
-    ?assertEqual({ok, [[1.0], Handle]}, erlcuda_protocol:finish(RawL, list)),
-    %% an elementwise kernel's one output comes as it is; a raw kernel's always as a list
-    L1 = <<1:32, (Item(?WIRE_TAG_HANDLE, H))/binary>>,
-    ?assertEqual({ok, Handle}, Msg(?WIRE_TAG_LIST, L1, list, false, ctx(single))),
-    ?assertEqual({ok, Handle}, Msg(?WIRE_TAG_HANDLE, H, list, false, ctx(single))),
-    ?assertEqual({ok, [Handle]}, Msg(?WIRE_TAG_HANDLE, H, list, false, ctx(list))),
-    ?assertMatch({error, {internal, _}}, Msg(?WIRE_TAG_LIST, <<3:32>>, list, false, ctx(list))),
-    %% the worker names a lost buffer by its id: the caller gets its handle
-    Lost = term_to_binary({buffer_lost, 77}),
-    ?assertEqual({error, {buffer_lost, ?B(node(), 9, 1, 77, f32, 3)}},
-                 Msg(?WIRE_TAG_ERROR, Lost, list, false, ctx(value))),
-    ?assertEqual({error, {buffer_lost, 78}},
-                 Msg(?WIRE_TAG_ERROR, term_to_binary({buffer_lost, 78}), list, false,
-                     ctx(value))),
-    %% the seed's records are unchanged
-    V = <<1.0:32/float-little>>,
-    ?assertEqual({f32, V}, Msg(?WIRE_TAG_VECTOR, V, list, true, none)),
-    ?assertEqual({ok, [1.0]}, Msg(?WIRE_TAG_VECTOR, V, list, false, none)),
-    ?assertEqual({ok, 2.5}, Msg(?WIRE_TAG_SCALAR, <<2.5:64/float-little>>, list, true, none)).
-
-%% Declarations of user kernels.
+%%% Declarations of user kernels (erlcuda_loader), and launches checked against them.
 
 declare_test() ->
     Src = <<"extern \"C\" __global__ void k(float *x, int n) {}">>,

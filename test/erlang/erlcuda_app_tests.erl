@@ -1,5 +1,8 @@
-%% Reliability under load, faults and absurd input, on the CPU backend with four devices.
--module(erlcuda_reliability_tests).
+%% The whole application under load and faults, on the CPU backend with four devices: 1,000
+%% callers x 100 mixed jobs twice (one right reply each, memory flat between rounds), SIGKILL
+%% of the worker under load, overload of one device's queue, callers that die with jobs in
+%% flight, and absurd sizes.
+-module(erlcuda_app_tests).
 
 -include_lib("eunit/include/eunit.hrl").
 
@@ -12,27 +15,18 @@ with_app(Env, Test) ->
 
 load_test_() ->
     with_app([], {timeout, 300, fun load/0}).
+
 kill_under_load_test_() ->
     with_app([], {timeout, 120, fun kill_under_load/0}).
+
 overload_test_() ->
     with_app([{max_queue, 5}], {timeout, 30, fun overload/0}).
-stuck_worker_test_() ->
-    with_app([{watchdog_ms, 300}], {timeout, 30, fun stuck_worker/0}).
+
 caller_dies_test_() ->
     with_app([], {timeout, 30, fun caller_dies/0}).
+
 absurd_sizes_test_() ->
     with_app([], fun absurd_sizes/0).
-no_python_test_() ->
-    with_app([{python, "/nonexistent/python3"}], {timeout, 30, fun no_python/0}).
-hanging_start_test_() ->
-    Dir = string:trim(os:cmd("mktemp -d")),
-    Script = filename:join(Dir, "hangs"),
-    ok = file:write_file(Script, ["#!/bin/sh\necho $$ >> ", Dir, "/pids\nexec sleep 60\n"]),
-    ok = file:change_mode(Script, 8#755),
-    with_app([{python, Script}, {start_timeout, 300}],
-             {timeout, 30, fun() -> hanging_start(Dir) end}).
-worker_exits_at_once_test_() ->
-    with_app([{python, "/bin/false"}], {timeout, 30, fun worker_exits_at_once/0}).
 
 %% 1,000 processes x 100 jobs, mixed kernels and sizes, random devices: every job gets
 %% exactly one reply, the right one; memory stays bounded across rounds.
@@ -83,16 +77,6 @@ overload() ->
      || {ok, Id} <- Ok],
     ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{device, 0}])).
 
-stuck_worker() ->
-    #{worker_os_pid := Pid} = erlcuda:info(),
-    erlcuda_test_util:stall(0, 20000),
-    T0 = erlang:monotonic_time(millisecond),
-    ?assertMatch({error, {worker_down, {stuck, _}}},
-                 erlcuda:launch_sync(reduce, [[1.0]], [{timeout, 10000}])),
-    ?debugFmt("stuck worker detected after ~b ms", [erlang:monotonic_time(millisecond) - T0]),
-    erlcuda_test_util:wait_restarted(Pid, 100),
-    ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]])).
-
 caller_dies() ->
     erlcuda_test_util:stall(0, 300),
     Caller = spawn(fun() ->
@@ -115,71 +99,9 @@ absurd_sizes() ->
                  [[], [], 1 bsl 31, 1 bsl 31, 0]]],
     ?assertEqual({ok, [2.0]}, erlcuda:launch_sync(vector_add, [[1.0], [1.0]])).
 
-no_python() ->
-    %% Answered by the calls themselves, with no job left waiting for a worker.
-    ?assertMatch({error, {worker_down, {spawn_failed, _}}}, erlcuda:launch(reduce, [[1.0]])),
-    ?assertMatch({error, {worker_down, _}}, erlcuda:launch_sync(reduce, [[1.0]])),
-    ?assertEqual(0, erlcuda_jobs:size()),
-    ?assertMatch(#{worker_os_pid := undefined}, erlcuda:info()).
-
-%% A worker that never answers its hello is killed, not left behind, and every launch is
-%% answered worker_down (at once while the worker is down, or once its start times out).
-hanging_start(Dir) ->
-    case erlcuda:launch(reduce, [[1.0]]) of
-        {error, Why} -> ?assertMatch({worker_down, _}, Why);
-        {ok, Id} -> receive {erlcuda, Id, R} -> ?assertMatch({error, {worker_down, _}}, R)
-                    after 5000 -> error(no_reply)
-                    end
-    end,
-    timer:sleep(1000),
-    {ok, Pids} = file:read_file(filename:join(Dir, "pids")),
-    [_, _ | _] = Started = string:lexemes(binary_to_list(Pids), "\n"),
-    %% every worker but the newest (which may still be in its start) has been killed
-    Alive = [P || P <- lists:droplast(Started),
-                  os:cmd("kill -0 " ++ P ++ " 2>/dev/null && printf alive") =:= "alive"],
-    ?assertEqual([], Alive),
-    #{last_down_reason := start_timeout} = erlcuda:info().
-
-worker_exits_at_once() ->
-    timer:sleep(1000),
-    ?assertMatch({error, {worker_down, _}}, erlcuda:launch_sync(reduce, [[1.0]])),
-    #{restarts := Restarts} = erlcuda:info(),
-    %% backing off: a few restarts in a second, not a spin
-    ?assert(Restarts >= 1 andalso Restarts < 12).
-
 wait_empty(0) -> error(jobs_left);
 wait_empty(N) ->
     case erlcuda_jobs:size() of
         0 -> ok;
         _ -> timer:sleep(100), wait_empty(N - 1)
     end.
-
-%% backend = cuda asked for where it cannot start (no PyCUDA or no GPU, as in CI): the worker
-%% still runs and every launch answers backend_unavailable at once, with the reason.
-cuda_unavailable_test_() ->
-    with_app([{backend, cuda}], fun cuda_unavailable/0).
-
-cuda_unavailable() ->
-    case erlcuda:info() of
-        #{status := ok, backend := cuda} ->
-            ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]]));
-        Info ->
-            ?assertMatch(#{backend := cuda, status := {backend_unavailable, _}}, Info),
-            {error, {backend_unavailable, Why}} = erlcuda:launch(reduce, [[1.0]]),
-            ?assert(is_binary(Why) andalso byte_size(Why) > 0),
-            ?assertMatch({error, {backend_unavailable, _}},
-                         erlcuda:launch_sync(vector_add, [[1.0], [2.0]]))
-    end.
-
-paths_test() ->
-    %% the worker's code comes from the application's priv dir (a release has no checkout)
-    Dir = erlcuda_paths:python_dir(),
-    ?assertEqual(filename:absname(filename:join(code:priv_dir(erlcuda), "python")), Dir),
-    ?assert(filelib:is_regular(filename:join([Dir, "erlcuda", "__init__.py"]))),
-    Saved = os:getenv("ERLCUDA_PYTHON"),
-    os:putenv("ERLCUDA_PYTHON", "/opt/python-of-choice"),
-    ?assertEqual("/opt/python-of-choice", erlcuda_paths:python(default)),
-    os:unsetenv("ERLCUDA_PYTHON"),
-    ?assertEqual("/usr/bin/python9", erlcuda_paths:python("/usr/bin/python9")),
-    _ = [os:putenv("ERLCUDA_PYTHON", Saved) || is_list(Saved)],
-    ok.

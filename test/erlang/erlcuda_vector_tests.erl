@@ -1,0 +1,77 @@
+%% Typed vectors (erlcuda_vector) without a worker: the element types and their ranges as
+%% the contract gives them, packing to and unpacking from the worker's little-endian bytes,
+%% range errors, non-finite floats, and scalars.
+-module(erlcuda_vector_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+types_match_the_contract_test() ->
+    Types = erlcuda_contract:element_types(),
+    ?assertEqual([f32, f64, i32, u32, i64, u8], Types),
+    ?assertEqual(Types, [erlcuda_vector:type(I) || I <- lists:seq(0, 5)]),
+    ?assertEqual(lists:seq(0, 5), [erlcuda_vector:index(T) || T <- Types]),
+    ?assertEqual(error, erlcuda_vector:type(6)),
+    ?assertEqual([4, 8, 4, 4, 8, 1], [erlcuda_vector:size(T) || T <- Types]).
+
+%% Each integer type takes exactly the range the contract gives it, and the part limit of
+%% shared memory is the contract's.
+ranges_are_the_contracts_test() ->
+    Ints = [{T, erlcuda_contract:element_range(T)}
+            || T <- erlcuda_contract:element_types(), erlcuda_contract:element_range(T) =/= float],
+    ?assertEqual([i32, u32, i64, u8], [T || {T, _} <- Ints]),
+    lists:foreach(
+      fun({T, {Min, Max}}) ->
+              {ok, Bin} = erlcuda_vector:pack(T, [Min, Max]),
+              ?assertEqual({ok, [Min, Max]}, erlcuda_vector:unpack(T, Bin)),
+              ?assertMatch({error, _}, erlcuda_vector:pack(T, [Min - 1])),
+              ?assertMatch({error, _}, erlcuda_vector:pack(T, [Max + 1]))
+      end, Ints),
+    Big = 64 * erlcuda_shm:part_bytes(0) * erlcuda_contract:shm_parts(),
+    ?assert(erlcuda_shm:part_bytes(Big) * erlcuda_contract:shm_parts() >= Big),
+    ?assert(erlcuda_shm:part_bytes(Big) * (erlcuda_contract:shm_parts() - 1) < Big).
+
+pack_round_trips_test() ->
+    Cases = [{f32, [1.5, -2.0, 0.0, 3]}, {f64, [1.0e300, -1.0e-300, 2, 0.1]},
+             {i32, [-2147483648, 0, 2147483647]}, {u32, [0, 4294967295]},
+             {i64, [-9223372036854775808, 9223372036854775807]}, {u8, [0, 7, 255]}],
+    lists:foreach(
+      fun({T, L}) ->
+              {ok, Bin} = erlcuda_vector:pack(T, L),
+              ?assertEqual(length(L) * erlcuda_vector:size(T), byte_size(Bin)),
+              {ok, Back} = erlcuda_vector:unpack(T, Bin),
+              Want = case T of
+                         f32 -> [float(X) || X <- L];
+                         f64 -> [float(X) || X <- L];
+                         _ -> L
+                     end,
+              ?assertEqual(Want, Back)
+      end, Cases),
+    %% little-endian, as the worker reads it
+    ?assertEqual({ok, <<1, 0, 0, 0, 255, 255, 255, 255>>}, erlcuda_vector:pack(i32, [1, -1])),
+    ?assertEqual({ok, <<0, 0, 0, 0, 0, 0, 240, 63>>}, erlcuda_vector:pack(f64, [1.0])).
+
+pack_range_errors_test() ->
+    Bad = [{i32, [2147483648]}, {i32, [-2147483649]}, {u32, [-1]}, {u32, [4294967296]},
+           {i64, [1 bsl 63]}, {u8, [256]}, {u8, [-1]}, {u8, [1.0]}, {i32, [2.5]},
+           {f32, [1.0e39]}, {f32, [foo]}, {f64, [foo]}, {f64, [1 bsl 1100]},
+           {i32, [1 | 2]}],
+    [?assertMatch({error, _}, erlcuda_vector:pack(T, L)) || {T, L} <- Bad],
+    {error, Why} = erlcuda_vector:pack(u8, [1, 2, 300]),
+    ?assertEqual(<<"300 is outside the u8 range">>, iolist_to_binary(Why)).
+
+unpack_non_finite_test() ->
+    Inf32 = <<0, 0, 128, 127>>,
+    Inf64 = <<0, 0, 0, 0, 0, 0, 240, 127>>,
+    ?assertMatch({error, {non_finite, _}}, erlcuda_vector:unpack(f32, Inf32)),
+    ?assertMatch({error, {non_finite, _}}, erlcuda_vector:unpack(f64, Inf64)),
+    %% the same bits are ordinary integers
+    ?assertEqual({ok, [2139095040]}, erlcuda_vector:unpack(u32, Inf32)),
+    ?assertEqual({ok, [0, 0, 128, 127]}, erlcuda_vector:unpack(u8, Inf32)).
+
+scalar_test() ->
+    ?assertEqual({ok, <<1.5:32/float-little, 0:32>>}, erlcuda_vector:scalar(f32, 1.5)),
+    ?assertEqual({ok, <<-3:64/signed-little>>}, erlcuda_vector:scalar(i64, -3)),
+    ?assertEqual({ok, <<200, 0:56>>}, erlcuda_vector:scalar(u8, 200)),
+    ?assertEqual({ok, <<2.0:64/float-little>>}, erlcuda_vector:scalar(f64, 2)),
+    ?assertMatch({error, _}, erlcuda_vector:scalar(u8, 256)),
+    ?assertMatch({error, _}, erlcuda_vector:scalar(i32, 1.0)).
