@@ -371,10 +371,9 @@ limit() ->
     back_to(Base),
     erlcuda_test_util:no_message().
 
-%% A handle whose fields were changed by hand is refused, never read as it says (found by a
-%% hostile review: a changed type returned floats for an "i32" buffer, a changed device
-%% freed the real buffer on the other device); an improper option list is bad_option,
-%% not a crash.
+%% A handle whose fields were changed by hand is refused, never read as it says (a changed
+%% type must not return floats for an "i32" buffer, nor a changed device free the real
+%% buffer on the other device); an improper option list is bad_option, not a crash.
 forged() ->
     {ok, A} = erlcuda:upload([1.0, 2.0, 3.0], [{type, f64}]),
     {ok, B1} = erlcuda:upload([1.0], [{device, 1}]),

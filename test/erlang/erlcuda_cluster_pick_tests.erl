@@ -55,8 +55,8 @@ unmeasured() ->
     ?assertEqual({new, 0}, erlcuda_cluster:pick(any)),
     figure(new, 7, undefined, now_ms()),
     ?assertEqual({known, 0}, erlcuda_cluster:pick(any)),
-    %% Found by a hostile review: a stalled node (busy, answering nothing) was measured at
-    %% 0.0, read as "not measured", and taken for an average one.
+    %% A stalled node (busy, answering nothing) measures near 0, which must not read as
+    %% "not measured" and be taken for an average one.
     clear(),
     figure(stalled, 1, 0.01, now_ms()),
     figure(new, 3, undefined, now_ms()),

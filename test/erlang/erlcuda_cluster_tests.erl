@@ -352,9 +352,9 @@ exclude_prefer(#{peers := [{_, N1}, {P2, N2}, {_, N3}]}) ->
         [application:unset_env(erlcuda, K) || K <- ?CLUSTER_KEYS]
     end.
 
-%% Found by a hostile review: `{node, any}' trusted a node's last figure however old.
-%% Here the preferred node's agent stops publishing: once its figure is over a second
-%% old, no job goes there; when figures come again, jobs do.
+%% `{node, any}' trusts a node's figure only while it is fresh. Here the preferred node's
+%% agent stops publishing: once its figure is over a second old, no job goes there; when
+%% figures come again, jobs do.
 stale(#{peers := [_, {P2, N2} | _]}) ->
     Any = fun() -> [{ok, 1.0} = erlcuda:launch_sync(reduce, [[1.0]], [{node, any}])
                     || _ <- lists:seq(1, 30)]
@@ -851,7 +851,7 @@ kill(#{peers := [{P1, N1}, {P2, N2}, {P3, N3}]}) ->
                                           end, 50),
         ?assertEqual({error, {bad_node, N3}}, erlcuda:launch(reduce, [[1.0]], [{node, N3}])),
         %% a buffer of the dead node went with it: freeing it is ok, as for a lost one
-        %% (found by a hostile review: it was `remote_buffer')
+        %% (not `remote_buffer')
         ?assertEqual(ok, erlcuda:free(B3)),
         [?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{node, N}]))
          || N <- [N1, N2]],
