@@ -9,7 +9,7 @@ REBAR ?= rebar3
 VENV := .venv
 PY = $(VENV)/bin/python
 
-.PHONY: demo test test-gpu test-python test-erlang test-elixir test-release lint bench bench-quick soak soak-memory \
+.PHONY: demo test test-fast test-gpu test-python test-erlang test-elixir test-release lint bench bench-quick soak soak-memory \
         setup setup-erlang setup-elixir setup-python setup-bench compile clean
 
 # The demo module is not part of the application: compiled into a scratch folder.
@@ -18,6 +18,14 @@ demo: setup compile
 	erlc -o _build/demo -pa _build/default/lib/erlcuda/ebin test/demo/erlcuda_demo.erl
 	erl -noshell -pa _build/default/lib/erlcuda/ebin -pa _build/demo \
 	  -eval 'erlcuda_demo:main(), halt().'
+
+# The unit tests alone, without worker processes, peer nodes or the GPU: a quick check
+# while working (`make test` runs everything).
+FAST_EUNIT := erlcuda_jobs_tests,erlcuda_cluster_pick_tests,erlcuda_job_tests,erlcuda_vector_tests,\
+  erlcuda_worker_command_tests,erlcuda_protocol_tests,erlcuda_api_tests,erlcuda_config_tests
+test-fast: setup compile
+	$(PY) -m pytest -q -m "not process and not slow and not gpu" test/python
+	$(REBAR) eunit --module=$(subst $(eval) ,,$(FAST_EUNIT))
 
 # Every stage runs, whichever fails; the failures are listed together at the end.
 test: setup setup-elixir compile
