@@ -6,8 +6,7 @@
 
 -include_lib("eunit/include/eunit.hrl").
 
--define(DEFAULTS, [{backend, cpu}, {cpu_devices, 2}, {worker_module, "erlcuda_testworker"}, {python_path, erlcuda_test_util:test_worker_path()}, {max_queue, 10000},
-                   {watchdog_ms, 30000}, {python, default}, {start_timeout, 120000}]).
+-define(DEFAULTS, erlcuda_test_util:fault_defaults()).
 
 with_app(Env, Test) ->
     erlcuda_test_util:with_app(?DEFAULTS, Env, Test).

@@ -3,13 +3,20 @@
 
 -export([wait_restarted/2, stall/2, with_app/3, reset/2, in_flight/0, wait_until/2,
          no_message/0, fake_worker/4, test_worker_path/0, wait_for/2, kill9/1, signal/2,
-         left/1, flush/0, flush_stalled/0]).
+         left/1, flush/0, flush_stalled/0, fault_defaults/0]).
 
 %% The `python_path' that finds the worker's test double (`worker_module'
 %% "erlcuda_testworker": the real worker with the calls fault, print and stall), in
 %% test/worker beside this source file.
 test_worker_path() ->
     [filename:absname(filename:join(filename:dirname(filename:dirname(?FILE)), "worker"))].
+
+%% The env of the suites that break the worker on purpose: CPU backend, two devices, the
+%% worker's test double, a watchdog and start timeout long enough for a loaded machine.
+fault_defaults() ->
+    [{backend, cpu}, {cpu_devices, 2}, {worker_module, "erlcuda_testworker"},
+     {python_path, test_worker_path()}, {max_queue, 10000}, {watchdog_ms, 30000},
+     {python, default}, {start_timeout, 120000}].
 
 %% Jobs in flight over every device, as info/0 counts them.
 in_flight() ->
