@@ -229,16 +229,10 @@ def _element_clauses() -> str:
 
 def erlang_module() -> str:
     """The source of ``erlcuda_contract.erl``."""
-    kernels = ",\n     ".join(
-        f"#{{name => {_atom(k.name)},\n       doc => {_binary(k.doc)},\n"
-        f"       params => [" + ",\n                  ".join(_erl_param(p) for p in k.params)
-        + f"],\n       result => {_erl_param(k.result, with_name=False)},\n"
-        f"       types => [" + ", ".join(_atom(t) for t in k.types) + "],\n"
-        f"       general => {'true' if k.general else 'false'}}}"
-        for k in KERNELS.values()
-    )
-    atoms = ", ".join(_atom(a) for a in sorted(ATOMS))
-    limits = _RAW["limits"]
+    return _erl_head() + _erl_sizes() + _erl_tables()
+
+
+def _erl_head() -> str:
     return f"""%% @private
 %% Generated from python/erlcuda/contract.json by python/erlcuda/contract.py at build time.
 %% Do not edit: change the JSON file, and both sides follow.
@@ -261,7 +255,11 @@ def erlang_module() -> str:
 -type spec() :: #{{name := atom(), doc := binary(), params := [param()], result := param(),
                   types := [element_type(), ...], general := boolean(), atom() => term()}}.
 
-%% @doc The version of the wire protocol; the worker must speak the same.
+"""
+
+
+def _erl_sizes() -> str:
+    return f"""%% @doc The version of the wire protocol; the worker must speak the same.
 -spec protocol() -> pos_integer().
 protocol() -> {PROTOCOL}.
 
@@ -282,6 +280,21 @@ max_devices() -> {MAX_DEVICES}.
 element_types() -> [{", ".join(_atom(t) for t in ELEMENT_TYPES)}].
 
 {_element_clauses()}
+"""
+
+
+def _erl_tables() -> str:
+    kernels = ",\n     ".join(
+        f"#{{name => {_atom(k.name)},\n       doc => {_binary(k.doc)},\n"
+        f"       params => [" + ",\n                  ".join(_erl_param(p) for p in k.params)
+        + f"],\n       result => {_erl_param(k.result, with_name=False)},\n"
+        f"       types => [" + ", ".join(_atom(t) for t in k.types) + "],\n"
+        f"       general => {'true' if k.general else 'false'}}}"
+        for k in KERNELS.values()
+    )
+    atoms = ", ".join(_atom(a) for a in sorted(ATOMS))
+    limits = _RAW["limits"]
+    return f"""\
 %% @doc The most part files one vector in shared memory is cut into; a result record that
 %% names more is no result the worker wrote.
 -spec shm_parts() -> pos_integer().
