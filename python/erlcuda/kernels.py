@@ -19,11 +19,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import contract, elements
+
+if TYPE_CHECKING:  # they import this module
+    from .general import UserKernel
+    from .protocol import Geometry
 
 F32 = np.dtype("<f4")
 
@@ -89,8 +93,8 @@ class Plan:
     out_type: str | None = None
     out_elements: int = 0
     scalar: bool = False  # the result is a scalar
-    user: Any = None  # a ``general.UserKernel``
-    geometry: Any = None  # a ``protocol.Geometry``
+    user: UserKernel | None = None
+    geometry: Geometry | None = None
     results: Sequence[int] = ()  # the operands that are results
     a: np.ndarray | None = None
     b: np.ndarray | None = None
