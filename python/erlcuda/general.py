@@ -1,4 +1,4 @@
-"""The one check of a launch (``check``), and the user kernels' registry.
+"""The one check of a launch (``check``), and the user kernels: their registry and declarations.
 
 ``check`` turns any decoded launch into a ``kernels.Plan``. A plain launch of a batched f32
 kernel becomes a ``batched`` plan (``kernels.parse``), which lanes group by key. Any other

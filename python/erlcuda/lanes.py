@@ -616,8 +616,6 @@ class Lane(threading.Thread):
         action = plan.action
         out_type = plan.out_type or "f32"
         if action == "user":
-            user = plan.user
-            assert user is not None
             values = [self._operand(op, device, temps) for op in plan.operands]
             if plan.geometry is not None:
                 device.execute([plan], values)
