@@ -170,7 +170,7 @@ def serve(backend_kind: str) -> int:
                     raise FloorError(f"no kernel {index}")
                 kernel = names[index]
                 request = kernels.parse(kernel, args)
-                (result,) = device.run(kernel, [request])
+                (result,) = device.execute([request])
                 reply = result_bytes(result)
             except (FloorError, kernels.BadArgs, BackendError) as exc:
                 write_frame(OUT_FD, FAILED, str(exc).encode())

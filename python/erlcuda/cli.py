@@ -131,7 +131,7 @@ def _run(args: argparse.Namespace) -> int:
         times = []
         for _ in range(max(1, args.repeat)):
             t0 = time.perf_counter()
-            (result,) = device.run(request.kernel, [request])
+            (result,) = device.execute([request])
             times.append(time.perf_counter() - t0)
         if isinstance(result, np.ndarray):
             summary = f"{result.size} floats, first {np.array2string(result[:4], precision=4)}"

@@ -1,13 +1,14 @@
-"""The general path: what a launch that the batched f32 path does not take asks of its lane.
+"""The one check of a launch (``check``), and the user kernels: their registry and declarations.
 
-A launch is general when its frame says so (``protocol.Launch.general``: kept results, a
-geometry, a buffer, scalar or empty argument, a vector of another type than f32) or when its
+``check`` turns any decoded launch into a ``kernels.Plan``. A plain launch of a batched f32
+kernel becomes a ``batched`` plan (``kernels.parse``), which lanes group by key. Any other
+launch is general: its frame says so (``protocol.Launch.general``: kept results, a
+geometry, a buffer, scalar or empty argument, a vector of another type than f32) or its
 kernel is outside the batched catalogue: ``copy``, ``zeros`` and ``empty`` (``general`` in
-the contract) and the user kernels loaded at run time (``Registry``). ``check`` holds such a
-launch against its kernel's declaration, on its device's thread (where the buffers it names
-are known), and says what to run as a ``Plan``: which operands to upload, which to allocate,
-which buffers to use, what to call and which vectors are the job's results; the lane runs it
-(``lanes.Lane``).
+the contract) and the user kernels loaded at run time (``Registry``). Such a launch is
+checked on its device's thread (where the buffers it names are known), and its plan says
+what to run alone: which operands to upload, which to allocate, which buffers to use, what
+to call and which vectors are the job's results; the lane runs it (``lanes.Lane``).
 
 The rules, as the contract says them: a built-in kernel runs in one element type per launch
 (that of its vector operands, else its first type, and one of its ``types``), with the
@@ -21,14 +22,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from . import contract, elements, kernels, protocol
-from .kernels import DTYPES, MAX_ELEMENTS
-from .protocol import Empty, Failure, Geometry, Handle, Launch, Scalar
+from .kernels import DTYPES, MAX_ELEMENTS, Operand, Plan
+from .protocol import Empty, Failure, Handle, Launch, Scalar
 from .shm import FileArg
 
 #: The access of a user kernel's param: a pointer read, written or both, or a scalar.
@@ -208,88 +209,18 @@ def elementwise_kernel(name_term: Any, inputs_term: Any, outputs_term: Any) -> (
 # -- a launch, checked -----------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Operand:
-    """One argument of the call the lane makes, and where it comes from: ``data`` (a host
-    array to upload: ``value``), ``file`` (a ``FileArg`` to map, then upload), ``buffer``
-    (the held buffer ``value``, used in place), ``zeros`` (``elements`` zeroed elements to
-    allocate) or ``value`` (a dim or a numpy scalar, passed as it is)."""
-
-    source: str
-    value: Any
-    type: str | None = None  # a vector's element type
-    elements: int = 0
-    result: bool = False  # its contents after the call are one of the job's results
-
-    @property
-    def vector(self) -> bool:
-        return self.source != "value"
-
-
-@dataclass(slots=True)
-class Plan:
-    """What the lane does for a general launch.
-
-    ``action``: ``builtin`` (``Device.builtin`` on the operands, into a new ``out`` array of
-    ``out_type`` and ``out_elements`` where the result is a vector), ``copy`` (the operand is
-    the result: a buffer copied on the device where it is kept, an upload where data is
-    kept), ``fill`` (zeros or empty: a new array of ``out_elements``) or ``user``
-    (``Device.launch_user`` with the operands, in a grid of ``geometry``; no launch where it
-    is ``None``). The job's vector results are the ``out`` array or the operands marked
-    ``result``, in order: kept under ``keep`` where it is set, else downloaded; a user
-    kernel's are answered as a list."""
-
-    kernel: str
-    action: str
-    operands: list[Operand]
-    keep: tuple[int, ...] | None = None
-    out_type: str | None = None
-    out_elements: int = 0
-    scalar: bool = False  # a built-in's result is a scalar
-    user: UserKernel | None = None
-    geometry: Geometry | None = None
-    results: list[int] = field(default_factory=list)  # the operands that are results
-
-    @property
-    def makes_out(self) -> bool:
-        """Whether the lane allocates a new array for the result (``out_type``)."""
-        if self.action == "builtin":
-            return not self.scalar
-        if self.action == "copy":
-            return self.keep is not None and self.operands[0].source == "buffer"
-        return self.action == "fill" and self.keep is not None
-
-    @property
-    def device_bytes(self) -> int:
-        """Device memory the job takes: the arrays it uploads and allocates."""
-        total = sum(op.elements * DTYPES[op.type].itemsize for op in self.operands
-                    if op.source in ("data", "file", "zeros") and op.type is not None)
-        if self.makes_out and self.out_type is not None:
-            total += self.out_elements * DTYPES[self.out_type].itemsize
-        return total
-
-    @property
-    def kept_bytes(self) -> int:
-        """Bytes of the vectors the job keeps as new buffers."""
-        if not self.keep:
-            return 0
-        if self.action != "user":
-            return self.out_elements * DTYPES[self.out_type or "f32"].itemsize
-        return sum(self.operands[i].elements * DTYPES[self.operands[i].type or "f32"].itemsize
-                   for i in self.results)
-
-
 #: What a lane says of a buffer it holds: its element type and length; ``None`` where it
 #: holds no buffer of that id.
 Held = Callable[[int], tuple[str, int] | None]
 
 
 def route(launch: Launch, registry: Registry | None = None) -> str:
-    """Which check a decoded launch takes, decided here alone: ``"batched"`` (a batched
-    f32 kernel on vectors and dims: ``kernels.parse``), ``"general"`` (``check``: buffers,
-    other element types, ``copy``/``zeros``/``empty``, user kernels) or ``"unknown"`` (a
-    kernel neither the catalogue nor ``registry`` has; without a registry, any kernel that
-    is not batched is ``"general"``)."""
+    """Where a decoded launch is checked, decided here alone: ``"batched"`` (a batched
+    f32 kernel on vectors and dims: its check needs no buffers, so the reading thread makes
+    its plan), ``"general"`` (buffers, other element types, ``copy``/``zeros``/``empty``,
+    user kernels: checked on its device's thread, which knows the buffers) or
+    ``"unknown"`` (a kernel neither the catalogue nor ``registry`` has; without a registry,
+    any kernel that is not batched is ``"general"``)."""
     if not launch.general and launch.kernel in kernels.KERNELS:
         return "batched"
     if registry is None or launch.kernel in contract.KERNELS or (
@@ -298,16 +229,25 @@ def route(launch: Launch, registry: Registry | None = None) -> str:
     return "unknown"
 
 
-def check(launch: Launch, registry: Registry, held: Held) -> Plan:
-    """``launch``'s plan; ``Refused`` where it breaks a rule, or names a buffer that
-    ``held`` does not know (``{buffer_lost, Id}``)."""
+def check(launch: Launch, registry: Registry, held: Held | None = None) -> Plan:
+    """The one check: ``launch``'s plan, whatever its kernel (batched, built-in of any
+    element type, user kernel); ``Refused`` where it breaks a rule, or names a buffer that
+    ``held`` (the lane's buffers; a batched launch names none) does not know
+    (``{buffer_lost, Id}``)."""
+    path = route(launch, registry)
+    if path == "batched":
+        try:
+            return kernels.parse(launch.kernel, launch.args)
+        except kernels.BadArgs as exc:
+            raise _bad(str(exc)) from None
+    if path == "unknown":  # an unload may have raced the routing
+        raise Refused(protocol.unknown_kernel(launch.kernel))
+    if held is None:
+        raise ValueError(f"{launch.kernel}: a general launch is checked against held buffers")
     user = registry.get(launch.kernel)
     if user is not None:
         return _check_user(launch, user, held)
-    spec = contract.KERNELS.get(launch.kernel)
-    if spec is None:  # the worker routes no other name here; an unload may have raced it
-        raise Refused(protocol.unknown_kernel(launch.kernel))
-    return _check_builtin(launch, spec, held)
+    return _check_builtin(launch, contract.KERNELS[launch.kernel], held)
 
 
 def _vector(arg: Any, what: str, held: Held) -> Operand:

@@ -9,8 +9,9 @@ here without code of its own.
 Arguments arrive from Erlang already validated, as numpy views of the launch frame's bytes
 (``protocol.decode``), but the worker is also driven from the command line and from tests,
 and a port peer is never trusted: everything is checked again here and a bad job raises
-``BadArgs``. The checks are worked out once per kernel (``_Plan``), so a job costs a few
-comparisons.
+``BadArgs``. The checks are worked out once per kernel (``_Rules``), so a job costs a few
+comparisons. ``Plan``, what any checked launch becomes, is defined here, next to the rules
+of the batched kernels, whose plans the hot paths make.
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import contract, elements
+
+if TYPE_CHECKING:  # they import this module
+    from .general import UserKernel
+    from .protocol import Geometry
 
 F32 = np.dtype("<f4")
 
@@ -37,7 +42,7 @@ KERNELS: tuple[str, ...] = tuple(k for k, spec in contract.KERNELS.items() if no
 #: numpy dtypes of the contract's element types.
 DTYPES: dict[str, np.dtype[Any]] = elements.DTYPES
 
-# Request carries up to two vectors (a, b) and three dims (m, n, k), filled in param order.
+# A batched plan carries up to two vectors (a, b) and three dims (m, n, k), in param order.
 _VECTOR_FIELDS = ("a", "b")
 _DIM_FIELDS = ("m", "n", "k")
 
@@ -47,50 +52,122 @@ class BadArgs(ValueError):
 
 
 @dataclass(slots=True)
-class Request:
-    """One validated job. ``a``/``b`` are its vectors and m, n, k its dims, in param order.
+class Operand:
+    """One argument of a plan that runs on its own (not ``batched``), and where it comes
+    from: ``data`` (a host array to upload: ``value``), ``file`` (a ``FileArg`` to map,
+    then upload), ``buffer`` (the held buffer ``value``, used in place), ``zeros``
+    (``elements`` zeroed elements to allocate) or ``value`` (a dim or a numpy scalar,
+    passed as it is)."""
 
-    ``elements`` (its input elements) and ``result_elements`` (1 for a scalar) are worked out
-    once, by ``parse`` or at construction; treat a request as immutable.
-    """
+    source: str
+    value: Any
+    type: str | None = None  # a vector's element type
+    elements: int = 0
+    result: bool = False  # its contents after the call are one of the job's results
+
+    @property
+    def vector(self) -> bool:
+        return self.source != "value"
+
+
+@dataclass(slots=True)
+class Plan:
+    """A launch, checked (``general.check``, the one check): what its lane runs.
+
+    ``action``: ``batched`` (a batched f32 kernel on host vectors and dims: ``a``, ``b``
+    and ``m``, ``n``, ``k`` in param order, ``elements`` its input elements; plans of one
+    ``key`` run as one backend call), ``builtin`` (a catalogue kernel on ``operands``, into
+    a new ``out`` array of ``out_type`` where the result is a vector), ``copy`` (the operand
+    is the result: a buffer copied on the device where it is kept, an upload where data is
+    kept), ``fill`` (zeros or empty: a new array) or ``user`` (``user`` launched with the
+    operands, in a grid of ``geometry``; no launch where it is ``None``). ``out_elements``
+    is the result's length (1 for a batched scalar). The job's vector results are the
+    ``out`` array or the operands marked ``result``, in order: kept under ``keep`` where it
+    is set, else downloaded; a user kernel's are answered as a list. Treat a plan as
+    immutable."""
 
     kernel: str
-    a: np.ndarray
+    action: str
+    operands: Sequence[Operand] = ()
+    keep: tuple[int, ...] | None = None
+    out_type: str | None = None
+    out_elements: int = 0
+    scalar: bool = False  # the result is a scalar
+    user: UserKernel | None = None
+    geometry: Geometry | None = None
+    results: Sequence[int] = ()  # the operands that are results
+    a: np.ndarray | None = None
     b: np.ndarray | None = None
     m: int = 0
     n: int = 0
     k: int = 0
-    elements: int = -1
-    result_elements: int = -1
-
-    def __post_init__(self) -> None:
-        if self.elements < 0:
-            self.elements = int(self.a.size) + (0 if self.b is None else int(self.b.size))
-        if self.result_elements < 0:
-            result = contract.KERNELS[self.kernel].result
-            self.result_elements = (_product(result.length, _sizes(self))
-                                    if result.kind == "vector" else 1)
+    elements: int = 0
 
     @property
-    def key(self) -> tuple[Any, ...]:
-        """Jobs with equal keys may run together as one batched launch: same kernel and dims."""
+    def key(self) -> tuple[Any, ...] | None:
+        """Plans with equal keys run together as one batched launch (same kernel and dims);
+        ``None``: the plan runs alone."""
+        if self.action != "batched":
+            return None
         return (self.kernel, self.m, self.n, self.k)
 
     @property
+    def makes_out(self) -> bool:
+        """Whether the lane allocates a new array for the result (``out_type``)."""
+        if self.action == "builtin":
+            return not self.scalar
+        if self.action == "copy":
+            return self.keep is not None and self.operands[0].source == "buffer"
+        return self.action == "fill" and self.keep is not None
+
+    @property
     def device_bytes(self) -> int:
-        """Device memory the job needs: its inputs and its output."""
-        return 4 * (self.elements + self.result_elements)
+        """Device memory the job takes: the arrays it uploads and allocates."""
+        if self.action == "batched":
+            return 4 * (self.elements + self.out_elements)
+        total = sum(op.elements * DTYPES[op.type].itemsize for op in self.operands
+                    if op.source in ("data", "file", "zeros") and op.type is not None)
+        if self.makes_out and self.out_type is not None:
+            total += self.out_elements * DTYPES[self.out_type].itemsize
+        return total
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of the vectors the job keeps as new buffers."""
+        if not self.keep:
+            return 0
+        if self.action != "user":
+            return self.out_elements * DTYPES[self.out_type or "f32"].itemsize
+        return sum(self.operands[i].elements * DTYPES[self.operands[i].type or "f32"].itemsize
+                   for i in self.results)
 
 
-def _sizes(request: Request) -> dict[str, int]:
+def batch_plan(kernel: str, a: np.ndarray, b: np.ndarray | None = None, m: int = 0,
+               n: int = 0, k: int = 0, elements: int = -1, out_elements: int = -1) -> Plan:
+    """The ``batched`` plan of ``kernel`` on these operands, trusted as they are (``parse``
+    checks them); ``elements`` and ``out_elements`` worked out where not given."""
+    if elements < 0:
+        elements = int(a.size) + (0 if b is None else int(b.size))
+    result = contract.KERNELS[kernel].result
+    scalar = result.kind != "vector"
+    if out_elements < 0:
+        out_elements = 1 if scalar else _product(
+            result.length, _sizes(kernel, (a, b), (m, n, k)))
+    return Plan(kernel, "batched", (), None, "f32", out_elements, scalar, None, None, (),
+                a, b, m, n, k, elements)
+
+
+def _sizes(kernel: str, vectors: Sequence[np.ndarray | None],
+           dims: Sequence[int]) -> dict[str, int]:
     """Each param's size by name: a vector's length, a dim's value."""
-    spec = contract.KERNELS[request.kernel]
-    vectors = iter(_VECTOR_FIELDS)
-    dims = iter(_DIM_FIELDS)
+    spec = contract.KERNELS[kernel]
+    vector_values, dim_values = iter(vectors), iter(dims)
     sizes = {}
     for p in spec.params:
-        value = getattr(request, next(vectors) if p.kind == "vector" else next(dims))
-        sizes[p.name] = int(value.size) if p.kind == "vector" else int(value)
+        if p.kind == "vector":
+            sizes[p.name] = int(next(vector_values).size)  # type: ignore[union-attr]
+        else:
+            sizes[p.name] = int(next(dim_values))
     return sizes
 
 
@@ -99,13 +176,13 @@ def _product(names: Sequence[str], sizes: dict[str, int]) -> int:
 
 
 def _check_catalogue() -> None:
-    """Fail at import, not at the first job, when the contract outgrows ``Request``."""
+    """Fail at import, not at the first job, when the contract outgrows a batched ``Plan``."""
     for spec in contract.KERNELS.values():
         if spec.general:
             continue
         kinds = [p.kind for p in spec.params]
         if kinds.count("vector") > len(_VECTOR_FIELDS) or kinds.count("dim") > len(_DIM_FIELDS):
-            raise RuntimeError(f"contract: {spec.name} has more params than Request holds")
+            raise RuntimeError(f"contract: {spec.name} has more params than a batched Plan holds")
         if not kinds or kinds[0] != "vector":
             raise RuntimeError(f"contract: {spec.name} must take a vector first")
         names = {p.name for p in spec.params}
@@ -175,7 +252,7 @@ def _length_error(name: str, size: int, length: tuple[str, ...], sizes: dict[str
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
+class _Rules:
     """A kernel's declaration worked out once for ``parse``; params by their index."""
 
     spec: contract.KernelSpec
@@ -183,18 +260,18 @@ class _Plan:
     dims: tuple[tuple[int, str], ...]
     rules: tuple[tuple[int, tuple[int, ...]], ...]  # a param, the params of its length
     result: tuple[int, ...] | None  # the params of a vector result's length; None: a scalar
-    fields: tuple[int | None, ...]  # the param of each of Request's a, b, m, n, k
+    fields: tuple[int | None, ...]  # the param of each of Plan's a, b, m, n, k
 
 
-_PLANS: dict[str, _Plan] = {}
+_RULES: dict[str, _Rules] = {}
 
 
-def _plan(spec: contract.KernelSpec) -> _Plan:
+def _rules(spec: contract.KernelSpec) -> _Rules:
     index = {p.name: i for i, p in enumerate(spec.params)}
     vector_fields, dim_fields = iter(_VECTOR_FIELDS), iter(_DIM_FIELDS)
     field_of = {next(vector_fields) if p.kind == "vector" else next(dim_fields): i
                 for i, p in enumerate(spec.params)}
-    return _Plan(
+    return _Rules(
         spec,
         tuple((i, p.name, DTYPES[p.type or ""]) for i, p in enumerate(spec.params)
               if p.kind == "vector"),
@@ -206,7 +283,7 @@ def _plan(spec: contract.KernelSpec) -> _Plan:
     )
 
 
-def parse(kernel: str, args: Sequence[Any]) -> Request:
+def parse(kernel: str, args: Sequence[Any]) -> Plan:
     """Check ``args`` against ``kernel``'s declaration; raise ``BadArgs`` with a readable reason.
 
     A vector is a 1-D numpy array of its element type (taken as it is), an f32 binary
@@ -217,9 +294,9 @@ def parse(kernel: str, args: Sequence[Any]) -> Request:
         raise BadArgs(f"unknown kernel {kernel!r:.40}")
     if spec.general:
         raise BadArgs(f"{kernel} is not a kernel of the batched f32 path")
-    plan = _PLANS.get(kernel)
+    plan = _RULES.get(kernel)
     if plan is None or plan.spec is not spec:
-        plan = _PLANS[kernel] = _plan(spec)
+        plan = _RULES[kernel] = _rules(spec)
     if not isinstance(args, (list, tuple)):
         raise BadArgs("args must be a list")
     if len(args) != len(spec.params):
@@ -259,14 +336,16 @@ def parse(kernel: str, args: Sequence[Any]) -> Request:
         if out > limit:
             raise BadArgs(f"result {'*'.join(spec.result.length)} = {out} is too large")
     a, b, m, n, k = (None if j is None else values[j] for j in plan.fields)
-    return Request(kernel, a, b, m or 0, n or 0, k or 0, elements, out)  # type: ignore[arg-type]
+    # (positional: the fields of ``Plan`` in order)
+    return Plan(kernel, "batched", (), None, "f32", out, plan.result is None, None, None, (),
+                a, b, m or 0, n or 0, k or 0, elements)  # type: ignore[arg-type]
 
 
 @dataclass(slots=True)
-class UniformRequest:
-    """Jobs of one kernel whose operands all have the same sizes (``templates.Table``): ``a``
-    and ``b`` are ``count x size`` blocks, row ``i`` job ``i``'s; the rest as in
-    ``Request``, per job. ``scalar``: the result is a scalar, else a vector."""
+class UniformPlans:
+    """Batched plans of one key whose operands all have the same sizes, as a table
+    (``templates.Table``): ``a`` and ``b`` are ``count x size`` blocks, row ``i`` plan
+    ``i``'s; the rest as in ``Plan``, per plan. ``scalar``: the result is a scalar."""
 
     kernel: str
     a: np.ndarray
@@ -276,19 +355,19 @@ class UniformRequest:
     k: int
     count: int
     elements: int
-    result_elements: int
+    out_elements: int
     scalar: bool
 
-    def row(self, i: int) -> Request:
-        """Job ``i`` as a ``Request``."""
-        return Request(self.kernel, self.a[i], None if self.b is None else self.b[i],
-                       self.m, self.n, self.k, self.elements, self.result_elements)
+    def row(self, i: int) -> Plan:
+        """Plan ``i`` on its own."""
+        return batch_plan(self.kernel, self.a[i], None if self.b is None else self.b[i],
+                          self.m, self.n, self.k, self.elements, self.out_elements)
 
-    def rows(self, start: int, end: int) -> UniformRequest:
+    def rows(self, start: int, end: int) -> UniformPlans:
         """Jobs ``start`` to ``end`` (excluded) as a batch of their own."""
         return replace(self, a=self.a[start:end],
                        b=None if self.b is None else self.b[start:end], count=end - start)
 
     @property
     def device_bytes(self) -> int:
-        return 4 * self.count * (self.elements + self.result_elements)
+        return 4 * self.count * (self.elements + self.out_elements)

@@ -2,17 +2,18 @@
 
 A lane takes everything already queued (up to ``max_batch`` jobs and ``max_elements``
 input elements; it never waits for more, so a lone job pays no added latency), groups the
-jobs by batch key, runs one backend call per group, and writes the batch's records in one
-results frame (more only where the writer's frame limit demands), in the order the jobs
-arrived, so one caller's jobs to one device are answered in the order launched. Each job gets
-its one reply whatever happens to the others: a result that cannot travel becomes
-``{internal, _}`` and a record over the writer's frame limit ``too_large``, for that job alone.
+jobs' plans (``kernels.Plan``) by key, runs one backend call per group (``Device.execute``),
+and writes the batch's records in one results frame (more only where the writer's frame
+limit demands), in the order the jobs arrived, so one caller's jobs to one device are
+answered in the order launched. Each job gets its one reply whatever happens to the others:
+a result that cannot travel becomes ``{internal, _}`` and a record over the writer's frame
+limit ``too_large``, for that job alone.
 
-A general job (``general.py``: buffers, other element types, user kernels) runs alone, in
-its turn among the others: the lane checks it against the buffers it holds, uploads and
-allocates what it needs, makes one device call and keeps or downloads its results, freeing
-every temporary array whatever happens. The lane's ``BufferStore`` holds the buffers; they
-are made and freed on the lane's thread only.
+A general job (buffers, other element types, user kernels: a plan without a key) runs
+alone, in its turn among the others: the lane checks it (``general.check``) against the
+buffers it holds, uploads and allocates what it needs, makes one device call and keeps or
+downloads its results, freeing every temporary array whatever happens. The lane's
+``BufferStore`` holds the buffers; they are made and freed on the lane's thread only.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -31,8 +32,8 @@ import numpy as np
 from . import general, kernels, protocol
 from .backends.base import Backend, BackendError, Device
 from .framing import FrameError, FrameWriter
-from .general import Plan, Registry
-from .kernels import DTYPES, Request, UniformRequest
+from .general import Registry
+from .kernels import DTYPES, Operand, Plan, UniformPlans
 from .protocol import Failure, Kept, Launch, Listed, Result
 from .shm import FileArg, SharedFolder, ShmError
 
@@ -44,14 +45,14 @@ _STOP = object()  # queued by stop(): the lane ends once it reaches it
 @dataclass(slots=True)
 class Job:
     job_id: int
-    request: Request | None = None
+    plan: Plan | None = None  # a batched plan, checked on the reading thread
     error: Failure | None = None  # decided before the job reached the device
     trace: dict[str, int] | None = None
     result_file: bool = False  # a vector result goes to shared memory, where there is one
-    # A launch with operands in shared memory: its kernel and arguments, mapped and checked
-    # on the device's own thread (``Lane.prepare``), so that mapping a large launch's part
-    # files never holds up the reading thread and the jobs of other devices behind it.
-    unmapped: tuple[str, list[Any]] | None = None
+    # A launch with operands in shared memory, mapped and checked on the device's own
+    # thread (``Lane.prepare``), so that mapping a large launch's part files never holds up
+    # the reading thread and the jobs of other devices behind it.
+    unmapped: Launch | None = None
     # A launch for the general path, checked and run on its device's thread (it may name
     # buffers, which only that thread knows).
     general: Launch | None = None
@@ -59,9 +60,9 @@ class Job:
     @property
     def elements(self) -> int:
         if self.unmapped is not None:
-            return sum(a.nbytes // a.dtype.itemsize for a in self.unmapped[1]
+            return sum(a.nbytes // a.dtype.itemsize for a in self.unmapped.args
                        if type(a) is FileArg)
-        return 0 if self.request is None else self.request.elements
+        return 0 if self.plan is None else self.plan.elements
 
 
 @dataclass(slots=True)
@@ -70,7 +71,7 @@ class UniformJobs:
     ``job_ids[i]``'s."""
 
     job_ids: np.ndarray
-    batch: UniformRequest
+    batch: UniformPlans
 
 
 @dataclass(slots=True)
@@ -280,7 +281,8 @@ class Lane(threading.Thread):
 
     def run_uniform(self, jobs: UniformJobs, device: Device | None) -> None:
         """Run a uniform batch in slices within ``max_batch`` and ``max_elements``, and
-        answer each slice with one table of records (``protocol.encode_table``)."""
+        answer each slice with one table of records (``protocol.encode_table``): the
+        table's plans share one key, so each slice is one backend call."""
         whole = jobs.batch
         per_job = max(whole.elements, 1)
         step = max(1, min(self.max_batch, self.max_elements // per_job))
@@ -288,7 +290,7 @@ class Lane(threading.Thread):
             end = min(start + step, whole.count)
             self._uniform_slice(jobs.job_ids[start:end], whole.rows(start, end), device)
 
-    def _uniform_slice(self, job_ids: np.ndarray, batch: UniformRequest,
+    def _uniform_slice(self, job_ids: np.ndarray, batch: UniformPlans,
                        device: Device | None) -> None:
         failure: Failure | None = None
         fatal: str | None = None
@@ -297,7 +299,7 @@ class Lane(threading.Thread):
             failure = protocol.backend_unavailable(self.unavailable or "")
         else:
             try:
-                values = device.run_uniform(batch)
+                values = device.execute_uniform(batch)
                 self.stats.launches += 1
                 self.stats.max_batch = max(self.stats.max_batch, batch.count)
             except Exception as exc:
@@ -315,26 +317,25 @@ class Lane(threading.Thread):
         if fatal is not None:
             self.on_fatal(fatal)
 
-    def _run(self, requests: list[Request], device: Device) -> (
+    def _run(self, plans: list[Plan], device: Device) -> (
             tuple[list[Result] | None, Failure | None, str | None]):
-        """One backend call for ``requests`` (one batch key): its values, else the failure
+        """One backend call for ``plans`` (one batch key): its values, else the failure
         every one of them gets; and why the device is lost, where it is."""
-        kernel = requests[0].kernel
         try:
-            values = device.run(kernel, requests)
+            values = device.execute(plans)
         except Exception as exc:
-            return None, *self._failure(exc, kernel)
+            return None, *self._failure(exc, plans[0].kernel)
         self.stats.launches += 1
-        self.stats.max_batch = max(self.stats.max_batch, len(requests))
-        return values, None, None
+        self.stats.max_batch = max(self.stats.max_batch, len(plans))
+        return values, None, None  # type: ignore[return-value]
 
-    def run_lone(self, job_id: int, request: Request, device: Device | None) -> bool:
+    def run_lone(self, job_id: int, plan: Plan, device: Device | None) -> bool:
         """Run and answer one job that arrived alone, with the least Python: what
         ``_batch`` does for a batch of one plain job. ``False`` (nothing done) where the
         job needs more than that: the caller then takes the general path."""
-        if device is None or request.device_bytes > self.memory:
+        if device is None or plan.device_bytes > self.memory:
             return False
-        values, failure, fatal = self._run([request], device)
+        values, failure, fatal = self._run([plan], device)
         if values is not None and len(values) != 1:
             failure = protocol.internal(f"the backend gave {len(values)} results for one job")
             values = None
@@ -455,18 +456,20 @@ class Lane(threading.Thread):
                 self.on_fatal(fatal)
 
     def prepare(self, job: Job) -> None:
-        """Map and check a job's shared-memory operands: its request, else its error."""
-        if job.unmapped is None:
+        """Map and check a job's shared-memory operands: its plan, else its error."""
+        launch = job.unmapped
+        if launch is None:
             return
-        kernel, args = job.unmapped
         job.unmapped = None
         try:
             if self.shm is None:
                 raise ShmError("shared memory: this worker was started without --shm-dir")
-            mapped = [self.shm.open_input(a) if type(a) is FileArg else a for a in args]
-            job.request = kernels.parse(kernel, mapped)
-        except (kernels.BadArgs, ShmError) as exc:
+            mapped = [self.shm.open_input(a) if type(a) is FileArg else a for a in launch.args]
+            job.plan = general.check(replace(launch, args=mapped), self.registry)
+        except ShmError as exc:
             job.error = protocol.bad_args(str(exc))
+        except general.Refused as exc:
+            job.error = exc.failure
 
     def _batch(self, batch: list[Job], device: Device | None) -> None:
         now = time.perf_counter_ns
@@ -481,17 +484,17 @@ class Lane(threading.Thread):
             elif device is None:
                 results[i] = protocol.backend_unavailable(self.unavailable or "")
             else:
-                assert job.request is not None  # parse either set it or set job.error
-                if job.request.device_bytes > self.memory:
+                assert job.plan is not None  # the check either set it or set job.error
+                if job.plan.device_bytes > self.memory:
                     results[i] = protocol.TOO_LARGE
                 else:
-                    groups.setdefault(job.request.key, []).append(i)
+                    groups.setdefault(job.plan.key, []).append(i)
         fatal: str | None = None
         t_run = now()
         last = len(groups) - 1
         for g, indices in enumerate(groups.values()):
-            requests: list[Request] = [batch[i].request for i in indices]  # type: ignore[misc]
-            values, failure, why = self._run(requests, device)  # type: ignore[arg-type]
+            plans: list[Plan] = [batch[i].plan for i in indices]  # type: ignore[misc]
+            values, failure, why = self._run(plans, device)  # type: ignore[arg-type]
             fatal = why or fatal
             if values is None:
                 for i in indices:
@@ -613,12 +616,9 @@ class Lane(threading.Thread):
         action = plan.action
         out_type = plan.out_type or "f32"
         if action == "user":
-            user = plan.user
-            assert user is not None
             values = [self._operand(op, device, temps) for op in plan.operands]
             if plan.geometry is not None:
-                grid, block, shared = plan.geometry
-                device.launch_user(user.module, user.name, values, grid, block, shared)
+                device.execute([plan], values)
             return [(values[i], plan.operands[i].type or "f32") for i in plan.results]
         if action == "copy":
             return self._copy(plan, device, temps)
@@ -627,12 +627,12 @@ class Lane(threading.Thread):
         if action == "builtin":
             values = [self._operand(op, device, temps) for op in plan.operands]
             if plan.scalar:
-                return float(device.builtin(plan.kernel, values, None))  # type: ignore[arg-type]
+                return float(device.execute([plan], values)[0])  # type: ignore[arg-type]
         out = device.alloc(DTYPES[out_type], plan.out_elements,
                            zero=action == "fill" and plan.kernel == "zeros")
         temps[id(out)] = out
         if action == "builtin":
-            device.builtin(plan.kernel, values, out)
+            device.execute([plan], values, out)
         return [(out, out_type)]
 
     def _copy(self, plan: Plan, device: Device,
@@ -650,10 +650,10 @@ class Lane(threading.Thread):
             return [(self._operand(op, device, temps), out_type)]
         out = device.alloc(DTYPES[out_type], plan.out_elements, zero=False)
         temps[id(out)] = out
-        device.builtin("copy", [self.store.get(op.value)], out)
+        device.execute([plan], [self.store.get(op.value)], out)
         return [(out, out_type)]
 
-    def _operand(self, op: general.Operand, device: Device, temps: dict[int, Any]) -> Any:
+    def _operand(self, op: Operand, device: Device, temps: dict[int, Any]) -> Any:
         """An operand of ``_execute``'s device call; an array made for it goes into
         ``temps``."""
         source = op.source
@@ -669,7 +669,7 @@ class Lane(threading.Thread):
         temps[id(array)] = array
         return array
 
-    def _host(self, op: general.Operand) -> np.ndarray:
+    def _host(self, op: Operand) -> np.ndarray:
         """A data operand's elements on the host: the frame's, or shared memory mapped."""
         if op.source == "data":
             return op.value  # type: ignore[no-any-return]

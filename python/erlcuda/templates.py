@@ -2,9 +2,9 @@
 
 A caller that launches the same kernel on operands of the same sizes, one job at a time,
 sends frames that differ only in their JobId and their data. Once one such frame has been
-decoded and checked (``protocol.decode``, ``kernels.parse``), its template keeps every
+decoded and checked (``protocol.decode``, ``general.check``), its template keeps every
 other byte; a later frame of the same length whose other bytes are equal is then that
-launch with new data, and its request is the checked one with views of the new data. The
+launch with new data, and its plan is the checked one with views of the new data. The
 checks read only those other bytes, so they would say the same again: nothing is skipped
 but their repetition. The worker's lone path learns the template of each plain lone frame
 it decodes; a frame that matches none is decoded and checked as ever.
@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import contract, general, kernels, protocol
-from .general import Held, Operand, Plan
-from .kernels import Request, UniformRequest
+from . import contract, general, protocol
+from .general import Held
+from .kernels import Operand, Plan, UniformPlans
 
 #: Templates kept at most; past it, the oldest goes (a caller with ever new shapes).
 MAX_TEMPLATES = 32
@@ -55,9 +55,10 @@ _JOB_ID_AT, _JOB_ID_END = protocol.LAUNCH_JOB_ID
 class Template:
     header: tuple[tuple[int, int, bytes], ...]  # every byte but the JobId and the data
     vectors: tuple[tuple[int, int, np.dtype], ...]  # a's and b's offset, count, dtype
-    # The checked request's other fields: kernel, m, n, k, elements, result_elements.
+    # The checked plan's other fields: kernel, m, n, k, elements, out_elements, scalar.
     kernel: str
     dims: tuple[int, int, int, int, int]
+    scalar: bool
     device: int
     # The header as columns of a batch frame's row (its Size, then the launch) and the
     # bytes each must hold, for ``rows``.
@@ -67,25 +68,26 @@ class Template:
     def matches(self, frame: bytearray | memoryview) -> bool:
         return all(frame[start:end] == held for start, end, held in self.header)
 
-    def fill(self, frame: bytearray | memoryview) -> Request:
-        """The request of ``frame`` (which ``matches``): the checked one, with its data."""
+    def fill(self, frame: bytearray | memoryview) -> Plan:
+        """The plan of ``frame`` (which ``matches``): the checked one, with its data."""
         views = [np.frombuffer(frame, dtype, count, offset)
                  for offset, count, dtype in self.vectors]
-        m, n, k, elements, result_elements = self.dims
-        return Request(self.kernel, views[0], views[1] if len(views) > 1 else None, m, n, k,
-                       elements, result_elements)
+        m, n, k, elements, out_elements = self.dims
+        # (positional: the fields of ``Plan`` in order)
+        return Plan(self.kernel, "batched", (), None, "f32", out_elements, self.scalar, None,
+                    None, (), views[0], views[1] if len(views) > 1 else None, m, n, k,
+                    elements)
 
-    def rows(self, table: np.ndarray) -> UniformRequest | None:
+    def rows(self, table: np.ndarray) -> UniformPlans | None:
         """The batch of ``table`` (a batch frame's rows, ``count x (Size + launch)``), where
         every row matches; else ``None``."""
         if not (table[:, self.columns] == self.expected).all():
             return None
         blocks = [table[:, _SIZE + offset: _SIZE + offset + count * dtype.itemsize].view(dtype)
                   for offset, count, dtype in self.vectors]
-        m, n, k, elements, result_elements = self.dims
-        scalar = contract.KERNELS[self.kernel].result.kind != "vector"
-        return UniformRequest(self.kernel, blocks[0], blocks[1] if len(blocks) > 1 else None,
-                              m, n, k, int(table.shape[0]), elements, result_elements, scalar)
+        m, n, k, elements, out_elements = self.dims
+        return UniformPlans(self.kernel, blocks[0], blocks[1] if len(blocks) > 1 else None,
+                            m, n, k, int(table.shape[0]), elements, out_elements, self.scalar)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +97,7 @@ class Table:
 
     device: int
     job_ids: np.ndarray
-    batch: UniformRequest
+    batch: UniformPlans
 
 
 _ID = struct.Struct(">Q")
@@ -135,7 +137,7 @@ class GeneralTemplate:
             keep = self.keep.unpack_from(frame, self.keep_at)
             if len(keep) > 1 and len(set(keep)) != len(keep):
                 return None  # a malformed frame: its error comes from the decoder
-        # (positional: the fields of ``Plan`` in order)
+        # (positional: the fields of ``Plan`` in order, those of a batched plan left out)
         return Plan(plan.kernel, plan.action, operands, keep, plan.out_type,
                     plan.out_elements, plan.scalar, plan.user, plan.geometry, plan.results)
 
@@ -160,7 +162,7 @@ class Templates:
         """Keep the template of ``frame``, a general launch (no trace, no shared memory, no
         vector data) decoded as ``launch`` and checked as ``plan`` against ``held``, the
         lane's buffers as they are now."""
-        if launch.error is not None or launch.trace or launch.result_file:
+        if launch.error is not None or launch.trace or launch.result_file or plan.key:
             return
         layout = protocol.buffer_id_spans(launch)
         if layout is None or layout[2] != len(frame) or plan.keep != launch.keep:
@@ -229,10 +231,10 @@ class Templates:
                 general.route(launch) != "batched"):
             return None
         try:
-            request = kernels.parse(launch.kernel, launch.args)
-        except kernels.BadArgs:
+            plan = general.check(launch, general.Registry())
+        except general.Refused:
             return None
-        self.learn(frame, launch, request)
+        self.learn(frame, launch, plan)
         return self.find(frame)
 
     def find(self, frame: bytearray | memoryview) -> Template | None:
@@ -240,23 +242,24 @@ class Templates:
         return template if template is not None and template.matches(frame) else None
 
     def learn(self, frame: bytearray | memoryview, launch: protocol.Launch,
-              request: Request) -> None:
+              plan: Plan) -> None:
         """Keep the template of ``frame``, a plain launch (no trace, no shared memory)
-        decoded as ``launch`` and checked as ``request``."""
-        if launch.error is not None or launch.trace or launch.result_file:
+        decoded as ``launch`` and checked as ``plan``, a batched one."""
+        if launch.error is not None or launch.trace or launch.result_file or (
+                plan.action != "batched"):
             return  # never a template that would answer such a launch as a plain one
         layout = protocol.vector_spans(launch)
         if layout is None or layout[1] != len(frame):
             return
         spans, _ = layout
-        values = [v for v in (request.a, request.b) if v is not None]
+        values = [v for v in (plan.a, plan.b) if v is not None]
         if len(values) != len(spans) or not 1 <= len(spans) <= 2:
             return
         base = _address(np.frombuffer(frame, np.uint8))
         vectors = []
         for value, (start, end) in zip(values, spans, strict=True):
-            # The request's a and b must be views of these very bytes (parse took them as
-            # they were), else the template would not say what parse made of the frame.
+            # The plan's a and b must be views of these very bytes (the check took them as
+            # they were), else the template would not say what the check made of the frame.
             if _address(value) != base + start or value.nbytes != end - start:
                 return
             vectors.append((start, value.size, value.dtype))
@@ -271,8 +274,8 @@ class Templates:
         if len(self._by_size) >= MAX_TEMPLATES and len(frame) not in self._by_size:
             del self._by_size[next(iter(self._by_size))]
         self._by_size[len(frame)] = Template(
-            tuple(header), tuple(vectors), request.kernel,
-            (request.m, request.n, request.k, request.elements, request.result_elements),
+            tuple(header), tuple(vectors), plan.kernel,
+            (plan.m, plan.n, plan.k, plan.elements, plan.out_elements), plan.scalar,
             launch.device, *_columns(header, len(frame)))
 
 

@@ -20,9 +20,10 @@ the benchmarks' worker under ``bench/worker/`` are such entry points. A call of 
 no caller waits for (Erlang's ``free``, sent after the launches that made the buffers): it
 is run in its turn and never answered, a failure logged instead.
 
-A launch that the batched f32 path does not take (``general.py``: buffers, other element
-types, ``copy``/``zeros``/``empty``, user kernels) is routed as a general job, decided here
-from what the frame says and checked on its device's thread. User code is compiled here (the
+Every launch is checked by ``general.check`` into a plan; where it is checked is decided
+here (``general.route``): a plain launch of a batched f32 kernel on this thread, a general
+one (buffers, other element types, ``copy``/``zeros``/``empty``, user kernels) on its
+device's thread, which knows the buffers. User code is compiled here (the
 control thread), once per compute capability, and loaded into every device on its thread.
 
 Every frame is decoded and checked once, through the template cache in front of the
@@ -53,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__, contract, etf, general, kernels, protocol
+from . import __version__, contract, etf, general, protocol
 from .backends import select
 from .backends.base import Backend, BackendError, BackendUnavailable, Device
 from .framing import FrameError, FrameReader, FrameWriter, frame_size
@@ -207,10 +208,10 @@ class Worker:
             self.lanes[0].run_jobs(jobs, self._device)
 
     def _lone(self, frame: bytearray | memoryview, lane: Lane, device: Device | None) -> bool:
-        """Run a launch frame that came alone, as the batched path would, where it is a
-        plain one (no trace, no shared memory, nothing to refuse), or as a general job where
-        it is one (kept results, buffers, a geometry), by its template (``templates.py``) or
-        checked here (``_lone_general``); ``False``, with nothing done, for any other
+        """Run a launch frame that came alone, by its template (``templates.py``) or
+        checked here (``general.check``): a batched plan as a batch of one, where it is a
+        plain launch (no trace, no shared memory, nothing to refuse), any other plan alone
+        (kept results, buffers, a geometry); ``False``, with nothing done, for any other
         frame."""
         if len(frame) < protocol.LAUNCH_HEAD_SIZE or frame[0] != _LAUNCH or (
                 frame[protocol.LAUNCH_FLAGS] & _NOT_LONE or self.refusal is not None):
@@ -236,28 +237,21 @@ class Worker:
         path = general.route(message, self.registry)
         if path == "unknown":
             return False  # unknown_kernel: answered by the usual path
-        if path == "general":
-            self._lone_general(frame, message, lane, device)
-            return True
-        try:
-            request = kernels.parse(message.kernel, message.args)
-        except kernels.BadArgs:
-            return False
-        self._templates.learn(frame, message, request)
-        return lane.run_lone(message.job_id, request, device)
-
-    def _lone_general(self, frame: bytearray | memoryview, message: Launch, lane: Lane,
-                      device: Device | None) -> None:
-        """Run a lone general launch: checked here, its template learned (``templates.py``),
-        then run by the lane; one the check refuses is answered by the lane's own path."""
         t_take = time.perf_counter_ns()
         try:
             plan = general.check(message, self.registry, lane.store.held)
         except Exception:
+            if path == "batched":
+                return False  # its refusal: answered by the usual path
             lane.run_general(Job(message.job_id, general=message), device)
-            return
+            return True
+        if plan.key is not None:
+            self._templates.learn(frame, message, plan)
+            return lane.run_lone(message.job_id, plan, device)
+        # its template learned, then run by the lane
         self._templates.learn_general(frame, message, plan, lane.store.held)
         lane.run_plan(Job(message.job_id), plan, device, t_take)
+        return True
 
     def _uniform(self, frame: bytearray | memoryview) -> tuple[int, UniformJobs] | None:
         """A batch frame of one template's launches (``templates.Table``) to run on its
@@ -270,7 +264,7 @@ class Worker:
             return None
         batch = found.batch
         lane = self.lanes[found.device]
-        if lane.unavailable is not None or 4 * (batch.elements + batch.result_elements) > (
+        if lane.unavailable is not None or 4 * (batch.elements + batch.out_elements) > (
                 lane.memory):
             return None
         return found.device, UniformJobs(found.job_ids, batch)
@@ -345,12 +339,12 @@ class Worker:
         elif path == "unknown":
             job.error = protocol.unknown_kernel(message.kernel)
         elif any(type(a) is FileArg for a in message.args):
-            job.unmapped = (message.kernel, message.args)  # mapped on its device's thread
+            job.unmapped = message  # mapped on its device's thread
         else:
             try:
-                job.request = kernels.parse(message.kernel, message.args)
-            except kernels.BadArgs as exc:
-                job.error = protocol.bad_args(str(exc))
+                job.plan = general.check(message, self.registry)
+            except general.Refused as exc:
+                job.error = exc.failure
         if not lanes:  # the backend never started: answer at once
             return self._reply_now(
                 job, job.error or self.unavailable or protocol.backend_unavailable("no device"))

@@ -31,11 +31,11 @@ def sum_bound(terms: np.ndarray) -> float:
 def test_each_kernel_matches_the_reference(n: int) -> None:
     rng = np.random.default_rng(n)
     a, b = vec(rng, n), vec(rng, n)
-    (c,) = device.run("vector_add", [kernels.parse("vector_add", [a, b])])
+    (c,) = device.execute([kernels.parse("vector_add", [a, b])])
     np.testing.assert_array_equal(c, a + b)
-    (s,) = device.run("reduce", [kernels.parse("reduce", [a])])
+    (s,) = device.execute([kernels.parse("reduce", [a])])
     assert abs(s - a.astype(np.float64).sum()) <= sum_bound(a) + abs(s) * EPS32
-    (d,) = device.run("dot_product", [kernels.parse("dot_product", [a, b])])
+    (d,) = device.execute([kernels.parse("dot_product", [a, b])])
     prods = a.astype(np.float64) * b
     assert abs(d - prods.sum()) <= sum_bound(prods) + abs(d) * EPS32
 
@@ -45,7 +45,7 @@ def test_each_kernel_matches_the_reference(n: int) -> None:
 def test_matmul_matches_the_reference(m: int, n: int, k: int) -> None:
     rng = np.random.default_rng(m * 100 + n * 10 + k)
     a, b = vec(rng, m * k), vec(rng, k * n)
-    (c,) = device.run("matmul", [kernels.parse("matmul", [a, b, m, n, k])])
+    (c,) = device.execute([kernels.parse("matmul", [a, b, m, n, k])])
     ref = a.reshape(m, k).astype(np.float64) @ b.reshape(k, n)
     bound = (np.abs(a.reshape(m, k)).astype(np.float64) @ np.abs(b.reshape(k, n))) * EPS32 * (k + 1)
     assert c.shape == (m * n,)
@@ -60,8 +60,8 @@ def test_a_batch_equals_its_jobs_run_alone(sizes: list[int], seed: int) -> None:
         for n in sizes:
             a, b = vec(rng, n), vec(rng, n)
             jobs.append(kernels.parse(kernel, [a] if kernel == "reduce" else [a, b]))
-        batched = device.run(kernel, jobs)
-        alone = [device.run(kernel, [job])[0] for job in jobs]
+        batched = device.execute(jobs)
+        alone = [device.execute([job])[0] for job in jobs]
         assert len(batched) == len(jobs)
         for x, y in zip(batched, alone, strict=True):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -70,14 +70,14 @@ def test_a_batch_equals_its_jobs_run_alone(sizes: list[int], seed: int) -> None:
 def test_matmul_batch_of_equal_shapes() -> None:
     rng = np.random.default_rng(9)
     jobs = [kernels.parse("matmul", [vec(rng, 6), vec(rng, 12), 2, 4, 3]) for _ in range(5)]
-    for job, c in zip(jobs, device.run("matmul", jobs), strict=True):
+    for job, c in zip(jobs, device.execute(jobs), strict=True):
         np.testing.assert_allclose(c, (job.a.reshape(2, 3) @ job.b.reshape(3, 4)).ravel(),
                                    rtol=1e-6)
 
 
 def test_reduce_batch_with_empty_segments() -> None:
     jobs = [kernels.parse("reduce", [np.ones(n, np.float32)]) for n in (0, 3, 0, 0, 5, 0)]
-    assert device.run("reduce", jobs) == [0.0, 3.0, 0.0, 0.0, 5.0, 0.0]
+    assert device.execute(jobs) == [0.0, 3.0, 0.0, 0.0, 5.0, 0.0]
 
 
 def test_device_arrays_past_the_machines_memory_are_out_of_memory() -> None:

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from erlcuda.backends.base import BackendError
-from erlcuda.kernels import Request, parse
+from erlcuda.kernels import batch_plan, parse
 
 if TYPE_CHECKING:
     from erlcuda.backends.cuda import CudaDevice
@@ -93,7 +93,7 @@ def check_matmul(got: object, a: np.ndarray, b: np.ndarray, m: int, n: int, k: i
 def test_vector_add(device: CudaDevice, n: int) -> None:
     gen = rng(n)
     a, b = vec(gen, n), vec(gen, n)
-    [out] = device.run("vector_add", [parse("vector_add", [a, b])])
+    [out] = device.execute([parse("vector_add", [a, b])])
     assert isinstance(out, np.ndarray) and out.dtype == np.float32
     np.testing.assert_array_equal(out, a + b)
 
@@ -101,7 +101,7 @@ def test_vector_add(device: CudaDevice, n: int) -> None:
 @pytest.mark.parametrize("n", SIZES)
 def test_reduce(device: CudaDevice, n: int) -> None:
     x = vec(rng(n + 1), n)
-    [out] = device.run("reduce", [parse("reduce", [x])])
+    [out] = device.execute([parse("reduce", [x])])
     check_sum(out, x.astype(np.float64))
     if n == 0:
         assert out == 0.0
@@ -111,7 +111,7 @@ def test_reduce(device: CudaDevice, n: int) -> None:
 def test_dot_product(device: CudaDevice, n: int) -> None:
     gen = rng(n + 2)
     x, y = vec(gen, n), vec(gen, n)
-    [out] = device.run("dot_product", [parse("dot_product", [x, y])])
+    [out] = device.execute([parse("dot_product", [x, y])])
     check_sum(out, x.astype(np.float64) * y.astype(np.float64))
     if n == 0:
         assert out == 0.0
@@ -119,7 +119,7 @@ def test_dot_product(device: CudaDevice, n: int) -> None:
 
 def test_reduce_of_ones_is_exact(device: CudaDevice) -> None:
     n = (1 << 20) + 3  # every partial sum is an integer below 2^24: no rounding at all
-    [out] = device.run("reduce", [parse("reduce", [np.ones(n, np.float32)])])
+    [out] = device.execute([parse("reduce", [np.ones(n, np.float32)])])
     assert out == float(n)
 
 
@@ -127,7 +127,7 @@ def test_reduce_of_ones_is_exact(device: CudaDevice) -> None:
 def test_matmul(device: CudaDevice, m: int, n: int, k: int) -> None:
     gen = rng(m * 10007 + n * 101 + k)
     a, b = vec(gen, m * k), vec(gen, k * n)
-    [out] = device.run("matmul", [parse("matmul", [a, b, m, n, k])])
+    [out] = device.execute([parse("matmul", [a, b, m, n, k])])
     check_matmul(out, a, b, m, n, k)
     if k == 0:
         assert not np.any(out)
@@ -139,7 +139,7 @@ def test_matmul(device: CudaDevice, m: int, n: int, k: int) -> None:
 def test_vector_add_batch(device: CudaDevice) -> None:
     gen = rng(10)
     pairs = [(vec(gen, n), vec(gen, n)) for n in (1, 31, 0, 1000, 4097, 5)]
-    outs = device.run("vector_add", [parse("vector_add", [a, b]) for a, b in pairs])
+    outs = device.execute([parse("vector_add", [a, b]) for a, b in pairs])
     assert len(outs) == len(pairs)
     for out, (a, b) in zip(outs, pairs, strict=True):
         np.testing.assert_array_equal(out, a + b)
@@ -161,7 +161,7 @@ def test_reduce_batches(device: CudaDevice, kernel: str, sizes: list[int]) -> No
         requests = [parse(kernel, [x]) for x, _ in jobs]
     else:
         requests = [parse(kernel, [x, y]) for x, y in jobs]
-    outs = device.run(kernel, requests)
+    outs = device.execute(requests)
     assert len(outs) == len(jobs)
     for out, (x, y) in zip(outs, jobs, strict=True):
         terms = x.astype(np.float64)
@@ -176,7 +176,7 @@ def test_reduce_batches(device: CudaDevice, kernel: str, sizes: list[int]) -> No
 def test_matmul_batch(device: CudaDevice, m: int, n: int, k: int, count: int) -> None:
     gen = rng(m + n + k + count)
     jobs = [(vec(gen, m * k), vec(gen, k * n)) for _ in range(count)]
-    outs = device.run("matmul", [parse("matmul", [a, b, m, n, k]) for a, b in jobs])
+    outs = device.execute([parse("matmul", [a, b, m, n, k]) for a, b in jobs])
     assert len(outs) == count
     for out, (a, b) in zip(outs, jobs, strict=True):
         check_matmul(out, a, b, m, n, k)
@@ -186,7 +186,7 @@ def test_batch_must_share_a_key(device: CudaDevice) -> None:
     one = np.ones(4, np.float32)
     mixed = [parse("matmul", [one, one, 2, 2, 2]), parse("matmul", [one, one, 1, 1, 4])]
     with pytest.raises(BackendError) as info:
-        device.run("matmul", mixed)
+        device.execute(mixed)
     assert info.value.code == "invalid_value" and not info.value.fatal
 
 
@@ -197,7 +197,7 @@ def test_buffers_grow_and_are_reused(device: CudaDevice) -> None:
     gen = rng(20)
     for n in (10, (1 << 24) + 5, 10):
         a, b = vec(gen, n), vec(gen, n)
-        [out] = device.run("vector_add", [parse("vector_add", [a, b])])
+        [out] = device.execute([parse("vector_add", [a, b])])
         np.testing.assert_array_equal(out, a + b)
     assert device._dev_in.capacity >= 2 * ((1 << 24) + 5)
     assert device._host_out.array.size >= (1 << 24) + 5
@@ -213,7 +213,7 @@ def test_out_of_memory_is_reported_and_survived(device: CudaDevice) -> None:
     assert info.value.code == "out_of_memory" and not info.value.fatal
     assert device._dev_in.capacity == before  # the old buffer is kept
     a = vec(rng(21), 1000)
-    [out] = device.run("vector_add", [parse("vector_add", [a, a])])
+    [out] = device.execute([parse("vector_add", [a, a])])
     np.testing.assert_array_equal(out, a + a)
 
 
@@ -229,8 +229,8 @@ def test_info(device: CudaDevice) -> None:
 
 def test_request_views_are_independent_of_inputs(device: CudaDevice) -> None:
     a = np.arange(8, dtype=np.float32)
-    req = Request("vector_add", a, a.copy())
-    [out] = device.run("vector_add", [req])
+    req = batch_plan("vector_add", a, a.copy())
+    [out] = device.execute([req])
     a[:] = 0  # the job was copied to staging: changing the input afterwards changes nothing
     np.testing.assert_array_equal(out, 2 * np.arange(8, dtype=np.float32))
 

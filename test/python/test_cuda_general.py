@@ -24,10 +24,16 @@ import pytest
 
 from erlcuda import usercode
 from erlcuda.backends.base import BackendError
+from erlcuda.kernels import Plan
 from erlcuda_testworker import pool_stats
 
 if TYPE_CHECKING:
     from erlcuda.backends.cuda import CudaArray, CudaDevice
+
+
+def bound(device: Any, kernel: str, operands: list[Any], out: Any) -> Any:
+    """A catalogue kernel on device arrays, as a lane runs a plan alone."""
+    return device.execute([Plan(kernel, "builtin")], operands, out)[0]
 
 pytestmark = pytest.mark.gpu
 
@@ -209,7 +215,7 @@ def test_out_of_memory_is_reported_and_survived(arrays: Arrays, device: CudaDevi
     a = floats(F32, 1000, 1)
     b = floats(F32, 1000, 2)
     da, db, dc = arrays.up(a), arrays.up(b), arrays.new(F32, 1000)
-    assert device.builtin("vector_add", [da, db], dc) is None
+    assert bound(device, "vector_add", [da, db], dc) is None
     same_bytes(arrays.down(dc), a + b)
     assert device.info()["free_memory"] >= free_before - (64 << 20)
 
@@ -324,7 +330,7 @@ def test_a_keep_chain_reuses_its_blocks(arrays: Arrays, device: CudaDevice) -> N
     before = pool_stats(device)
     for _ in range(10):
         out = device.alloc(F32, n, zero=False)
-        device.builtin("vector_add", [x, b], out)
+        bound(device, "vector_add", [x, b], out)
         device.free(x)
         x = out
     stats = pool_stats(device)
@@ -428,7 +434,7 @@ def test_vector_add(arrays: Arrays, device: CudaDevice, type_: str, n: int) -> N
     dtype = DTYPES[type_]
     a, b = floats(dtype, n, n), floats(dtype, n, n + 1)
     out = arrays.new(dtype, n)
-    assert device.builtin("vector_add", [arrays.up(a), arrays.up(b)], out) is None
+    assert bound(device, "vector_add", [arrays.up(a), arrays.up(b)], out) is None
     same_bytes(arrays.down(out), a + b)
 
 
@@ -438,12 +444,12 @@ def test_reduce_and_dot(arrays: Arrays, device: CudaDevice, type_: str, n: int) 
     dtype = DTYPES[type_]
     x, y = floats(dtype, n, 2 * n), floats(dtype, n, 2 * n + 1)
     dx, dy = arrays.up(x), arrays.up(y)
-    got = device.builtin("reduce", [dx], None)
+    got = bound(device, "reduce", [dx], None)
     check_sum(got, x.astype(np.float64), dtype)
-    got = device.builtin("dot_product", [dx, dy], None)
+    got = bound(device, "dot_product", [dx, dy], None)
     check_sum(got, x.astype(np.float64) * y.astype(np.float64), dtype)
     if n == 0:
-        assert device.builtin("reduce", [dx], None) == 0.0
+        assert bound(device, "reduce", [dx], None) == 0.0
 
 
 def test_f64_sums_keep_f64_precision(arrays: Arrays, device: CudaDevice) -> None:
@@ -451,11 +457,11 @@ def test_f64_sums_keep_f64_precision(arrays: Arrays, device: CudaDevice) -> None
     # up to rounding errors of a few 2^-32 (the ulp of the final sums, near 2^20).
     n = (1 << 20) + 7
     x = np.full(n, 1.0 + 2.0**-40)
-    got = device.builtin("reduce", [arrays.up(x)], None)
+    got = bound(device, "reduce", [arrays.up(x)], None)
     assert isinstance(got, float)
     assert abs((got - n) - n * 2.0**-40) <= 0.01 * n * 2.0**-40
     ones = np.ones((1 << 24) + 3)  # every partial sum is an exact integer
-    assert device.builtin("reduce", [arrays.up(ones)], None) == float(ones.size)
+    assert bound(device, "reduce", [arrays.up(ones)], None) == float(ones.size)
 
 
 @pytest.mark.parametrize(("m", "n", "k"), MATMUL_SHAPES)
@@ -465,8 +471,8 @@ def test_matmul(arrays: Arrays, device: CudaDevice, type_: str, m: int, n: int, 
     a, b = floats(dtype, m * k, m + n), floats(dtype, k * n, k + 1)
     out = arrays.new(dtype, m * n)
     if k == 0 and m * n:
-        device.builtin("copy", [arrays.up(np.ones(m * n, dtype))], out)  # must be overwritten
-    assert device.builtin("matmul", [arrays.up(a), arrays.up(b), m, n, k], out) is None
+        bound(device, "copy", [arrays.up(np.ones(m * n, dtype))], out)  # must be overwritten
+    assert bound(device, "matmul", [arrays.up(a), arrays.up(b), m, n, k], out) is None
     got = arrays.down(out)
     check_matmul(got, a, b, m, n, k)
     if k == 0:
@@ -478,7 +484,7 @@ def test_f64_matmul_is_f64(arrays: Arrays, device: CudaDevice) -> None:
     a = np.array([1.0 + 2.0**-40, 1.0, 3.0, 2.0**-30])
     b = np.array([1.0, 1e-20, 1.0, 1.0])
     out = arrays.new(F64, 4)
-    device.builtin("matmul", [arrays.up(a), arrays.up(b), 2, 2, 2], out)
+    bound(device, "matmul", [arrays.up(a), arrays.up(b), 2, 2, 2], out)
     got = arrays.down(out)
     check_matmul(got, a, b, 2, 2, 2)
     assert got[0] == 2.0 + 2.0**-40  # exact: (1 + 2^-40) * 1 + 1 * 1
@@ -490,7 +496,7 @@ def test_copy(arrays: Arrays, device: CudaDevice, type_: str, n: int) -> None:
     host = random_of(DTYPES[type_], n, n + 7)
     src = arrays.up(host)
     out = arrays.new(DTYPES[type_], n)
-    assert device.builtin("copy", [src], out) is None
+    assert bound(device, "copy", [src], out) is None
     same_bytes(arrays.down(out), host)
     same_bytes(arrays.down(src), host)
 
@@ -520,7 +526,7 @@ def test_builtin_refusals(arrays: Arrays, device: CudaDevice) -> None:
     ]
     for kernel, operands, out, code in cases:
         with pytest.raises(BackendError) as info:
-            device.builtin(kernel, operands, out)
+            bound(device, kernel, operands, out)
         assert (info.value.code, info.value.fatal) == (code, False), (kernel, info.value)
 
 
@@ -530,9 +536,9 @@ def test_fast_path_still_works_after_general_work(arrays: Arrays, device: CudaDe
     big = floats(F64, (1 << 22) + 1, 3)
     arrays.up(big)
     a = floats(F32, 5000, 4)
-    [out] = device.run("vector_add", [parse("vector_add", [a, a])])
+    [out] = device.execute([parse("vector_add", [a, a])])
     np.testing.assert_array_equal(out, a + a)
-    [total] = device.run("reduce", [parse("reduce", [np.ones(1000, F32)])])
+    [total] = device.execute([parse("reduce", [np.ones(1000, F32)])])
     assert total == 1000.0
 
 

@@ -14,7 +14,7 @@ from erlcuda import contract, general, protocol
 from erlcuda.backends.base import BackendError
 from erlcuda.backends.cpu import CpuDevice
 from erlcuda.general import Refused, Registry, UserKernel
-from erlcuda.kernels import DTYPES
+from erlcuda.kernels import DTYPES, Plan
 from erlcuda.lanes import BufferStore
 from erlcuda.protocol import Empty, Handle, Kept, Launch, Listed, Scalar
 from erlcuda.shm import FileArg
@@ -30,6 +30,12 @@ from workerpipe import (
     parse_results,
     typed,
 )
+
+
+def bound(device: Any, kernel: str, operands: list[Any], out: Any) -> Any:
+    """A catalogue kernel on device arrays, as a lane runs a plan alone."""
+    return device.execute([Plan(kernel, "builtin")], operands, out)[0]
+
 
 
 def f32(values: list[float]) -> bytes:
@@ -218,7 +224,9 @@ HELD = {1: ("f32", 4), 2: ("f32", 4), 3: ("f64", 4), 4: ("f32", 6), 5: ("i32", 3
 
 def check(kernel: str, args: list[Any], registry: Registry | None = None,
           **fields: Any) -> general.Plan:
-    launch = Launch(1, 0, kernel, args, **fields)
+    # The launches here are general ones, as the decoder marks a frame that is (a plain f32
+    # launch of a batched kernel becomes a batched plan: test_kernels).
+    launch = Launch(1, 0, kernel, args, **{"general": True, **fields})
     return general.check(launch, registry or Registry(), HELD.get)
 
 
@@ -429,22 +437,22 @@ def test_the_cpu_builtins_in_both_float_types(etype: str) -> None:
     dtype = DTYPES[etype]
     a, b = (device.upload(rng.standard_normal(6).astype(dtype)) for _ in range(2))
     out = device.alloc(dtype, 6, zero=False)
-    assert device.builtin("vector_add", [a, b], out) is None
+    assert bound(device, "vector_add", [a, b], out) is None
     np.testing.assert_array_equal(device.download(out), a + b)
     assert device.download(out).dtype == dtype
     mm = device.alloc(dtype, 4, zero=True)
-    device.builtin("matmul", [a, b, 2, 2, 3], mm)
+    bound(device, "matmul", [a, b, 2, 2, 3], mm)
     np.testing.assert_allclose(device.download(mm),
                                (a.reshape(2, 3) @ b.reshape(3, 2)).ravel(), rtol=1e-6)
-    total = device.builtin("reduce", [a], None)
-    dot = device.builtin("dot_product", [a, b], None)
+    total = bound(device, "reduce", [a], None)
+    dot = bound(device, "dot_product", [a, b], None)
     assert type(total) is float and type(dot) is float
     want = float(np.sum(a.astype(np.float64)))
     assert total == (float(np.float32(want)) if etype == "f32" else pytest.approx(want, 1e-15))
     copy = device.alloc(dtype, 6, zero=False)
-    device.builtin("copy", [a], copy)
+    bound(device, "copy", [a], copy)
     assert device.download(copy).tobytes() == device.download(a).tobytes()
-    assert device.builtin("reduce", [device.alloc(dtype, 0, zero=True)], None) == 0.0
+    assert bound(device, "reduce", [device.alloc(dtype, 0, zero=True)], None) == 0.0
 
 
 def test_an_f32_sum_on_the_general_path_has_the_batched_paths_bits() -> None:
@@ -452,8 +460,8 @@ def test_an_f32_sum_on_the_general_path_has_the_batched_paths_bits() -> None:
 
     device = CpuDevice(0)
     values = np.random.default_rng(5).standard_normal(1001).astype(np.float32)
-    (batched,) = device.run("reduce", [kernels.parse("reduce", [values])])
-    assert device.builtin("reduce", [device.upload(values)], None) == batched
+    (batched,) = device.execute([kernels.parse("reduce", [values])])
+    assert bound(device, "reduce", [device.upload(values)], None) == batched
 
 
 def test_cpu_arrays_are_owned_copies_and_user_code_is_unavailable() -> None:
@@ -468,7 +476,7 @@ def test_cpu_arrays_are_owned_copies_and_user_code_is_unavailable() -> None:
         device.load_module("m", b"", ["k"])
     assert "need the cuda backend" in info.value.message
     with pytest.raises(BackendError, match="no built-in"):
-        device.builtin("fft", [array], None)
+        bound(device, "fft", [array], None)
 
 
 def test_the_path_of_a_launch_is_decided_in_one_place() -> None:

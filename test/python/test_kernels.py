@@ -57,14 +57,14 @@ def test_batch_keys() -> None:
     assert kernels.KERNELS == ("vector_add", "reduce", "dot_product", "matmul")
 
 
-def test_a_request_knows_its_sizes_however_it_was_made() -> None:
+def test_a_plan_knows_its_sizes_however_it_was_made() -> None:
     a, b = np.ones(6, np.float32), np.ones(12, np.float32)
     parsed = parse("matmul", [a, b, 2, 4, 3])
-    made = kernels.Request("matmul", a, b, 2, 4, 3)
+    made = kernels.batch_plan("matmul", a, b, 2, 4, 3)
     for request in (parsed, made):
-        assert (request.elements, request.result_elements) == (18, 8)
+        assert (request.elements, request.out_elements) == (18, 8)
         assert request.device_bytes == 4 * 26 and request.key == ("matmul", 2, 4, 3)
-    assert parse("dot_product", [a, a]).result_elements == 1
+    assert parse("dot_product", [a, a]).out_elements == 1
     assert parse("reduce", [a]).b is None and parse("reduce", [a]).a is a  # no copy
 
 
@@ -101,7 +101,7 @@ def test_a_kernel_declared_in_the_contract_is_checked_without_code(
     request = parse("scale", [TWO, TWO, 2, 3])
     assert request.a.size == 2 and request.b is not None and request.b.size == 2
     assert (request.m, request.n, request.k) == (2, 3, 0)
-    assert request.result_elements == 6 and request.device_bytes == 4 * (4 + 6)
+    assert request.out_elements == 6 and request.device_bytes == 4 * (4 + 6)
     with pytest.raises(BadArgs, match=r"A has 1 elements, N = 2"):
         parse("scale", [ONE, ONE, 2, 3])
     with pytest.raises(BadArgs, match="length mismatch: A has 2 elements, X has 1"):
@@ -112,7 +112,7 @@ def test_a_kernel_declared_in_the_contract_is_checked_without_code(
 
 def test_the_result_is_bounded_by_max_elements(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernels, "MAX_ELEMENTS", 100)
-    assert parse("matmul", [b"", b"", 10, 10, 0]).result_elements == 100
+    assert parse("matmul", [b"", b"", 10, 10, 0]).out_elements == 100
     with pytest.raises(BadArgs, match=r"result M\*N = 110 is too large"):
         parse("matmul", [b"", b"", 10, 11, 0])
     with pytest.raises(BadArgs, match="A: 101 elements, over the 100 limit"):

@@ -25,7 +25,7 @@ class StagingDevice(Device):
         self.staging = np.empty(1 << 16, dtype=np.float32)
         self.runs: list[tuple[str, int]] = []
 
-    def run(self, kernel: str, requests: Sequence[kernels.Request]) -> list[Result]:
+    def _run_batch(self, kernel: str, requests: Sequence[kernels.Plan]) -> list[Result]:
         self.runs.append((kernel, len(requests)))
         if kernel == "dot_product" and requests[0].a.size == 13:
             raise BackendError("illegal_address", "boom", fatal=True)
@@ -33,7 +33,7 @@ class StagingDevice(Device):
             return [np.array([object()] * 7)]  # nothing the codec can encode
         out: list[Result] = []
         offset = 0
-        for value in self.cpu.run(kernel, requests):
+        for value in self.cpu.execute(requests):
             if isinstance(value, np.ndarray):
                 view = self.staging[offset : offset + value.size]
                 view[:] = value
@@ -248,7 +248,7 @@ def test_a_lone_job_whose_backend_breaks_its_contract_is_internal() -> None:
     device = lane.open_here()
     request = kernels.parse("reduce", [np.ones(3, np.float32)])
     for job_id, values in ((1, []), (2, [1.0, 2.0])):
-        device.run = lambda kernel, requests, v=values: v  # type: ignore[method-assign]
+        device.execute = lambda plans, v=values: v  # type: ignore[method-assign]
         assert lane.run_lone(job_id, request, device)
     replies = writer.results()
     assert [replies[1][1][0], replies[2][1][0]] == ["internal", "internal"]

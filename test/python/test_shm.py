@@ -473,8 +473,8 @@ def test_operands_are_mapped_on_their_devices_thread_not_the_readers(folder: Pat
         arg = FileArg("i1-0", np.dtype("<f4"), 4000, PART_UNIT)
         job = worker.launch(Launch(1, 0, "reduce", [arg]))
         # No part file exists, and yet nothing was opened or refused here.
-        assert isinstance(job, Job) and job.request is None and job.error is None
-        assert job.unmapped == ("reduce", [arg]) and job.elements == 1000
+        assert isinstance(job, Job) and job.plan is None and job.error is None
+        assert job.unmapped is not None and job.unmapped.args == [arg] and job.elements == 1000
         worker.lanes[0].prepare(job)
         assert job.error is not None and job.error.reason == "bad_args"
         assert "i1-0" in job.error.detail[0] and job.unmapped is None
@@ -484,8 +484,8 @@ def test_operands_are_mapped_on_their_devices_thread_not_the_readers(folder: Pat
                                                              PART_UNIT)]))
         assert isinstance(job, Job) and job.unmapped is not None
         worker.lanes[1].prepare(job)
-        assert job.error is None and job.request is not None
-        assert job.request.a.tolist() == list(range(1000))
+        assert job.error is None and job.plan is not None
+        assert job.plan.a is not None and job.plan.a.tolist() == list(range(1000))
         assert not (folder / "i2-0.0").exists()  # unlinked once mapped
     finally:
         for fd in (r, w, devnull):

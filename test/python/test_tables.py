@@ -140,8 +140,8 @@ def test_the_cpu_backend_runs_a_uniform_batch_as_it_runs_each_job(kernel: str) -
     found = table_of(frame_of(kernel, jobs))
     assert found is not None
     batch = found.batch
-    got = device.run_uniform(batch)
-    want = [device.run(kernel, [parse(kernel, args)])[0] for args in jobs]
+    got = device.execute_uniform(batch)
+    want = [device.execute([parse(kernel, args)])[0] for args in jobs]
     if batch.scalar:
         np.testing.assert_allclose(got, want, rtol=1e-6)
     else:
@@ -246,8 +246,8 @@ def test_the_cpu_backend_sums_a_lone_job_as_a_batch_does(kernel: str) -> None:
         rows.append(v)
     requests = [parse(kernel, [v] if kernel == "reduce" else [v, v[::-1].copy()])
                 for v in rows]
-    batched = device.run(kernel, requests)
-    assert [device.run(kernel, [r])[0] for r in requests] == batched
+    batched = device.execute(requests)
+    assert [device.execute([r])[0] for r in requests] == batched
 
 
 def test_a_table_waiting_behind_a_busy_device_keeps_its_own_data() -> None:

@@ -31,7 +31,7 @@ def f32(n: int) -> np.ndarray:
     return rng.standard_normal(n).astype(np.float32)
 
 
-def checked(frame: bytearray) -> tuple[Launch, kernels.Request]:
+def checked(frame: bytearray) -> tuple[Launch, kernels.Plan]:
     launch = protocol.decode(frame)
     assert isinstance(launch, Launch) and launch.error is None
     return launch, kernels.parse(launch.kernel, launch.args)
@@ -43,9 +43,9 @@ def learned(frame: bytearray) -> cache.Templates:
     return templates
 
 
-def same_request(got: kernels.Request, want: kernels.Request) -> None:
-    assert (got.kernel, got.m, got.n, got.k, got.elements, got.result_elements) == (
-        want.kernel, want.m, want.n, want.k, want.elements, want.result_elements)
+def same_request(got: kernels.Plan, want: kernels.Plan) -> None:
+    assert (got.kernel, got.m, got.n, got.k, got.elements, got.out_elements) == (
+        want.kernel, want.m, want.n, want.k, want.elements, want.out_elements)
     for mine, theirs in ((got.a, want.a), (got.b, want.b)):
         if theirs is None:
             assert mine is None

@@ -31,7 +31,7 @@ def pure(worker: Worker, args: list[Any]) -> list[int]:
         times = []
         for _ in range(repeat):
             t0 = time.perf_counter_ns()
-            device.run(request.kernel, [request])
+            device.execute([request])
             times.append(time.perf_counter_ns() - t0)
         return times
 

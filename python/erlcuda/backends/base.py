@@ -1,10 +1,13 @@
 """The backend seam: a ``Backend`` names its devices and opens one ``Device`` per device thread.
 
 A ``Device`` is created, used and closed by one thread only (a CUDA context belongs to the
-thread that made it). ``run`` takes jobs that share one batch key (``Request.key``) and
-returns one result per job, in order: an f32 array for vector_add and matmul, a float for
-reduce and dot_product. Arrays returned may be views into the device's staging memory: they
-stay valid until the next ``run`` on that device, so the caller encodes them before that.
+thread that made it). Its one entry point for running a plan (``kernels.Plan``) is
+``execute``: batched plans that share one key run as one batched call, with one result per
+plan, in order (an f32 array for vector_add and matmul, a float for reduce and
+dot_product); any other plan runs alone on the device arrays its lane bound. Arrays
+returned may be views into the device's staging memory: they stay valid until the next
+call on that device, so the caller encodes them before that. A backend implements the
+steps ``execute`` chooses between: ``_run_batch``, ``_run_bound`` and ``launch_user``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract
-from ..kernels import Request, UniformRequest
+from ..kernels import Plan, UniformPlans
 
 Result = np.ndarray | float
 
@@ -49,19 +52,37 @@ class BackendUnavailable(BackendError):
 class Device(ABC):
     """One compute device, owned by one thread."""
 
-    @abstractmethod
-    def run(self, kernel: str, requests: Sequence[Request]) -> list[Result]:
-        """Run a batch of jobs of one kernel and one batch key."""
+    def execute(self, plans: Sequence[Plan], bound: Sequence[Any] | None = None,
+                out: Any | None = None) -> list[Result | None]:
+        """Run ``plans``: without ``bound``, batched plans of one key, on their host
+        operands, as one call, answering a result per plan; with it, one plan on the device
+        arrays (and dims, scalars) its lane bound to its operands, in order: a built-in's
+        vector result is written into ``out`` (``[None]``), a scalar one answered
+        (``[float]``); a user kernel is launched in the plan's geometry (``[None]``)."""
+        if bound is None:
+            return self._run_batch(plans[0].kernel, plans)  # type: ignore[return-value]
+        (plan,) = plans
+        user = plan.user
+        if user is None:
+            return [self._run_bound(plan.kernel, bound, out)]
+        grid, block, shared = plan.geometry
+        self.launch_user(user.module, user.name, bound, grid, block, shared)
+        return [None]
 
-    def run_uniform(self, batch: UniformRequest) -> np.ndarray:
-        """Run a uniform batch: ``count x result_elements`` f32 for vector results, or
-        ``count`` floats for scalars (possibly staging memory, as for ``run``). This one
-        runs it through ``run``; a backend may do it in one step."""
-        values = self.run(batch.kernel, [batch.row(i) for i in range(batch.count)])
+    @abstractmethod
+    def _run_batch(self, kernel: str, plans: Sequence[Plan]) -> list[Result]:
+        """Run batched plans of one kernel and one key."""
+
+    def execute_uniform(self, batch: UniformPlans) -> np.ndarray:
+        """Run a table of batched plans: ``count x out_elements`` f32 for vector
+        results, or ``count`` floats for scalars (possibly staging memory, as for
+        ``execute``). This one runs it plan by plan in one batch; a backend may do it in
+        one step."""
+        values = self._run_batch(batch.kernel, [batch.row(i) for i in range(batch.count)])
         if batch.scalar:
             return np.array(values, dtype=np.float64)
         if not values:
-            return np.empty((0, batch.result_elements), np.float32)
+            return np.empty((0, batch.out_elements), np.float32)
         return np.stack(values).astype(np.float32, copy=False)
 
     # -- the general path: device arrays, buffers and user kernels ---------------------------
@@ -87,7 +108,7 @@ class Device(ABC):
         """Give ``array``'s memory back to the device."""
         raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
 
-    def builtin(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
+    def _run_bound(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
         """Run a catalogue kernel (``vector_add``, ``reduce``, ``dot_product``, ``matmul``,
         ``copy``) on device arrays: ``operands`` in param order, vectors as device arrays of
         one dtype (f32 or f64; ``copy`` any element type) and dims as ints. A vector result

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import F32, Request, UniformRequest
+from ..kernels import F32, Plan, UniformPlans
 from .base import Backend, BackendError, Device, Result
 
 
-def _offsets(requests: Sequence[Request]) -> np.ndarray:
+def _offsets(requests: Sequence[Plan]) -> np.ndarray:
     sizes = np.fromiter((r.a.size for r in requests), dtype=np.int64, count=len(requests))
     return np.concatenate(([0], np.cumsum(sizes)))
 
@@ -51,7 +51,7 @@ class CpuDevice(Device):
         self.held = 0  # bytes of the device arrays made and not freed
         self.capacity = _ram() * 3 // 4 if capacity is None else capacity
 
-    def run(self, kernel: str, requests: Sequence[Request]) -> list[Result]:
+    def _run_batch(self, kernel: str, requests: Sequence[Plan]) -> list[Result]:
         if kernel == "matmul":
             r0 = requests[0]
             a = np.stack([r.a for r in requests]).reshape(len(requests), r0.m, r0.k)
@@ -81,12 +81,12 @@ class CpuDevice(Device):
             return _segment_sums(a.astype(np.float64) * b.astype(np.float64), offsets)
         raise ValueError(f"unknown kernel {kernel}")
 
-    def run_uniform(self, batch: UniformRequest) -> np.ndarray:
+    def execute_uniform(self, batch: UniformPlans) -> np.ndarray:
         a, b, kernel = batch.a, batch.b, batch.kernel
         if kernel == "vector_add" and b is not None:
             return np.add(a, b, dtype=F32)
         if kernel in ("reduce", "dot_product"):
-            # The sums of run's segments, in the same order: a job's result does not depend
+            # The sums of _run_batch's segments, in the same order: a job's result does not depend
             # on the path it took.
             count, size = a.shape
             values = a.astype(np.float64)
@@ -99,7 +99,7 @@ class CpuDevice(Device):
             out = np.matmul(a.reshape(batch.count, m, k), b.reshape(batch.count, k, n),
                             dtype=F32)
             return out.reshape(batch.count, m * n)
-        return super().run_uniform(batch)
+        return super().execute_uniform(batch)
 
     # -- device arrays: numpy arrays ---------------------------------------------------------
     def alloc(self, dtype: np.dtype[Any], count: int, *, zero: bool) -> np.ndarray:
@@ -129,7 +129,7 @@ class CpuDevice(Device):
     def free(self, array: np.ndarray) -> None:
         self.held -= int(array.nbytes)  # the memory goes with the last reference
 
-    def builtin(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
+    def _run_bound(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
         if kernel == "copy":
             out[:] = operands[0]
         elif kernel == "vector_add":
@@ -138,7 +138,7 @@ class CpuDevice(Device):
             a, b, m, n, k = operands
             np.matmul(a.reshape(m, k), b.reshape(k, n), out=out.reshape(m, n))
         elif kernel in ("reduce", "dot_product"):
-            # f64 accumulation, as run's: an f32 launch's sum is rounded to f32 as there
+            # f64 accumulation, as _run_batch's: an f32 launch's sum is rounded to f32 as there
             a = operands[0]
             values = a.astype(np.float64)
             if kernel == "dot_product":

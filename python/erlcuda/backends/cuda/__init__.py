@@ -16,9 +16,9 @@ context, made current in the thread that opens it, one stream, and staging buffe
 grow with the largest batch seen and are reused: every batch is copied into pinned host
 memory, sent with one host-to-device copy, computed with as few launches as the kernel
 allows, and fetched with one device-to-host copy. Arrays returned are views into the pinned
-output staging, valid until the next ``run`` (the contract of ``base.Device``).
+output staging, valid until the next call (the contract of ``base.Device``).
 
-The general path (``alloc``/``upload``/``download``/``free``/``builtin`` and user modules)
+The general path (``alloc``/``upload``/``download``/``free``/``_run_bound`` and user modules)
 works on ``CudaArray`` device arrays of any element type, on the same stream; each of its
 calls returns once its work on the device is done, so a fault is reported by the call that
 caused it. Host transfers go through two pinned chunks in turn (one is packed while the other

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pycuda.driver as cuda
 
-from ...kernels import F32, Request, UniformRequest
+from ...kernels import F32, Plan, UniformPlans
 from ..base import BackendError, BackendUnavailable, Device, Result
 from ..pool import DevicePool, default_limit, size_class
 from .context import (
@@ -87,7 +87,7 @@ def _same(kernel: str, arrays: Sequence[CudaArray], sizes: Sequence[int]) -> Non
 # -- the device ----------------------------------------------------------------------------
 
 
-def _b(request: Request) -> np.ndarray:
+def _b(request: Plan) -> np.ndarray:
     assert request.b is not None, f"{request.kernel} needs two operands"
     return request.b
 
@@ -154,7 +154,7 @@ class CudaDevice(Device):
 
     # -- Device API ------------------------------------------------------------------------
 
-    def run(self, kernel: str, requests: Sequence[Request]) -> list[Result]:
+    def _run_batch(self, kernel: str, requests: Sequence[Plan]) -> list[Result]:
         if self._closed:
             raise BackendError("invalid_value", "device is closed")
         if not requests:
@@ -369,7 +369,7 @@ class CudaDevice(Device):
 
     # -- the general path: catalogue kernels on device arrays --------------------------------
 
-    def builtin(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
+    def _run_bound(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
         self._check_open()
         with cuda_errors():
             result = self._builtin(kernel, operands, out)
@@ -588,7 +588,7 @@ class CudaDevice(Device):
 
     # -- the kernels' batches --------------------------------------------------------------
 
-    def run_uniform(self, batch: UniformRequest) -> np.ndarray:
+    def execute_uniform(self, batch: UniformPlans) -> np.ndarray:
         if self._closed:
             raise BackendError("invalid_value", "device is closed")
         count, size = batch.a.shape
@@ -603,13 +603,13 @@ class CudaDevice(Device):
                 m, n, k = batch.m, batch.n, batch.k
                 out = self._product(m, n, k, count, fill_blocks(batch.a, batch.b))
                 return out.reshape(count, m * n)
-        return super().run_uniform(batch)
+        return super().execute_uniform(batch)
 
     # -- the kernels' batches --------------------------------------------------------------
     # Each packs its operands into the input staging (a fill function: the requests one by
     # one, or a uniform batch's blocks at once), then runs as one launch where it can.
 
-    def _vector_add(self, requests: Sequence[Request]) -> list[Result]:
+    def _vector_add(self, requests: Sequence[Plan]) -> list[Result]:
         sizes = [int(r.a.size) for r in requests]
         starts = list(itertools.accumulate(sizes[:-1], initial=0))
 
@@ -633,7 +633,7 @@ class CudaDevice(Device):
         self.launch_vector_add(d_in, d_in + 4 * b_at, self._dev_out.ptr, total)
         return self._fetch(total)
 
-    def _reduce(self, requests: Sequence[Request], *, dot: bool) -> list[Result]:
+    def _reduce(self, requests: Sequence[Plan], *, dot: bool) -> list[Result]:
         sizes = [int(r.a.size) for r in requests]
         starts = list(itertools.accumulate(sizes[:-1], initial=0))
 
@@ -674,7 +674,7 @@ class CudaDevice(Device):
                 self.launch_reduce(d_x + 4 * start, d_y + 4 * start, size, d_out + 4 * i, dot=dot)
         return self._fetch(count).astype(np.float64)
 
-    def _matmul(self, requests: Sequence[Request]) -> list[Result]:
+    def _matmul(self, requests: Sequence[Plan]) -> list[Result]:
         r0 = requests[0]
         m, n, k = r0.m, r0.n, r0.k
         count = len(requests)

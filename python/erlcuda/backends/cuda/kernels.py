@@ -65,7 +65,7 @@ SCALAR_FORMATS = {e.dtype.str[1:]: e.struct for e in ELEMENTS.values()}
 F64 = np.dtype("<f8")
 
 
-#: The catalogue kernels ``builtin`` runs on device arrays, and their params' count.
+#: The catalogue kernels ``_run_bound`` runs on device arrays, and their params' count.
 BUILTIN_ARITY = {name: len(contract.KERNELS[name].params)
                   for name in ("copy", "vector_add", "reduce", "dot_product", "matmul")}
 
