@@ -211,11 +211,16 @@ await(JobId, Alias, Deadline, Keeps) ->
     end.
 
 %% @doc The backend, its devices with their counters and memory, the worker's OS pid and
-%% status, and the jobs counted since the application started.
+%% status, and the jobs counted since the application started; before it starts (or once
+%% it stopped), `status => not_running' and no backend.
 -spec info() -> #{backend := cpu | cuda | undefined, devices := non_neg_integer(),
                   worker_os_pid := integer() | undefined, atom() => term()}.
 info() ->
-    erlcuda_worker:info().
+    try erlcuda_worker:info()
+    catch exit:{noproc, _} ->
+        #{backend => undefined, devices => 0, worker_os_pid => undefined,
+          status => not_running}
+    end.
 
 %% @doc `info(cluster)': every node of the cluster, this one included, with its devices,
 %% the jobs in flight on each (`depths', as last published), its backend, its worker's
@@ -328,7 +333,8 @@ free(Buffer) ->
 
 %% @doc Hand a buffer to another process, which owns it from now on: the buffer is freed
 %% when that process exits (or its node's connection to the buffer's node drops), not when
-%% the caller does. Only the owner may.
+%% the caller does. Only the owner may; a process of this node that is not alive is
+%% `bad_args' (the buffer stays the caller's).
 -spec give(Buffer :: buffer(), Pid :: pid()) -> ok | {error, reason()}.
 give(Buffer, Pid) ->
     case erlcuda_remote:remote_node(Buffer) of

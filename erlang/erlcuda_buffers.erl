@@ -170,7 +170,19 @@ give(Buffer, Pid) ->
 
 %% @doc `give/2' on behalf of `Caller' (a caller of another node: erlcuda_remote).
 -spec give(term(), term(), pid()) -> ok | {error, erlcuda:reason()}.
+give(Buffer, Pid, Caller) when is_pid(Pid), node(Pid) =:= node() ->
+    case is_process_alive(Pid) of
+        true -> give_alive(Buffer, Pid, Caller);
+        false -> {error, {bad_args, iolist_to_binary(io_lib:format(
+                                                         "give: ~0p is not alive", [Pid]))}}
+    end;
 give(Buffer, Pid, Caller) when is_pid(Pid) ->
+    give_alive(Buffer, Pid, Caller);
+give(_, Pid, _) ->
+    {error, {bad_args, iolist_to_binary(io_lib:format("give: ~0P is not a process",
+                                                      [Pid, 8]))}}.
+
+give_alive(Buffer, Pid, Caller) ->
     case lookup(Buffer) of
         {ok, #buf{owner = Owner}} when Owner =:= Pid ->
             ok;
@@ -190,10 +202,7 @@ give(Buffer, Pid, Caller) when is_pid(Pid) ->
         {ok, _} -> {error, not_owner};
         gone -> {error, {buffer_lost, Buffer}};
         {error, _} = Error -> Error
-    end;
-give(_, Pid, _) ->
-    {error, {bad_args, iolist_to_binary(io_lib:format("give: ~0P is not a process",
-                                                      [Pid, 8]))}}.
+    end.
 
 %% @doc `Owner''s death, or the loss of the connection to it, frees its buffers from now
 %% on: its monitor is set when this returns (a give sets it a moment later).

@@ -28,6 +28,26 @@ traced_buffer_helpers_test_() ->
         [ok = erlcuda:free(X) || X <- [B, Z]]
     end).
 
+%% info/0 answers before the application starts, and after it stopped, as not running.
+info_before_start_test() ->
+    _ = application:stop(erlcuda),
+    ?assertMatch(#{status := not_running, backend := undefined, devices := 0,
+                   worker_os_pid := undefined}, erlcuda:info()).
+
+%% A buffer given to a process of this node that is no longer alive is refused and stays
+%% the caller's (it would be freed at once as the dead owner's).
+give_to_a_dead_process_test_() ->
+    erlcuda_test_util:with_app(?DEFAULTS, [], fun() ->
+        {ok, B} = erlcuda:upload([1.0, 2.0]),
+        {Dead, M} = spawn_monitor(fun() -> ok end),
+        receive {'DOWN', M, process, Dead, _} -> ok end,
+        ?assertMatch({error, {bad_args, _}}, erlcuda:give(B, Dead)),
+        Self = self(),
+        ?assertMatch(#{owner := Self}, erlcuda:buffer_info(B)),
+        ?assertEqual({ok, [1.0, 2.0]}, erlcuda:download(B)),
+        ok = erlcuda:free(B)
+    end).
+
 bad() ->
     [a, -1, 1.5, <<1, 2, 3>>, [], [a | b], {}, self(), make_ref(), #{a => b}, [[1.0] | x],
      [{device, x}], [{timeout, -1}], [{node, 42}], [{type, nope}],
