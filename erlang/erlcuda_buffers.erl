@@ -326,6 +326,7 @@ send_free(Epoch, Device, Ids) ->
 
 -spec init([]) -> {ok, #{}}.
 init([]) ->
+    logger:update_process_metadata(#{domain => [erlcuda]}),
     ?WATCHED = ets:new(?WATCHED, [set, protected, named_table, {read_concurrency, true}]),
     %% A restarted server watches the owners its predecessor watched.
     Owners = lists:usort(ets:select(?OWNED, [{{{'$1', '_'}}, [], ['$1']}])),

@@ -64,6 +64,7 @@ retire(To, Pid, Done) ->
     end.
 
 start(To, Owner) ->
+    logger:update_process_metadata(#{domain => [erlcuda]}),
     Ref = monitor(process, Owner),
     loop(To, Owner, Ref, 0).
 

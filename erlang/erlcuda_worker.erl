@@ -93,6 +93,8 @@ callback_mode() ->
 -spec init([]) -> gen_statem:init_result(state()).
 init([]) ->
     process_flag(trap_exit, true),
+    %% Every event this process logs is erlcuda's, for handlers and filters by domain.
+    logger:update_process_metadata(#{domain => [erlcuda]}),
     ok = erlcuda_protocol:load_atoms(),
     ok = erlcuda_delivery:init(),
     %% A predecessor killed without its terminate/3 may have left its worker running, and

@@ -3,7 +3,7 @@
 
 -export([wait_restarted/2, stall/2, with_app/3, reset/2, in_flight/0, wait_until/2,
          no_message/0, fake_worker/4, test_worker_path/0, wait_for/2, kill9/1, signal/2,
-         left/1, flush/0, flush_stalled/0, fault_defaults/0]).
+         left/1, flush/0, flush_stalled/0, fault_defaults/0, log/2]).
 
 %% The `python_path' that finds the worker's test double (`worker_module'
 %% "erlcuda_testworker": the real worker with the calls fault, print and stall), in
@@ -143,3 +143,9 @@ Python,
 "            launch(m)\n"]),
     ok = file:change_mode(Script, 8#755),
     Script.
+
+%% A logger handler (logger:add_handler(Id, erlcuda_test_util, #{config => #{pid => Pid}}))
+%% that sends every event to Pid.
+log(Event, #{config := #{pid := Pid}}) ->
+    Pid ! {logged, Event},
+    ok.

@@ -7,6 +7,35 @@
 -define(DEFAULTS, [{backend, cpu}, {cpu_devices, 1}, {worker_module, "erlcuda"}, {python_path, []}, {python, default},
                    {start_timeout, 120000}, {worker_args, []}]).
 
+%% The port owner's log events carry `domain => [erlcuda]', so a handler or filter can
+%% take erlcuda's apart.
+log_domain_test_() ->
+    {setup,
+     fun() -> _ = application:stop(erlcuda) end,
+     fun(_) ->
+             _ = logger:remove_handler(erlcuda_log_domain),
+             erlcuda_test_util:reset(?DEFAULTS, [])
+     end,
+     {timeout, 60, fun() ->
+         ok = logger:add_handler(erlcuda_log_domain, erlcuda_test_util,
+                                 #{config => #{pid => self()}, level => all}),
+         application:load(erlcuda),
+         [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS],
+         {ok, _} = application:ensure_all_started(erlcuda),
+         Started = fun F() ->
+                           receive
+                               {logged, #{msg := {Format, _}, meta := Meta}} ->
+                                   case string:find(Format, "started") of
+                                       nomatch -> F();
+                                       _ -> Meta
+                                   end;
+                               {logged, _} -> F()
+                           after 10000 -> none
+                           end
+                   end,
+         ?assertMatch(#{domain := [erlcuda]}, Started())
+     end}}.
+
 %% A worker whose first bytes are a frame header of 0xFFFFFFF0 and nothing after: a
 %% `{packet, 4}' port reserved the 4 GiB it names at once (and kept them after the
 %% application stopped). Now a frame takes the memory of the bytes that came.
