@@ -208,7 +208,7 @@ give_alive(Buffer, Pid, Caller) ->
 %% on: its monitor is set when this returns (a give sets it a moment later).
 -spec watch_now(pid()) -> ok.
 watch_now(Owner) when is_pid(Owner) ->
-    gen_server:call(?MODULE, {watch, Owner}).
+    gen_server:call(?MODULE, {watch, Owner}, infinity).
 
 %% @doc What a handle says, with its owner (`undefined' once it is freed or lost).
 -spec info(term()) -> map() | {error, erlcuda:reason()}.

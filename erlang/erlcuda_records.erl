@@ -13,6 +13,9 @@
          node_down/1, recorded_nodes/0, lost/2, error_message/3]).
 
 -define(RECORDS, erlcuda_remote).
+%% The first job id of this table's life: the jobs launched before it (erlcuda restarted
+%% since) have no record here.
+-define(FIRST_ID, persistent_term:get({?MODULE, first_id}, 0)).
 
 %% @doc The table of this node's launch jobs in flight on other nodes; created by the
 %% application's process so that it outlives the agent.
@@ -20,6 +23,7 @@
 create() ->
     ?RECORDS = ets:new(?RECORDS, [ordered_set, public, named_table,
                                   {write_concurrency, true}]),
+    persistent_term:put({?MODULE, first_id}, erlcuda_jobs:next_id()),
     ok.
 
 %% @doc A caller's launch job `Key' on another node, replying through `Alias' (with stamps
@@ -44,14 +48,24 @@ watch(Proxy, Id) ->
     end.
 
 %% @doc The watched proxy `Proxy' of this node's launch job `Id' has a result that names
-%% buffers: the record holds it until the proxy ends. `false' when the job is answered
-%% already (its node went down), or is not that proxy's.
--spec hold(pid(), erlcuda:job_id(), tuple()) -> boolean().
+%% buffers: the record holds it until the proxy ends (`held'; told again by a proxy whose
+%% agent restarted, it holds it again). `answered' when the job is answered already (its
+%% node went down), or is not that proxy's; `unknown' for a job launched before this
+%% table was made (erlcuda restarted here since), which nobody here answers.
+-spec hold(pid(), erlcuda:job_id(), tuple()) -> held | answered | unknown.
 hold(Proxy, Id, Message) ->
     Key = {node(Proxy), Id},
     case ets:lookup(?RECORDS, Key) of
-        [{Key, _, Proxy, _, none}] -> ets:update_element(?RECORDS, Key, {5, Message});
-        _ -> false
+        [{Key, _, Proxy, _, _}] ->
+            case ets:update_element(?RECORDS, Key, {5, Message}) of
+                true -> held;
+                false -> answered
+            end;
+        [_] -> answered;
+        [] -> case Id < ?FIRST_ID of
+                  true -> unknown;
+                  false -> answered
+              end
     end.
 
 %% @doc A watched proxy of this node's launch job `Id' ended: its record goes. A normal end
@@ -62,7 +76,10 @@ hold(Proxy, Id, Message) ->
 proxy_down(Node, Id, Why) ->
     case ets:take(?RECORDS, {Node, Id}) of
         [{_, _, _, _, none}] when Why =:= normal -> ok;
-        [{_, Alias, _, _, Held}] when Why =:= normal -> Alias ! Held, ok;
+        [{_, Alias, _, _, Held}] when Why =:= normal; Why =:= noproc ->
+            %% A held result was taken: the proxy gave its buffers and ended (an agent
+            %% that restarted meanwhile finds it gone, noproc).
+            Alias ! Held, ok;
         [{_, Alias, _, Traced, _}] -> Alias ! error_message(Id, lost(Node, Why), Traced), ok;
         [] -> ok
     end.

@@ -259,7 +259,7 @@ await(#{req := Req, alias := Alias} = W, Deadline) ->
             %% A result that names buffers: its proxy gives them to this caller once told
             %% it is taken, and then ends.
             Proxy ! {erlcuda_taken, Alias},
-            taken(W, Message, deadline(?CALL_TIMEOUT));
+            taken(W, Message, max(Deadline, deadline(?CALL_TIMEOUT)));
         {down, Why} ->
             unalias(Alias),
             lost(W, Why);
@@ -267,12 +267,15 @@ await(#{req := Req, alias := Alias} = W, Deadline) ->
             timed_out(W, deadline(?CALL_TIMEOUT))
     end.
 
+%% A proxy that does not end by `Until' (its node stopped answering): the buffers its
+%% result names are freed as this caller's, should the proxy have given them already.
 taken(#{req := Req} = W, Message, Until) ->
     receive
         {'DOWN', Req, process, _, normal} -> erlcuda_await:message(Message);
         {'DOWN', Req, process, _, Why} -> lost(W, Why)
     after remaining(Until) ->
         gone(Req),
+        free_found(Message),
         {error, timeout}
     end.
 
@@ -342,7 +345,8 @@ proxy(Alias, Tag, Caller, Sync, Kernel, Args, Opts) ->
             catch Class:Why -> {error, {internal, iolist_to_binary(
                                                     io_lib:format("~0P", [{Class, Why}, 20]))}}
             end,
-    deliver(Reply, found_buffers(Reply), {Alias, Tag, Caller, Watch, Agent}, traced(Opts)).
+    _ = deliver(Reply, found_buffers(Reply), {Alias, Tag, Caller, Watch, Agent}, traced(Opts)),
+    ok.
 
 %% A result that names no buffer goes straight to the caller's alias. One that names
 %% buffers is held (they stay the proxy's) until whoever answers the caller takes it over
@@ -361,10 +365,22 @@ deliver(Reply, Buffers, {Alias, Tag, Caller, none, _}, Traced) ->
     Connection = connection(node(Caller)),
     Alias ! {erlcuda_held, Alias, self(), message(Reply, Tag, Traced)},
     settle(taken(Alias), Connection, Buffers, Caller);
-deliver(Reply, Buffers, {_, Tag, Caller, Watch, Agent}, Traced) ->
+deliver(Reply, Buffers, {Alias, Tag, Caller, Watch, Agent}, Traced) ->
     Connection = connection(node(Caller)),
     Message = message(Reply, Tag, Traced),
-    settle(held(Watch, Agent, Tag, Message, ?ANNOUNCES), Connection, Buffers, Caller).
+    case held(Watch, Agent, Tag, Message, ?ANNOUNCES) of
+        deliver ->
+            %% The job's record went with a restart of erlcuda on the caller's node: nobody
+            %% else answers it, so the proxy does, as a result without buffers would be.
+            Alias ! case settle(taken, Connection, Buffers, Caller) of
+                        given -> Message;
+                        freed -> erlcuda_records:error_message(
+                                   Tag, {error, {node_down, node()}}, Traced)
+                    end,
+            ok;
+        Outcome ->
+            settle(Outcome, Connection, Buffers, Caller)
+    end.
 
 message({traced, R, Stamps}, Tag, _) -> {erlcuda, Tag, R, Stamps};
 message({error, _} = E, Tag, Traced) -> erlcuda_records:error_message(Tag, E, Traced);
@@ -382,6 +398,7 @@ held(Mon, Agent, Tag, Message, Left) ->
     Agent ! {erlcuda_held, Tag, self(), Message},
     receive
         {erlcuda_taken, Tag} -> demonitor(Mon, [flush]), taken;
+        {erlcuda_deliver, Tag} -> demonitor(Mon, [flush]), deliver;
         {erlcuda_cancel, Tag} -> demonitor(Mon, [flush]), refused;
         {'DOWN', Mon, process, _, noconnection} -> refused;
         {'DOWN', Mon, process, _, _} when Left > 0 ->
@@ -404,11 +421,13 @@ settle(taken, Connection, Buffers, Caller) ->
         Connection ->
             _ = [erlcuda_buffers:give(B, Caller) || B <- Buffers],
             ok = erlcuda_buffers:watch_now(Caller),
-            _ = connection(Node) =:= Connection
-                orelse [erlcuda_buffers:free(B, Caller) || B <- Buffers],
-            ok;
+            case connection(Node) of
+                Connection -> given;
+                _ -> _ = [erlcuda_buffers:free(B, Caller) || B <- Buffers], freed
+            end;
         _ ->
-            settle(refused, Connection, Buffers, Caller)
+            ok = settle(refused, Connection, Buffers, Caller),
+            freed
     end;
 settle(refused, _, Buffers, _) ->
     _ = [erlcuda_buffers:free(B) || B <- Buffers],

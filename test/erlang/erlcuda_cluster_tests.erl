@@ -43,6 +43,10 @@ cluster_test_() ->
                                     fun cut_keep_jobs/1},
                                    {"a connection that drops and comes back at once",
                                     fun flapping_connection/1},
+                                   {"keep results handed over past a busy buffers server",
+                                    fun busy_buffers_server/1},
+                                   {"keep launches across a restart of erlcuda here",
+                                    fun keep_across_restart_here/1},
                                    {"{node, any} never runs a job twice over a dropped connection",
                                     fun flapping_any/1},
                                    {"traced remote jobs answer with stamps",
@@ -737,6 +741,59 @@ spin(Until) ->
         true -> ok;
         false -> spin(Until)
     end.
+
+%% The executing node's buffers server is held up for 7 s as two keep jobs hand their
+%% results over (a launch_sync with a 20 s timeout, a launch): both still get their
+%% buffers, and once freed nothing stays there.
+busy_buffers_server(#{peers := [{P1, N1} | _]}) ->
+    Base = peer:call(P1, erlcuda_buffers, count, []),
+    Keep = [{node, N1}, {device, 0}, {keep, true}],
+    stall(N1, 0, 600),
+    timer:sleep(100),
+    Self = self(),
+    Sync = spawn_link(fun() ->
+                              Self ! {sync, self(), erlcuda:launch_sync(copy, [[1.0]],
+                                                                        [{timeout, 20000}
+                                                                         | Keep])}
+                      end),
+    {ok, Id} = erlcuda:launch(copy, [[2.0]], Keep),
+    timer:sleep(200),
+    ok = peer:call(P1, sys, suspend, [erlcuda_buffers]),
+    try
+        timer:sleep(7000)
+    after
+        ok = peer:call(P1, sys, resume, [erlcuda_buffers])
+    end,
+    SyncReply = receive {sync, Sync, R} -> R after 20000 -> no_reply end,
+    ?assertMatch({ok, {erlcuda_buffer, N1, _, _, _, f32, 1}}, SyncReply),
+    AsyncReply = receive_reply(Id),
+    ?assertMatch({ok, {erlcuda_buffer, N1, _, _, _, f32, 1}}, AsyncReply),
+    [ok = erlcuda:free(B) || {ok, B} <- [SyncReply, AsyncReply]],
+    ok = erlcuda_test_util:wait_until(
+           fun() -> peer:call(P1, erlcuda_buffers, count, []) =:= Base end, 50),
+    erlcuda_test_util:no_message(),
+    records_gone().
+
+%% Keep launches wait on a stalled device there while erlcuda restarts on this node, whose
+%% records of them go with it: each still gets its one reply, its buffer, from its proxy.
+keep_across_restart_here(#{peers := [{P1, N1} | _] = Peers}) ->
+    Base = peer:call(P1, erlcuda_buffers, count, []),
+    stall(N1, 0, 5000),
+    timer:sleep(100),
+    Ids = [begin {ok, Id} = erlcuda:launch(copy, [[1.0]], [{node, N1}, {device, 0},
+                                                          {keep, true}]), Id end
+           || _ <- lists:seq(1, 5)],
+    restart_here([N || {_, N} <- Peers]),
+    %% the jobs are still waiting there
+    ?assertEqual(5, proxies(P1)),
+    Replies = [receive_reply(Id) || Id <- Ids],
+    ?assertEqual([], [R || R <- Replies, not is_tuple(R) orelse element(1, R) =/= ok]),
+    [ok = erlcuda:free(B) || {ok, B} <- Replies],
+    ok = erlcuda_test_util:wait_until(
+           fun() -> peer:call(P1, erlcuda_buffers, count, []) =:= Base end, 50),
+    timer:sleep(300),
+    erlcuda_test_util:no_message(),
+    records_gone().
 
 %% `{node, any}' launch_sync calls, the node they go to preferred, while its connection
 %% drops and comes back at each one: a call that lost its node is answered node_down (its
