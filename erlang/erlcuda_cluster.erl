@@ -246,13 +246,16 @@ handle_info({erlcuda_held, Id, Proxy, Message}, State) when is_integer(Id), is_p
     %% A result that names buffers: taken into the job's record, and delivered once its
     %% proxy has given the buffers to the caller and ended ('DOWN', normal). A job already
     %% answered (node_down) refuses it, and its proxy frees them.
-    Proxy ! case erlcuda_records:hold(Proxy, Id, Message) of
-                 held -> {erlcuda_taken, Id};
-                 answered -> {erlcuda_cancel, Id};
-                 %% A launch of before erlcuda restarted here: its proxy answers it.
-                 unknown -> {erlcuda_deliver, Id}
-             end,
-    {noreply, State};
+    {Answer, State1} = case erlcuda_records:hold(Proxy, Id, Message) of
+                           held -> {{erlcuda_taken, Id}, State};
+                           unwatched -> {{erlcuda_taken, Id}, watch(Id, Proxy, State)};
+                           answered -> {{erlcuda_cancel, Id}, State};
+                           %% A launch of before erlcuda restarted here: its proxy
+                           %% answers it.
+                           unknown -> {{erlcuda_deliver, Id}, State}
+                       end,
+    Proxy ! Answer,
+    {noreply, State1};
 handle_info({'DOWN', Mon, process, Proxy, Why}, #state{proxies = Proxies} = State) ->
     case maps:take(Mon, Proxies) of
         {Id, Rest} ->

@@ -52,13 +52,20 @@ watch(Proxy, Id) ->
 %% agent restarted, it holds it again). `answered' when the job is answered already (its
 %% node went down), or is not that proxy's; `unknown' for a job launched before this
 %% table was made (erlcuda restarted here since), which nobody here answers.
--spec hold(pid(), erlcuda:job_id(), tuple()) -> held | answered | unknown.
+-spec hold(pid(), erlcuda:job_id(), tuple()) -> held | unwatched | answered | unknown.
 hold(Proxy, Id, Message) ->
     Key = {node(Proxy), Id},
     case ets:lookup(?RECORDS, Key) of
         [{Key, _, Proxy, _, _}] ->
             case ets:update_element(?RECORDS, Key, {5, Message}) of
                 true -> held;
+                false -> answered
+            end;
+        [{Key, _, undefined, _, _}] ->
+            %% Its proxy was not heard of yet (an agent that restarted before it was):
+            %% held, and the agent watches it now.
+            case ets:update_element(?RECORDS, Key, [{3, Proxy}, {5, Message}]) of
+                true -> unwatched;
                 false -> answered
             end;
         [_] -> answered;

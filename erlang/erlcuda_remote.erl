@@ -364,23 +364,27 @@ deliver(Reply, [], {Alias, Tag, _, Watch, Agent}, Traced) ->
 deliver(Reply, Buffers, {Alias, Tag, Caller, none, _}, Traced) ->
     Connection = connection(node(Caller)),
     Alias ! {erlcuda_held, Alias, self(), message(Reply, Tag, Traced)},
-    settle(taken(Alias), Connection, Buffers, Caller);
+    case taken(Alias) of
+        unanswered ->
+            freed = settle(unanswered, Connection, Buffers, Caller),
+            %% A caller still watching is answered by this end: its result is gone.
+            exit({shutdown, unanswered});
+        Outcome ->
+            settle(Outcome, Connection, Buffers, Caller)
+    end;
 deliver(Reply, Buffers, {Alias, Tag, Caller, Watch, Agent}, Traced) ->
     Connection = connection(node(Caller)),
     Message = message(Reply, Tag, Traced),
-    case held(Watch, Agent, Tag, Message, ?ANNOUNCES) of
-        deliver ->
-            %% The job's record went with a restart of erlcuda on the caller's node: nobody
-            %% else answers it, so the proxy does, as a result without buffers would be.
-            Alias ! case settle(taken, Connection, Buffers, Caller) of
-                        given -> Message;
-                        freed -> erlcuda_records:error_message(
-                                   Tag, {error, {node_down, node()}}, Traced)
-                    end,
-            ok;
-        Outcome ->
-            settle(Outcome, Connection, Buffers, Caller)
-    end.
+    Outcome = held(Watch, Agent, Tag, Message, ?ANNOUNCES),
+    %% Once the buffers are the caller's the proxy sends the result itself too, and the
+    %% alias lets only the first through: the agent's record may go with a restart of
+    %% erlcuda on the caller's node before it delivers it. A result given to nobody is
+    %% answered node_down the same way, for an agent that was gone too long to answer.
+    Alias ! case settle(Outcome, Connection, Buffers, Caller) of
+                given -> Message;
+                _ -> erlcuda_records:error_message(Tag, {error, {node_down, node()}}, Traced)
+            end,
+    ok.
 
 message({traced, R, Stamps}, Tag, _) -> {erlcuda, Tag, R, Stamps};
 message({error, _} = E, Tag, Traced) -> erlcuda_records:error_message(Tag, E, Traced);
@@ -398,7 +402,7 @@ held(Mon, Agent, Tag, Message, Left) ->
     Agent ! {erlcuda_held, Tag, self(), Message},
     receive
         {erlcuda_taken, Tag} -> demonitor(Mon, [flush]), taken;
-        {erlcuda_deliver, Tag} -> demonitor(Mon, [flush]), deliver;
+        {erlcuda_deliver, Tag} -> demonitor(Mon, [flush]), taken;
         {erlcuda_cancel, Tag} -> demonitor(Mon, [flush]), refused;
         {'DOWN', Mon, process, _, noconnection} -> refused;
         {'DOWN', Mon, process, _, _} when Left > 0 ->
@@ -426,16 +430,14 @@ settle(taken, Connection, Buffers, Caller) ->
                 _ -> _ = [erlcuda_buffers:free(B, Caller) || B <- Buffers], freed
             end;
         _ ->
-            ok = settle(refused, Connection, Buffers, Caller),
-            freed
+            settle(refused, Connection, Buffers, Caller)
     end;
 settle(refused, _, Buffers, _) ->
     _ = [erlcuda_buffers:free(B) || B <- Buffers],
-    ok;
+    freed;
 settle(unanswered, _, Buffers, _) ->
     _ = [erlcuda_buffers:free(B) || B <- Buffers],
-    %% Whoever watches the proxy answers the job: its result is gone.
-    exit({shutdown, unanswered}).
+    freed.
 
 %% This node's identifier of its connection to `Node' now, `none' when there is none.
 connection(Node) ->
