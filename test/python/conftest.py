@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -47,3 +49,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def forbid_compiling(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Call it once a cubin is cached: from then on nvcc may only preprocess (what a cache
+    hit runs to find its key), and a compile fails the test."""
+    from erlcuda import compile as compiler
+
+    real = compiler._nvcc
+
+    def no_compile(*args: Any, preprocess: bool = False, **kwargs: Any) -> bytes:
+        if not preprocess:
+            raise AssertionError("nvcc ran on a cache hit")
+        return real(*args, preprocess=True, **kwargs)
+
+    return lambda: monkeypatch.setattr(compiler, "_nvcc", no_compile)

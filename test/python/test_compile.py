@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,21 +16,14 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 
 @needs_nvcc
 def test_a_builtin_kernel_is_compiled_once_then_read_from_the_cache(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, forbid_compiling: Callable[[], None]) -> None:
     kernels = tmp_path / "kernels"
     shutil.copytree(KERNELS, kernels)
     cache = tmp_path / "cache"
     source = (kernels / "vector_add.cu").read_text()
     first = compiler.cubin(source, ["-O3"], "sm_90", include_dirs=[kernels], cache=cache)
     assert first and len(list(cache.iterdir())) == 1
-    real = compiler._nvcc
-
-    def no_compile(*args: Any, preprocess: bool = False, **kwargs: Any) -> bytes:
-        if not preprocess:
-            raise AssertionError("nvcc ran on a cache hit")
-        return real(*args, preprocess=True, **kwargs)
-
-    monkeypatch.setattr(compiler, "_nvcc", no_compile)
+    forbid_compiling()
     assert compiler.cubin(source, ["-O3"], "sm_90", include_dirs=[kernels], cache=cache) == first
     # A header it includes changed (not only in a comment): another key, compiled again.
     header = kernels / "common.cuh"
