@@ -250,9 +250,9 @@ handle_info({erlcuda_held, Id, Proxy, Message}, State) when is_integer(Id), is_p
                            held -> {{erlcuda_taken, Id}, State};
                            unwatched -> {{erlcuda_taken, Id}, watch(Id, Proxy, State)};
                            answered -> {{erlcuda_cancel, Id}, State};
-                           %% A launch of before erlcuda restarted here: its proxy
-                           %% answers it.
-                           unknown -> {{erlcuda_deliver, Id}, State}
+                           %% A launch of before erlcuda restarted here: taken, and
+                           %% answered by its proxy alone.
+                           unknown -> {{erlcuda_taken, Id}, State}
                        end,
     Proxy ! Answer,
     {noreply, State1};

@@ -402,7 +402,6 @@ held(Mon, Agent, Tag, Message, Left) ->
     Agent ! {erlcuda_held, Tag, self(), Message},
     receive
         {erlcuda_taken, Tag} -> demonitor(Mon, [flush]), taken;
-        {erlcuda_deliver, Tag} -> demonitor(Mon, [flush]), taken;
         {erlcuda_cancel, Tag} -> demonitor(Mon, [flush]), refused;
         {'DOWN', Mon, process, _, noconnection} -> refused;
         {'DOWN', Mon, process, _, _} when Left > 0 ->
@@ -432,10 +431,7 @@ settle(taken, Connection, Buffers, Caller) ->
         _ ->
             settle(refused, Connection, Buffers, Caller)
     end;
-settle(refused, _, Buffers, _) ->
-    _ = [erlcuda_buffers:free(B) || B <- Buffers],
-    freed;
-settle(unanswered, _, Buffers, _) ->
+settle(Outcome, _, Buffers, _) when Outcome =:= refused; Outcome =:= unanswered ->
     _ = [erlcuda_buffers:free(B) || B <- Buffers],
     freed.
 
