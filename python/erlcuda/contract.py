@@ -123,6 +123,7 @@ class Wire:
     flag_result_file: int
     flag_keep: int
     flag_geometry: int
+    flag_program: int
     arg_vector: int
     arg_dim: int
     arg_file: int
@@ -152,6 +153,7 @@ WIRE = Wire(
     flag_result_file=_WIRE["flags"]["result_file"],
     flag_keep=_WIRE["flags"]["keep"],
     flag_geometry=_WIRE["flags"]["geometry"],
+    flag_program=_WIRE["flags"]["program"],
     arg_vector=_WIRE["arg"]["vector"],
     arg_dim=_WIRE["arg"]["dim"],
     arg_file=_WIRE["arg"]["file"],

@@ -77,6 +77,7 @@ __all__ = [
     "backend_unavailable",
     "bad_args",
     "bad_device",
+    "bad_program",
     "buffer_lost",
     "compile_error",
     "cuda_error",
@@ -88,6 +89,7 @@ __all__ = [
     "encode_log",
     "encode_results",
     "internal",
+    "step_failure",
     "unknown_kernel",
     "version_mismatch",
 ]
@@ -169,6 +171,7 @@ class Launch:
     keep: tuple[int, ...] | None = None  # flag_keep: the ids the vector results stay under
     geometry: Geometry | None = None  # flag_geometry
     general: bool = False
+    program: bytes | None = None  # flag_program: the definition's ETF (``programs``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +212,8 @@ _U32 = struct.Struct(">I")
 # The argument kinds and launch flags, as module constants for the decoder's loop.
 (_W_VECTOR, _W_DIM, _W_FILE, _W_HANDLE, _W_SCALAR, _W_EMPTY) = (
     _W.arg_vector, _W.arg_dim, _W.arg_file, _W.arg_handle, _W.arg_scalar, _W.arg_empty)
-(_W_TRACE, _W_RESULT_FILE, _W_KEEP, _W_GEOMETRY) = (
-    _W.flag_trace, _W.flag_result_file, _W.flag_keep, _W.flag_geometry)
+(_W_TRACE, _W_RESULT_FILE, _W_KEEP, _W_GEOMETRY, _W_PROGRAM) = (
+    _W.flag_trace, _W.flag_result_file, _W.flag_keep, _W.flag_geometry, _W.flag_program)
 _ETF = etf.VERSION
 
 #: numpy dtypes of the wire's element types, by index (a contract type without one fails
@@ -304,6 +307,7 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
     try:
         args, general, pos = _decode_args(frame, pos, size)
         keep, geometry, pos = _decode_tail(frame, pos, size, flags)
+        program, pos = _decode_program(frame, pos, size, flags)
     except _Malformed as exc:
         return Launch(job_id, device, kernel, [], trace, str(exc))
     if pos != size:
@@ -311,7 +315,8 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
                       f"{size - pos} trailing bytes after the last argument")
     return Launch(job_id, device, kernel, args, trace,
                   result_file=flags & _W_RESULT_FILE != 0, keep=keep, geometry=geometry,
-                  general=general or flags & (_W_KEEP | _W_GEOMETRY) != 0)
+                  general=general or flags & (_W_KEEP | _W_GEOMETRY | _W_PROGRAM) != 0,
+                  program=program)
 
 
 def _decode_args(frame: bytes | bytearray | memoryview, pos: int,
@@ -438,6 +443,21 @@ def _decode_tail(frame: bytes | bytearray | memoryview, pos: int, size: int,
     return keep, geometry, pos
 
 
+def _decode_program(frame: bytes | bytearray | memoryview, pos: int, size: int,
+                    flags: int) -> tuple[bytes | None, int]:
+    """A program's definition after the geometry, where flag_program says so: its bytes
+    (decoded and checked by ``programs``), and where they end."""
+    if not flags & _W_PROGRAM:
+        return None, pos
+    if _U32.size > size - pos:
+        raise _Malformed(f"launch of {size} bytes ends before its program's length")
+    (length,) = _U32.unpack_from(frame, pos)
+    pos += _U32.size
+    if length > size - pos:
+        raise _Malformed(f"a program of {length} bytes announced, {size - pos} left")
+    return bytes(frame[pos : pos + length]), pos + length
+
+
 def vector_spans(launch: Launch) -> tuple[list[tuple[int, int]], int] | None:
     """Where each vector argument's data lies in ``launch``'s frame (``(start, end)``, in
     param order) and where the frame ends, worked out from the decoded launch alone; ``None``
@@ -486,6 +506,8 @@ def buffer_id_spans(launch: Launch) -> tuple[tuple[int, ...], int, int] | None:
         pos += 1 + _DIM.size * len(launch.keep)
     if launch.geometry is not None:
         pos += _GEOMETRY.size
+    if launch.program is not None:
+        pos += _U32.size + len(launch.program)
     return tuple(handles), keep_at, pos
 
 
@@ -632,9 +654,10 @@ class Kept(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Listed:
-    """A user kernel's vector results, in param order (tag_list): arrays and ``Kept``."""
+    """A user kernel's vector results, in param order, or a program's outputs (tag_list):
+    arrays, ``Kept`` and (a program's scalars) floats."""
 
-    items: tuple[np.ndarray | Kept, ...]
+    items: tuple[np.ndarray | Kept | float, ...]
 
 
 #: A job's result: a vector (a numpy array, or a ``FileResult`` once written to shared
@@ -681,6 +704,16 @@ def compile_error(log: str) -> Failure:
 def cuda_error(code: str, text: str) -> Failure:
     """``{cuda, Code, Text}``; a code outside ``contract.CUDA_CODES`` travels as ``unknown``."""
     return Failure("cuda", (atom(code if code in contract.CUDA_CODES else "unknown"), text))
+
+
+def bad_program(text: str) -> Failure:
+    """``{bad_program, Text}``: a program's definition the worker cannot run."""
+    return Failure("bad_program", (text,))
+
+
+def step_failure(index: int, failure: Failure) -> Failure:
+    """``{step, Index, Reason}``: a program's step ``Index`` (from 1) refused ``failure``."""
+    return Failure("step", (index, failure.term))
 
 
 def internal(text: str) -> Failure:
@@ -788,6 +821,8 @@ def _list_payload(res: Listed) -> list[bytes | memoryview]:
             parts = payload if type(payload) is list else [payload]
             pieces.append(_ITEM_HEAD.pack(tag, sum(_size(p) for p in parts)))
             pieces += parts
+        elif type(item) is float:  # a program's scalar output
+            pieces += [_ITEM_HEAD.pack(_T_SCALAR, _F64.size), _pack_f64(item)]
         else:
             raise ProtocolError(f"a list item of type {type(item).__name__} has no record")
     return pieces

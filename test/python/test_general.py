@@ -198,7 +198,7 @@ def test_large_typed_and_listed_vectors_are_sent_from_their_own_memory() -> None
 
 def test_new_records_that_cannot_travel_are_their_jobs_alone() -> None:
     encoded = protocol.encode_results([
-        (1, Listed((np.array([object()]),)), None), (2, Listed((1.0,)), None),  # type: ignore[arg-type]
+        (1, Listed((np.array([object()]),)), None), (2, Listed(("1.0",)), None),  # type: ignore[arg-type]
         (3, Kept(1, "f16", 1), None), (4, Listed((np.ones(300, np.float32),)), None)],
         max_frame=5 + 13 + 4 + 5 + 1199)
     replies = [r for f in encoded.frames for r in parse_results(joined(f))]

@@ -193,7 +193,7 @@ def _result(tag: int, payload: bytes) -> tuple[str, Any]:
         for _ in range(count):
             item_tag, n = struct.unpack_from(">BI", payload, pos)
             pos += 5
-            assert item_tag in (W.tag_vector, W.tag_typed, W.tag_handle), item_tag
+            assert item_tag in (W.tag_vector, W.tag_typed, W.tag_handle, W.tag_scalar), item_tag
             assert pos + n <= len(payload), "a list item runs past its record"
             items.append(_result(item_tag, payload[pos : pos + n])[1])
             pos += n
