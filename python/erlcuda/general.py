@@ -19,6 +19,7 @@ Whatever breaks a rule is refused with ``Refused``, carrying the job's ``{error,
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -27,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from . import contract, elements, kernels, protocol
-from .kernels import DTYPES, MAX_ELEMENTS, Operand, Plan
-from .protocol import Empty, Failure, Handle, Launch, Scalar
+from . import contract, elements, kernels, programs, protocol
+from .kernels import DTYPES, MAX_ELEMENTS, Operand, Plan, Refused
+from .protocol import Empty, Handle, Launch, Scalar
 from .shm import FileArg
 
 #: The access of a user kernel's param: a pointer read, written or both, or a scalar.
@@ -38,15 +39,6 @@ ACCESS = ("in", "out", "inout", "scalar")
 BLOCK = 256
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _TYPE_OF_DTYPE = {dtype: name for name, dtype in DTYPES.items()}
-
-
-class Refused(Exception):
-    """A general launch, or a user kernel's declaration, that breaks a rule: ``failure`` is
-    the ``{error, Reason}`` to answer (``bad_args``, ``buffer_lost``)."""
-
-    def __init__(self, failure: Failure) -> None:
-        super().__init__(failure.detail[0] if failure.detail else failure.reason)
-        self.failure = failure
 
 
 def _bad(text: str) -> Refused:
@@ -68,10 +60,23 @@ class UserKernel:
     params: tuple[tuple[str, str], ...]
     kind: str = "raw"
     inputs: int = 0  # elementwise: how many params the launch passes
+    body: ElementwiseBody | None = None  # elementwise: what its source was written from
 
     @property
     def elementwise(self) -> bool:
         return self.kind == "elementwise"
+
+
+@dataclass(frozen=True, slots=True)
+class ElementwiseBody:
+    """What an elementwise kernel's source is written from (``usercode.elementwise_source``):
+    its inputs ``(Var, Type, vector | scalar)``, outputs ``(Var, Type)``, the operation and
+    the nvcc flags it was loaded with. A program fuses such kernels (``fusion``)."""
+
+    inputs: tuple[tuple[str, str, str], ...]
+    outputs: tuple[tuple[str, str], ...]
+    operation: str
+    flags: tuple[str, ...]
 
 
 class Registry:
@@ -82,6 +87,7 @@ class Registry:
     def __init__(self) -> None:
         self.kernels: dict[str, UserKernel] = {}
         self.modules: dict[str, tuple[str, ...]] = {}
+        self.version = 0  # changes with every install and remove: what was checked is stale
 
     def get(self, name: str) -> UserKernel | None:
         return self.kernels.get(name)
@@ -103,6 +109,7 @@ class Registry:
         modules = dict(self.modules)
         modules[module] = tuple(k.name for k in kernels)
         self.kernels, self.modules = table, modules
+        self.version += 1
 
     def remove(self, module: str) -> bool:
         """Forget ``module``; ``False`` where it was not loaded."""
@@ -110,6 +117,7 @@ class Registry:
             return False
         self.kernels = {k: v for k, v in self.kernels.items() if v.module != module}
         self.modules = {m: names for m, names in self.modules.items() if m != module}
+        self.version += 1
         return True
 
 
@@ -215,12 +223,21 @@ Held = Callable[[int], tuple[str, int] | None]
 
 
 def route(launch: Launch, registry: Registry | None = None) -> str:
-    """Where a decoded launch is checked, decided here alone: ``"batched"`` (a batched
-    f32 kernel on vectors and dims: its check needs no buffers, so the reading thread makes
-    its plan), ``"general"`` (buffers, other element types, ``copy``/``zeros``/``empty``,
-    user kernels: checked on its device's thread, which knows the buffers) or
-    ``"unknown"`` (a kernel neither the catalogue nor ``registry`` has; without a registry,
-    any kernel that is not batched is ``"general"``)."""
+    """Where a decoded launch is checked, decided here alone: ``"batched"`` (a batched f32
+    kernel on vectors and dims, or a program that names no buffer and keeps nothing: its
+    check needs no buffers, so the reading thread makes its plan), ``"general"`` (buffers,
+    other element types, ``copy``/``zeros``/``empty``, user kernels: checked on its
+    device's thread, which knows the buffers) or ``"unknown"`` (a kernel neither the
+    catalogue nor ``registry`` has; without a registry, any kernel that is not batched is
+    ``"general"``)."""
+    if launch.program is not None:
+        # buffers are known on the device's thread alone; kept outputs are made there
+        held = launch.keep is not None or any(type(a) is Handle for a in launch.args)
+        return "general" if held else "batched"
+    return _route(launch, registry)
+
+
+def _route(launch: Launch, registry: Registry | None) -> str:
     if not launch.general and launch.kernel in kernels.KERNELS:
         return "batched"
     if registry is None or launch.kernel in contract.KERNELS or (
@@ -234,6 +251,9 @@ def check(launch: Launch, registry: Registry, held: Held | None = None) -> Plan:
     element type, user kernel); ``Refused`` where it breaks a rule, or names a buffer that
     ``held`` (the lane's buffers; a batched launch names none) does not know
     (``{buffer_lost, Id}``)."""
+    if launch.program is not None:
+        return programs.check(launch, functools.partial(_check_step, registry), registry.get,
+                              registry.version, held)
     path = route(launch, registry)
     if path == "batched":
         try:
@@ -248,6 +268,11 @@ def check(launch: Launch, registry: Registry, held: Held | None = None) -> Plan:
     if user is not None:
         return _check_user(launch, user, held)
     return _check_builtin(launch, contract.KERNELS[launch.kernel], held)
+
+
+def _check_step(registry: Registry, launch: Launch, held: Held) -> Plan:
+    """A program step's plan: the check of a launch whose vectors name the program's values."""
+    return check(launch, registry, held)
 
 
 def _vector(arg: Any, what: str, held: Held) -> Operand:

@@ -27,7 +27,8 @@ from . import contract, elements
 
 if TYPE_CHECKING:  # they import this module
     from .general import UserKernel
-    from .protocol import Geometry
+    from .programs import ProgramRun
+    from .protocol import Failure, Geometry
 
 F32 = np.dtype("<f4")
 
@@ -45,6 +46,16 @@ DTYPES: dict[str, np.dtype[Any]] = elements.DTYPES
 # A batched plan carries up to two vectors (a, b) and three dims (m, n, k), in param order.
 _VECTOR_FIELDS = ("a", "b")
 _DIM_FIELDS = ("m", "n", "k")
+
+
+class Refused(Exception):
+    """A launch (a program's too, or a user kernel's declaration) that breaks a rule:
+    ``failure`` is the ``{error, Reason}`` to answer (``bad_args``, ``buffer_lost``,
+    ``bad_program``, ``step``...)."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(str(failure.detail[-1]) if failure.detail else failure.reason)
+        self.failure = failure
 
 
 class BadArgs(ValueError):
@@ -83,8 +94,9 @@ class Plan:
     operands, in a grid of ``geometry``; no launch where it is ``None``). ``out_elements``
     is the result's length (1 for a batched scalar). The job's vector results are the
     ``out`` array or the operands marked ``result``, in order: kept under ``keep`` where it
-    is set, else downloaded; a user kernel's are answered as a list. Treat a plan as
-    immutable."""
+    is set, else downloaded; a user kernel's are answered as a list. ``program`` runs a
+    program (``programs``) on its inputs, the ``operands``; its outputs are answered as a
+    list. Treat a plan as immutable."""
 
     kernel: str
     action: str
@@ -102,14 +114,17 @@ class Plan:
     n: int = 0
     k: int = 0
     elements: int = 0
+    program: ProgramRun | None = None  # ``program``: the checked program and its batch key
 
     @property
     def key(self) -> tuple[Any, ...] | None:
-        """Plans with equal keys run together as one batched launch (same kernel and dims);
-        ``None``: the plan runs alone."""
-        if self.action != "batched":
-            return None
-        return (self.kernel, self.m, self.n, self.k)
+        """Plans with equal keys run together as one batched launch (same kernel and dims,
+        or the same program on inputs of the same shapes); ``None``: the plan runs alone."""
+        if self.action == "batched":
+            return (self.kernel, self.m, self.n, self.k)
+        if self.program is not None:
+            return self.program.key
+        return None
 
     @property
     def makes_out(self) -> bool:
@@ -125,6 +140,8 @@ class Plan:
         """Device memory the job takes: the arrays it uploads and allocates."""
         if self.action == "batched":
             return 4 * (self.elements + self.out_elements)
+        if self.program is not None:
+            return self.program.plan.device_bytes
         total = sum(op.elements * DTYPES[op.type].itemsize for op in self.operands
                     if op.source in ("data", "file", "zeros") and op.type is not None)
         if self.makes_out and self.out_type is not None:
@@ -136,6 +153,9 @@ class Plan:
         """Bytes of the vectors the job keeps as new buffers."""
         if not self.keep:
             return 0
+        if self.program is not None:
+            typed = self.program.plan
+            return sum(typed.slots[s].nbytes for s in typed.outputs)
         if self.action != "user":
             return self.out_elements * DTYPES[self.out_type or "f32"].itemsize
         return sum(self.operands[i].elements * DTYPES[self.operands[i].type or "f32"].itemsize

@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,6 +34,7 @@ from .backends.base import Backend, BackendError, Device
 from .framing import FrameError, FrameWriter
 from .general import Registry
 from .kernels import DTYPES, Operand, Plan, UniformPlans
+from .program_runner import Runner
 from .protocol import Failure, Kept, Launch, Listed, Result
 from .shm import FileArg, SharedFolder, ShmError
 
@@ -170,6 +171,7 @@ class Lane(threading.Thread):
         shm: SharedFolder | None = None,
         buffer_limit: int = 0,
         registry: Registry | None = None,
+        compiler: Executor | None = None,
     ) -> None:
         super().__init__(name=f"erlcuda-device-{index}", daemon=True)
         self.index = index
@@ -184,6 +186,7 @@ class Lane(threading.Thread):
         self.stats = Stats()
         self.store = BufferStore(buffer_limit)
         self.registry = registry if registry is not None else Registry()
+        self.programs = Runner(index, self.registry, self.store, compiler)
         self.ready = threading.Event()
         self.device_info: dict[str, Any] = {}
         self.memory = 1 << 62  # device memory in bytes, where the backend says
@@ -227,6 +230,10 @@ class Lane(threading.Thread):
 
     def close_here(self, device: Device | None) -> None:
         if device is not None:
+            try:
+                self.programs.close(device)
+            except Exception:
+                log.exception("device %d: releasing its programs' graphs failed", self.index)
             try:
                 self.free_buffers(device, self.store.ids())
             except Exception:
@@ -322,7 +329,10 @@ class Lane(threading.Thread):
         """One backend call for ``plans`` (one batch key): its values, else the failure
         every one of them gets; and why the device is lost, where it is."""
         try:
-            values = device.execute(plans)
+            if plans[0].program is not None:
+                values = self.programs.run(plans, device, self._host)
+            else:
+                values = device.execute(plans)
         except Exception as exc:
             return None, *self._failure(exc, plans[0].kernel)
         self.stats.launches += 1
@@ -587,6 +597,8 @@ class Lane(threading.Thread):
     def _execute(self, plan: Plan, device: Device) -> Result:
         """Run ``plan`` on ``device``: its result, kept or downloaded. Every array made here
         that is not kept is freed, whatever happens."""
+        if plan.program is not None:
+            return self.programs.run([plan], device, self._host)[0]
         temps: dict[int, Any] = {}  # by id(): device arrays need not compare
         try:
             done = self._outputs(plan, device, temps)

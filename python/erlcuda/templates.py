@@ -139,7 +139,8 @@ class GeneralTemplate:
                 return None  # a malformed frame: its error comes from the decoder
         # (positional: the fields of ``Plan`` in order, those of a batched plan left out)
         return Plan(plan.kernel, plan.action, operands, keep, plan.out_type,
-                    plan.out_elements, plan.scalar, plan.user, plan.geometry, plan.results)
+                    plan.out_elements, plan.scalar, plan.user, plan.geometry, plan.results,
+                    elements=plan.elements, program=plan.program)
 
 
 class Templates:

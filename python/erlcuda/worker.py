@@ -49,8 +49,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -124,11 +124,14 @@ class Worker:
         if spin_us < 0:
             spin_us = AUTO_SPIN_US if self.backend_name == "cuda" else 0
         self.registry = Registry()  # user kernels, shared with every lane
+        # Programs' fused kernels are compiled here, off the device threads.
+        self._compiler = ThreadPoolExecutor(1, thread_name_prefix="erlcuda-compile")
         self.lanes = [
             Lane(i, self.backend, writer, max_batch=options.max_batch,
                  max_elements=options.max_batch_elements, on_fatal=self._fatal,
                  unavailable=unavailable, spin_us=spin_us, shm=shm,
-                 buffer_limit=options.buffer_limit, registry=self.registry)
+                 buffer_limit=options.buffer_limit, registry=self.registry,
+                 compiler=self._compiler)
             for i in range(count)
         ]
         self.extensions = dict(extensions or {})
@@ -568,7 +571,8 @@ class Worker:
             source = usercode.elementwise_source(kernel.name, inputs, outputs, operation)
         except ValueError as exc:
             return _error(protocol.bad_args(str(exc)))
-        return self._install(kernel.name, source, flags, [kernel])
+        body = general.ElementwiseBody(tuple(inputs), tuple(outputs), operation, tuple(flags))
+        return self._install(kernel.name, source, flags, [replace(kernel, body=body)])
 
     def unload_call(self, args: list[Any]) -> Any:
         """``unload(Module)``: ``ok``, whether it was loaded or not."""
@@ -664,6 +668,7 @@ class Worker:
                 lane.stop()
             for lane in self.lanes:
                 lane.join(timeout=10)
+        self._compiler.shutdown(wait=False, cancel_futures=True)
         if self.backend is not None:
             self.backend.close()
         return status

@@ -116,6 +116,39 @@ class Device(ABC):
         ``None`` returned; a scalar result is returned as a float (``out`` is ``None``)."""
         raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
 
+    # -- programs: work queued on device arrays, waited for once ---------------------------
+    #: The backend's CUDA graphs (``capture``, ``launch``, ``release``), where it has them.
+    graphs: Any = None
+    #: The architecture generated kernels are compiled for (``sm_90``); ``None``: the device
+    #: runs none (a program's steps then run one by one, unfused).
+    arch: str | None = None
+
+    def enqueue(self, plan: Plan, bound: Sequence[Any], out: Any | None = None,
+                count: int = 1) -> None:
+        """Queue ``plan`` on device arrays, as ``execute`` with ``bound`` runs it, without
+        waiting for it: a built-in's result, vector or scalar, goes into ``out``, a user
+        kernel's into its operands. ``count`` runs of one shape laid end to end run as one:
+        a reduction then writes one sum per run, a matmul one product per run. What the
+        work itself does wrong may surface only at the next wait (``synchronize``,
+        ``download``)."""
+        raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
+
+    def synchronize(self) -> None:  # noqa: B027 - optional hook
+        """Wait for the work queued on the device; raises what it did wrong."""
+
+    def upload_into(self, array: Any, host: np.ndarray) -> None:
+        """Copy the 1-D ``host`` array (of ``array``'s dtype and size) into ``array``,
+        in queue order."""
+        raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
+
+    def copy_into(self, array: Any, source: Any) -> None:
+        """Queue a copy of device array ``source`` into ``array`` (same dtype and size)."""
+        raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
+
+    def zero(self, array: Any) -> None:
+        """Queue the zeroing of ``array``."""
+        raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
+
     def load_module(self, name: str, image: bytes, functions: Sequence[str]) -> None:
         """Load compiled code (a cubin) as module ``name`` into this device's context, with
         its ``functions`` (extern "C" names) ready to launch; replaces a module of that

@@ -149,8 +149,46 @@ class CpuDevice(Device):
             raise BackendError("not_supported", f"the cpu backend has no built-in {kernel}")
         return None
 
+    # -- programs: every step runs at once, in order -------------------------------------
+    def enqueue(self, plan: Plan, bound: Sequence[Any], out: Any | None = None,
+                count: int = 1) -> None:
+        if plan.user is not None:
+            assert plan.geometry is not None
+            grid, block, shared = plan.geometry
+            self.launch_user(plan.user.module, plan.user.name, bound, grid, block, shared)
+        elif plan.kernel in ("reduce", "dot_product"):
+            out[:] = _sums(bound[0], bound[1] if plan.kernel == "dot_product" else None,
+                           count)
+        elif plan.kernel == "matmul":
+            a, b, m, n, k = bound
+            np.matmul(a.reshape(count, m, k), b.reshape(count, k, n),
+                      out=out.reshape(count, m, n))
+        else:
+            self._run_bound(plan.kernel, bound, out)
+
+    def upload_into(self, array: Any, host: np.ndarray) -> None:
+        array[:] = host
+
+    def copy_into(self, array: Any, source: Any) -> None:
+        array[:] = source
+
+    def zero(self, array: Any) -> None:
+        array[:] = 0
+
     def info(self) -> dict[str, Any]:
         return {"name": f"cpu:{self.index}"}
+
+
+def _sums(a: np.ndarray, b: np.ndarray | None, count: int) -> np.ndarray:
+    """The sums (``b``: of products) of ``count`` equal segments, accumulated in f64 as
+    ``_run_bound`` does; the caller rounds them to the vectors' type."""
+    values = a.astype(np.float64)
+    if b is not None:
+        values *= b
+    size = values.size // count if count else 0
+    if size == 0:
+        return np.zeros(count)
+    return np.add.reduceat(values, np.arange(count, dtype=np.int64) * size)
 
 
 class CpuBackend(Backend):

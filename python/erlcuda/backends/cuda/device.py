@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pycuda.driver as cuda
 
+from ...compile import arch_of
 from ...kernels import F32, Plan, UniformPlans
 from ..base import BackendError, BackendUnavailable, Device, Result
 from ..pool import DevicePool, default_limit, size_class
@@ -18,6 +19,7 @@ from .context import (
     is_oom,
     to_backend_error,
 )
+from .graphs import graphs_for
 from .kernels import (
     BLOCK_1D,
     BUILTIN_ARITY,
@@ -151,6 +153,10 @@ class CudaDevice(Device):
                              HostBuffer("transfer chunk", np.uint8))
         self._chunk_copied = (cuda.Event(), cuda.Event())
         self._user: dict[str, _UserModule] = {}
+        # Programs: the architecture fused kernels are compiled for, and graphs of the stream.
+        major, minor = self._dev.compute_capability()
+        self.arch = arch_of((int(major), int(minor)))
+        self.graphs = graphs_for(self._stream)
 
     # -- Device API ------------------------------------------------------------------------
 
@@ -372,11 +378,17 @@ class CudaDevice(Device):
     def _run_bound(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
         self._check_open()
         with cuda_errors():
-            result = self._builtin(kernel, operands, out)
+            self._builtin(kernel, operands, out)
+            if kernel in ("reduce", "dot_product"):
+                return self._read_scalar(_vector(operands[0], kernel).dtype)
             self._stream.synchronize()
-        return result
+        return None
 
-    def _builtin(self, kernel: str, operands: Sequence[Any], out: Any | None) -> float | None:
+    def _builtin(self, kernel: str, operands: Sequence[Any], out: Any | None,
+                 count: int = 1) -> None:
+        """Queue a catalogue kernel on device arrays: ``count`` runs of one shape laid end
+        to end. A sum goes into ``out`` (one per run), or into the scalar slot where
+        ``out`` is ``None``."""
         arity = BUILTIN_ARITY
         if kernel not in arity:
             raise BackendError("not_supported", f"no built-in kernel {kernel!r:.40}")
@@ -389,7 +401,7 @@ class CudaDevice(Device):
             _same(kernel, [a, c], [a.size, a.size])
             if a.nbytes > 0:
                 cuda.memcpy_dtod_async(c.ptr, a.ptr, a.nbytes, self._stream)
-            return None
+            return
         if a.dtype not in (F32, F64):
             raise BackendError("invalid_value", f"{kernel} takes f32 or f64 vectors, not "
                                f"{a.dtype.name}")
@@ -398,19 +410,86 @@ class CudaDevice(Device):
             b, c = _vector(operands[1], kernel), _vector(out, kernel)
             _same(kernel, [a, b, c], [a.size] * 3)
             self.launch_vector_add(a.ptr, b.ptr, c.ptr, a.size, f64=f64)
-            return None
+            return
         if kernel == "matmul":
             b = _vector(operands[1], kernel)
             m, n, k = (_dim(d, kernel) for d in operands[2:])
             c = _vector(out, kernel)
-            _same(kernel, [a, b, c], [m * k, k * n, m * n])
-            self.launch_matmul(a.ptr, b.ptr, c.ptr, m, n, k, f64=f64)
-            return None
+            _same(kernel, [a, b, c], [count * m * k, count * k * n, count * m * n])
+            self.launch_matmul(a.ptr, b.ptr, c.ptr, m, n, k, count, f64=f64)
+            return
         dot = kernel == "dot_product"
         y = _vector(operands[1], kernel) if dot else a
         _same(kernel, [a, y], [a.size, a.size])
-        self.launch_reduce(a.ptr, y.ptr, a.size, int(self._scalar), dot=dot, f64=f64)
-        return self._read_scalar(a.dtype)
+        target = int(self._scalar) if out is None else _vector(out, kernel).ptr
+        if count == 1:
+            self.launch_reduce(a.ptr, y.ptr, a.size, target, dot=dot, f64=f64)
+        else:
+            self._sums_of_runs(a, y, count, target, dot=dot)
+
+    def _sums_of_runs(self, a: CudaArray, y: CudaArray, count: int, target: int, *,
+                      dot: bool) -> None:
+        """Queue the sums of ``count`` equal segments of ``a`` (dot: of products with
+        ``y``) into ``count`` elements at ``target``: one block per segment where they are
+        small f32 ones, else one two-pass reduction each."""
+        size = a.size // count
+        item = a.dtype.itemsize
+        if a.dtype == F32 and 0 < size <= SEGMENT_MAX:
+            self._stream.synchronize()  # the offsets' staging may still be read by a copy
+            host = self._host_offsets.ensure(count + 1)[: count + 1]
+            host[:] = np.arange(count + 1, dtype=np.int64) * size
+            offsets = self._dev_offsets.ensure(count + 1)
+            cuda.memcpy_htod_async(offsets, host, self._stream)
+            self.launch_segments(a.ptr, y.ptr, offsets, count, target, dot=dot)
+            return
+        for r in range(count):
+            at = r * size * item
+            self.launch_reduce(a.ptr + at, y.ptr + at, size, target + r * item, dot=dot,
+                               f64=a.dtype == F64)
+
+    # -- programs: queued work, waited for once -------------------------------------------
+
+    def enqueue(self, plan: Plan, bound: Sequence[Any], out: Any | None = None,
+                count: int = 1) -> None:
+        self._check_open()
+        with cuda_errors():
+            if plan.user is None:
+                self._builtin(plan.kernel, bound, out, count)
+                return
+            assert plan.geometry is not None
+            grid, block, shared = plan.geometry
+            self._launch_user(plan.user.module, plan.user.name, bound, grid, block, shared)
+
+    def synchronize(self) -> None:
+        self._check_open()
+        with cuda_errors():
+            self._stream.synchronize()
+
+    def upload_into(self, array: Any, host: np.ndarray) -> None:
+        self._check_open()
+        array = _vector(array, "upload")
+        src = np.ascontiguousarray(host).reshape(-1)
+        if src.dtype != array.dtype or src.size != array.size:
+            raise BackendError("invalid_value", f"{src.size} {src.dtype} elements into "
+                               f"{array.size} {array.dtype}")
+        if array.nbytes:
+            with cuda_errors():
+                self._to_device(array.ptr, src.view(np.uint8))
+
+    def copy_into(self, array: Any, source: Any) -> None:
+        self._check_open()
+        array, source = _vector(array, "copy"), _vector(source, "copy")
+        _same("copy", [source, array], [source.size, source.size])
+        if array.nbytes:
+            with cuda_errors():
+                cuda.memcpy_dtod_async(array.ptr, source.ptr, array.nbytes, self._stream)
+
+    def zero(self, array: Any) -> None:
+        self._check_open()
+        array = _vector(array, "zero")
+        if array.nbytes:
+            with cuda_errors():
+                cuda.memset_d8_async(array.ptr, 0, array.nbytes, self._stream)
 
     # -- the general path: user modules ------------------------------------------------------
 
@@ -435,6 +514,14 @@ class CudaDevice(Device):
                     grid: tuple[int, int, int], block: tuple[int, int, int],
                     shared: int) -> None:
         self._check_open()
+        with cuda_errors():
+            self._launch_user(module, function, args, grid, block, shared)
+            self._stream.synchronize()
+
+    def _launch_user(self, module: str, function: str, args: Sequence[Any],
+                     grid: tuple[int, int, int], block: tuple[int, int, int],
+                     shared: int) -> None:
+        """Queue ``function`` of a loaded module on the stream."""
         loaded = self._user.get(module)
         if loaded is None:
             raise BackendError("invalid_value", f"module {module!r:.60} is not loaded")
@@ -466,7 +553,6 @@ class CudaDevice(Device):
                 fn.prepared_async_call(tuple(int(g) for g in grid),
                                        tuple(int(b) for b in block), self._stream, *values,
                                        shared_size=int(shared))
-                self._stream.synchronize()
         except (OverflowError, TypeError, ValueError) as exc:  # a geometry out of C's range
             raise BackendError("invalid_value", f"cannot launch {function}: {exc}") from exc
 
