@@ -44,6 +44,7 @@
 -export([upload/1, upload/2, download/1, download/2, zeros/3, empty/3, free/1, give/2,
          buffer_info/1, transfer/2, transfer/3]).
 -export([load/3, load/4, elementwise/4, elementwise/5, unload/1]).
+-export([program/1, program/2, run/2, run/3, run_sync/2, run_sync/3]).
 
 %% How long a timed-out launch_sync whose job was answered already waits for that reply,
 %% to free the buffers it keeps.
@@ -51,10 +52,23 @@
 
 -export_type([kernel/0, vector/0, device/0, format/0, option/0, options/0, job_id/0,
               result/0, reason/0, cuda_code/0, stamps/0, buffer/0, element_type/0,
-              param/0, load_option/0, buffer_info/0, cluster_info/0, traced/1]).
+              param/0, load_option/0, buffer_info/0, cluster_info/0, traced/1,
+              program/0, program_spec/0, program_option/0]).
 
-%% A built-in kernel, or the name of a loaded one.
--type kernel() :: erlcuda_contract:builtin_kernel() | atom().
+%% A built-in kernel, the name of a loaded one, or a program (`program/1,2').
+-type kernel() :: erlcuda_contract:builtin_kernel() | atom() | program().
+%% A program: steps run on device data in one launch (`program/1,2'); print it, send it.
+-type program() :: erlcuda_program:program().
+%% A program's definition: its inputs (names, or `{Name, Type}' to fix a vector's type),
+%% its steps `{Name, Kernel, Args}' in order (each argument an input's or an earlier
+%% step's name, `{Step, N}' for a step's Nth result, a number or a buffer) and its
+%% outputs (a step's name, `{Step, N}', or a list of those); `name' names its runs.
+-type program_spec() :: #{inputs := [atom() | {atom(), element_type()}],
+                          steps := [{atom(), atom(), [term()]}],
+                          outputs := atom() | {atom(), pos_integer()}
+                                   | [atom() | {atom(), pos_integer()}],
+                          name => atom()}.
+-type program_option() :: {fuse, boolean()} | {graph, boolean()}.
 -type element_type() :: erlcuda_contract:element_type().
 %% A vector on a device: `{erlcuda_buffer, Node, Epoch, Device, Id, Type, Elements}' (print
 %% it, send it; build none by hand).
@@ -117,6 +131,8 @@
                 | not_owner
                 | {compile, binary()}
                 | {already_loaded, atom()}
+                | {bad_program, binary()}
+                | {step, pos_integer(), reason()}
                 | {internal, binary()}.
 
 %% @equiv launch(Kernel, Args, [])
@@ -456,3 +472,69 @@ elementwise(Name, Inputs, Outputs, Operation, Opts) ->
 -spec unload(Module :: atom()) -> ok | {error, reason()}.
 unload(Module) ->
     erlcuda_loader:unload(Module).
+
+%% Programs.
+
+%% @equiv program(Spec, [])
+-spec program(Spec :: program_spec()) -> {ok, program()} | {error, {bad_program, binary()}}.
+program(Spec) ->
+    program(Spec, []).
+
+%% @doc A program: many kernels on device data, run in one launch (`run/3', `run_sync/3').
+%%
+%% `Spec' names the inputs, the steps in order and the outputs (see `program_spec()'); a
+%% step is a built-in `vector_add', `reduce', `dot_product' or `matmul', or a kernel loaded
+%% with `load/4' or `elementwise/5', on arguments that name inputs, earlier steps' results,
+%% numbers or buffers. A program never writes its inputs: a loaded kernel's `out' param
+%% takes a count (N zeroed elements), an `inout' one a count or a value (a copy of it), and
+%% its results are its written vectors in order. What can be known now is checked now
+%% (`{error, {bad_program, Text}}'): names, order (a step names only what comes before it,
+%% so there is no cycle), arity, each argument's kind, the outputs. Element types and
+%% lengths follow from a run's inputs and are checked before anything runs.
+%%
+%% Options: `{fuse, false}' (consecutive elementwise steps are otherwise one generated
+%% kernel on a GPU), `{graph, false}' (a run repeated with the same shapes is otherwise
+%% replayed as a CUDA graph where the worker has `cuda-bindings').
+-spec program(Spec :: program_spec(), Opts :: [program_option()] | map()) ->
+    {ok, program()} | {error, {bad_program, binary()}}.
+program(Spec, Opts) ->
+    erlcuda_program:new(Spec, Opts).
+
+%% @equiv run(Program, Inputs, [])
+-spec run(Program :: program(), Inputs :: [vector() | number()]) ->
+    {ok, job_id()} | {error, reason()}.
+run(Program, Inputs) ->
+    run(Program, Inputs, []).
+
+%% @doc Run a program on `Inputs' (in the order of its inputs: vectors, buffers, numbers):
+%% `launch/3' of the program. The reply, `{erlcuda, RunId, {ok, Outputs}}', carries its
+%% outputs (a list, or the one output where the spec named one without a list: vectors as
+%% `format' says, scalars as floats, buffers with `{keep, true}'), all of them or an error:
+%% `{step, Index, Reason}' for a step that refuses these inputs (Index from 1), else as a
+%% launch's. Options as `launch/3' (`{type, T}' for vector inputs given as lists).
+-spec run(Program :: program(), Inputs :: [vector() | number()], Opts :: options()) ->
+    {ok, job_id()} | {error, reason()}.
+run(Program, Inputs, Opts) ->
+    case erlcuda_program:is_program(Program) of
+        true -> launch(Program, Inputs, Opts);
+        false -> not_a_program(Program)
+    end.
+
+%% @equiv run_sync(Program, Inputs, [])
+-spec run_sync(Program :: program(), Inputs :: [vector() | number()]) ->
+    {ok, result()} | {error, reason()}.
+run_sync(Program, Inputs) ->
+    run_sync(Program, Inputs, []).
+
+%% @doc Run a program and wait for its outputs: `launch_sync/3' of the program.
+-spec run_sync(Program :: program(), Inputs :: [vector() | number()], Opts :: options()) ->
+    {ok, result()} | {error, reason()} | {ok, result(), stamps()}
+    | {error, reason(), stamps()}.
+run_sync(Program, Inputs, Opts) ->
+    case erlcuda_program:is_program(Program) of
+        true -> launch_sync(Program, Inputs, Opts);
+        false -> not_a_program(Program)
+    end.
+
+not_a_program(Term) ->
+    {error, {bad_args, iolist_to_binary(io_lib:format("not a program: ~0P", [Term, 8]))}}.

@@ -38,7 +38,8 @@
 -type general() :: #{keep := non_neg_integer(),
                      buffers := [erlcuda:buffer()],
                      shape := erlcuda_protocol:shape(),
-                     geometry => geometry()}.
+                     geometry => geometry(),
+                     program => binary()}.
 
 %% What `receive ... after' accepts.
 -define(MAX_TIMEOUT, 4294967295).
@@ -54,13 +55,19 @@ validate(Kernel, Args, Opts) ->
         %% The options added for buffers and user kernels come apart (X): a plain launch
         %% has none.
         {ok, {Job, X}} ->
-            case erlcuda_catalogue:lookup(Kernel) of
-                {ok, #{user := _} = Spec} -> user(Spec, Args, Job#{kernel => Kernel}, X);
-                {ok, Spec} -> builtin(Spec, Args, Job#{kernel => Kernel}, X);
-                error -> {error, {unknown_kernel, Kernel}}
+            case erlcuda_program:is_program(Kernel) of
+                true -> program(Kernel, Args, Job, X);
+                false -> kernel(Kernel, Args, Job, X)
             end;
         {error, _} = Error ->
             Error
+    end.
+
+kernel(Kernel, Args, Job, X) ->
+    case erlcuda_catalogue:lookup(Kernel) of
+        {ok, #{user := _} = Spec} -> user(Spec, Args, Job#{kernel => Kernel}, X);
+        {ok, Spec} -> builtin(Spec, Args, Job#{kernel => Kernel}, X);
+        error -> {error, {unknown_kernel, Kernel}}
     end.
 
 %% Options: a proper list of pairs, or a map. The four every launch reads (device, format,
@@ -325,6 +332,86 @@ vector(List, Name, Type) when is_list(List) ->
 vector(Other, Name, Type) ->
     bad("~s: expected a list of numbers, a ~p binary or a buffer, got ~0P",
         [Name, Type, Other, 8]).
+
+%% Programs (erlcuda_program): a run passes the inputs, then the buffers the steps name.
+
+program(Program, Args, Job, X) ->
+    Inputs = erlcuda_program:inputs(Program),
+    case geometry_options(X) of
+        [Opt | _] ->
+            {error, {bad_option, Opt}};
+        [] ->
+            case arity(erlcuda_program:name(Program), length(Inputs), Args) of
+                ok -> program_values(Program, Inputs, Args, Job, X);
+                {error, _} = Error -> Error
+            end
+    end.
+
+program_values(Program, Inputs, Args, Job, X) ->
+    Baked = erlcuda_program:baked(Program),
+    Type = maps:get(type, X, buffer_type(Args ++ Baked, [f32])),
+    Uses = [U || {_, U} <- Inputs] ++ [{vector, T} || {erlcuda_buffer, _, _, _, _, T, _} <- Baked],
+    Names = [atom_to_list(N) || {N, _} <- Inputs]
+        ++ ["a buffer of a step" || _ <- Baked],
+    case program_args(lists:zip3(Uses, Names, Args ++ Baked), Type, [], []) of
+        {ok, Wire, Buffers} -> program_job(Program, Wire, Buffers, Job, X);
+        {error, _} = Error -> Error
+    end.
+
+program_args([], _, Acc, Buffers) ->
+    {ok, lists:reverse(Acc), lists:reverse(Buffers)};
+program_args([{Use, Name, A} | Rest], Type, Acc, Buffers) ->
+    case program_arg(Use, Name, A, Type) of
+        {ok, {buffer, B, Wire}} -> program_args(Rest, Type, [Wire | Acc], [B | Buffers]);
+        {ok, Wire} -> program_args(Rest, Type, [Wire | Acc], Buffers);
+        {error, _} = Error -> Error
+    end.
+
+program_arg(dim, Name, A, _) ->
+    Max = erlcuda_contract:max_elements(),
+    case is_integer(A) andalso A >= 0 andalso A =< Max of
+        true -> {ok, A};
+        false -> bad("~s must be an integer from 0 to ~b", [Name, Max])
+    end;
+program_arg({scalar, T}, Name, A, _) ->
+    case erlcuda_vector:scalar(T, A) of
+        {ok, Bytes} -> {ok, {scalar, T, Bytes}};
+        {error, Why} -> bad("~s (a ~p scalar): ~ts", [Name, T, Why])
+    end;
+program_arg(Use, Name, A, Type) ->
+    T = case Use of {vector, Fixed} -> Fixed; vector -> Type end,
+    case erlcuda_buffers:is_buffer(A) of
+        true ->
+            case buffer_value(A, Name, element(6, A)) of
+                {ok, {buffer, B, {vector, _, Arg}}} when Use =:= vector; element(6, A) =:= T ->
+                    {ok, {buffer, B, Arg}};
+                {ok, _} ->
+                    bad("~s is a buffer of ~p; the program takes ~p", [Name, element(6, A), T]);
+                {error, _} = Error -> Error
+            end;
+        false ->
+            case data_value(A, Name, T) of
+                {ok, {vector, _, Arg}} -> {ok, Arg};
+                {error, _} = Error -> Error
+            end
+    end.
+
+program_job(Program, Wire, Buffers, Job, X) ->
+    Outputs = erlcuda_program:outputs(Program),
+    Keep = case maps:get(keep, X, false) of
+               true -> length([vector || vector <- Outputs]);
+               false -> 0
+           end,
+    case device(Buffers, Job, X) of
+        {ok, Job1} ->
+            {ok, Job1#{kernel => erlcuda_program:name(Program), args => Wire,
+                       result_bytes => 0, expect => {list, length(Outputs)},
+                       general => #{keep => Keep, buffers => Buffers,
+                                    shape => erlcuda_program:shape(Program),
+                                    program => erlcuda_program:definition(Program)}}};
+        {error, _} = Error ->
+            Error
+    end.
 
 %% User kernels: a raw one (`load/4') or an elementwise one (`elementwise/5').
 

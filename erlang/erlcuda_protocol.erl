@@ -15,7 +15,9 @@
 %%                    a zeroed vector the worker makes (`<<E, Type:8, Elements:64>>'); then,
 %%                    with flags.keep, `<<NKeep:8, BufferId:64 ...>>', and with
 %%                    flags.geometry `<<GX:32, GY:32, GZ:32, BX:32, BY:32, BZ:32,
-%%                    Shared:32>>'; or a batch of launches,
+%%                    Shared:32>>', and with flags.program `<<DefLen:32, Def>>' (a
+%%                    program's definition, erlcuda_program: the arguments are its
+%%                    inputs); or a batch of launches,
 %%                    `<<B, Count:32, [<<Size:32, Launch:Size>>]>>';
 %%   from the worker: results, `<<R, Count:32, Records>>', one frame per batch, each record
 %%                    `<<JobId:64, Tag:8, Len:32, Payload:Len>>': a vector (f32, or typed),
@@ -52,7 +54,8 @@
 -type file_result() :: {file, Bytes :: non_neg_integer(), PartBytes :: pos_integer()}.
 %% keep: the ids the job's vector results are kept under; geometry: a user kernel's shape.
 -type flags() :: #{trace := boolean(), result_file := boolean(),
-                   keep => [erlcuda_buffers:id()], geometry => erlcuda_job:geometry()}.
+                   keep => [erlcuda_buffers:id()], geometry => erlcuda_job:geometry(),
+                   program => binary()}.
 %% How a reply of the general path is shaped: as its one record (`value'), always a list
 %% (a raw user kernel's written vectors), or the one item of a list (an elementwise kernel
 %% with one output).
@@ -69,7 +72,7 @@
 %% What a job's reply must be: a vector of so many elements of a type (as data, or in
 %% shared memory), a scalar, or anything (what the launch does not fix).
 -type expect() :: {vector, erlcuda_vector:type(), non_neg_integer()} | scalar
-                | {keep, [erlcuda_buffers:id()]} | any.
+                | {list, non_neg_integer()} | {keep, [erlcuda_buffers:id()]} | any.
 %% A result decoded but not yet made into Erlang terms: vectors still binaries.
 -type raw() :: {vec, erlcuda_vector:type(), binary()} | {scalar, float()}
              | {buffer, erlcuda:buffer()} | [raw()].
@@ -88,7 +91,9 @@ encode_launch(JobId, Device, Kernel, Args, #{trace := Trace, result_file := Resu
     Payload = lists:sum([payload(A) || A <- Args]),
     Keep = maps:get(keep, F, none),
     Geometry = maps:get(geometry, F, none),
-    case Payload + ?LAUNCH_OVERHEAD + 16 * length(Args) > erlcuda_contract:max_frame() of
+    Program = maps:get(program, F, none),
+    case Payload + program_size(Program) + ?LAUNCH_OVERHEAD + 16 * length(Args)
+        > erlcuda_contract:max_frame() of
         true ->
             {error, too_large};
         false ->
@@ -96,10 +101,12 @@ encode_launch(JobId, Device, Kernel, Args, #{trace := Trace, result_file := Resu
             Flags = case Trace of true -> ?WIRE_FLAG_TRACE; false -> 0 end
                 bor case ResultFile of true -> ?WIRE_FLAG_RESULT_FILE; false -> 0 end
                 bor case Keep of none -> 0; _ -> ?WIRE_FLAG_KEEP end
-                bor case Geometry of none -> 0; _ -> ?WIRE_FLAG_GEOMETRY end,
+                bor case Geometry of none -> 0; _ -> ?WIRE_FLAG_GEOMETRY end
+                bor case Program of none -> 0; _ -> ?WIRE_FLAG_PROGRAM end,
             {ok, framed([<<?WIRE_LAUNCH, JobId:64, Device:16, Flags:8, (byte_size(Name)):8,
                            Name/binary, (length(Args)):8>>
-                         | [arg(A) || A <- Args]] ++ keep(Keep) ++ geometry(Geometry))}
+                         | [arg(A) || A <- Args]]
+                        ++ keep(Keep) ++ geometry(Geometry) ++ program(Program))}
     end.
 
 %% A frame: its length, then its bytes.
@@ -112,6 +119,12 @@ payload(_) -> 0.
 
 keep(none) -> [];
 keep(Ids) -> [<<(length(Ids)):8, << <<Id:64>> || Id <- Ids >>/binary>>].
+
+program_size(none) -> 0;
+program_size(Def) -> 4 + byte_size(Def).
+
+program(none) -> [];
+program(Def) -> [<<(byte_size(Def)):32>>, Def].
 
 geometry(none) -> [];
 geometry({{GX, GY, GZ}, {BX, BY, BZ}, Shared}) ->
@@ -175,6 +188,8 @@ fits({keep, _}, _) ->
     true;
 fits(scalar, {wire, ?WIRE_TAG_SCALAR, <<_:64>>}) ->
     true;
+fits({list, N}, {wire, ?WIRE_TAG_LIST, <<Count:32, _/binary>>}) ->
+    Count =:= N;
 fits({vector, f32, N}, {wire, ?WIRE_TAG_VECTOR, Bin}) ->
     byte_size(Bin) =:= ?ELEMENT_SIZE_F32 * N;
 fits({vector, Type, N}, {wire, ?WIRE_TAG_TYPED, <<Index:8, Bin/binary>>}) ->

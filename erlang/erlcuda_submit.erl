@@ -96,9 +96,7 @@ general(#{trace := Trace, general := G}, Device, #{epoch := Epoch}) ->
     Ids = erlcuda_buffers:next_ids(NKeep),
     Flags = #{trace => Trace},
     Flags1 = case NKeep of 0 -> Flags; _ -> Flags#{keep => Ids} end,
-    Flags2 = case G of #{geometry := Geometry} -> Flags1#{geometry => Geometry};
-                 #{} -> Flags1
-             end,
+    Flags2 = maps:merge(Flags1, maps:with([geometry, program], G)),
     {Flags2, #{epoch => Epoch, device => Device, buffers => Buffers, shape => Shape,
                keep => Ids}};
 general(#{trace := Trace}, _, _) ->
