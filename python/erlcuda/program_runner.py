@@ -93,6 +93,11 @@ class Runner:
                 return [found]
         return _Run(self, plans, typed, device, host_of).results(schedule)
 
+    @property
+    def graphs(self) -> dict[tuple[Any, ...], Any]:
+        """The graphs kept, by key (read by ``info``)."""
+        return self._graphs
+
     def close(self, device: Device | None) -> None:
         """Release the graphs and their arrays (on the lane's thread)."""
         for graph in self._graphs.values():

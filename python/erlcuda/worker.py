@@ -468,6 +468,7 @@ class Worker:
                 "buffer_bytes": store.bytes,
                 "buffer_peak": store.peak,
                 "buffer_limit": store.limit,
+                "programs": {**lane.programs.stats, "graphs": len(lane.programs.graphs)},
             }
             if lane.unavailable:
                 entry["unavailable"] = lane.unavailable
