@@ -141,7 +141,11 @@ launch(Kernel, Args, Opts) ->
 
 launch_here(Kernel, Args, Opts) ->
     case erlcuda_job:validate(Kernel, Args, Opts) of
-        {ok, Job} -> erlcuda_submit:submit(Job, self());
+        {ok, Job} ->
+            case erlcuda_submit:submit(Job, self()) of
+                {ok, JobId, _} -> {ok, JobId};
+                {error, _} = Error -> Error
+            end;
         %% Buffers of another node of the cluster: the launch runs there.
         {error, {remote_buffer, B}} -> erlcuda_remote:follow(B, Kernel, Args, Opts, async);
         {error, _} = Error -> Error
@@ -183,8 +187,14 @@ launch_sync1(Kernel, Args, Opts) ->
                         #{} -> false
                     end,
             case erlcuda_submit:submit(Job#{deadline => Deadline}, Alias) of
-                {ok, JobId} -> await(JobId, Alias, Deadline, Keeps);
-                {error, _} = Error -> unalias(Alias), Error
+                {ok, JobId, Span} ->
+                    Result = await(JobId, Alias, Deadline, Keeps),
+                    %% Its stop event is this process's, with the result as returned.
+                    ok = erlcuda_telemetry:job_stop(Span, Result),
+                    Result;
+                {error, _} = Error ->
+                    unalias(Alias),
+                    Error
             end;
         {error, {remote_buffer, B}} ->
             erlcuda_remote:follow(B, Kernel, Args, Opts, sync);

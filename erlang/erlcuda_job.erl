@@ -25,7 +25,9 @@
                  expect => erlcuda_protocol:expect(),
                  general => general(),
                  %% launch_sync's: when a caller waiting on a busy writer gives up
-                 deadline => integer() | infinity}.
+                 deadline => integer() | infinity,
+                 %% a user kernel's result bytes (telemetry; others have `expect')
+                 bytes_out => non_neg_integer()}.
 %% A launch's argument as the wire takes it: an f32 vector (a binary), a dim, or one of
 %% the general path's kinds.
 -type arg() :: binary() | non_neg_integer()
@@ -406,6 +408,10 @@ user_check(Kind, #{name := Kernel} = Spec, Values, Buffers, Job, X) ->
                             {ok, Job1#{kernel := Kernel,
                                                 args => [Arg || {Arg, _, _} <- Values],
                                                 result_bytes => 0,
+                                                bytes_out => case Keep of
+                                                                 true -> 0;
+                                                                 false -> Bytes
+                                                             end,
                                                 general => case Geometry of
                                                                none -> G;
                                                                _ -> G#{geometry => Geometry}

@@ -477,8 +477,17 @@ run(Sync, Kernel, Args, Opts) ->
             %% reply: a proxy that dies first takes them with it.
             Mine = alias(),
             case erlcuda_submit:submit(job_deadline(Job, Sync), {erlcuda_proxy, Mine, self()}) of
-                {ok, Id} -> wait(Id, Mine, Sync);
-                {error, _} = Error -> Error
+                {ok, Id, Span} ->
+                    Reply = wait(Id, Mine, Sync),
+                    %% The proxy waits for the job: its stop event is the proxy's.
+                    ok = erlcuda_telemetry:job_stop(Span, case Reply of
+                                                              cancelled -> {error, timeout};
+                                                              {traced, R, _} -> R;
+                                                              R -> R
+                                                          end),
+                    Reply;
+                {error, _} = Error ->
+                    Error
             end;
         {error, _} = Error ->
             Error
