@@ -23,7 +23,10 @@
 %% Options, as a list of pairs or a map: `{device, N | any}' (default 0, or the device of
 %% the launch's buffers), `{format, list | binary}' (a vector result as a list of numbers
 %% or a binary; default list), `{timeout, Ms}' (`launch_sync' only, default 5000, at most
-%% 4294967295 or `infinity'), `{trace, true}' (for benchmarks: the reply carries the
+%% 4294967295 or `infinity'), `{wait, Ms}' (a launch that finds its device's queue full,
+%% `max_queue' jobs in flight, waits for room up to `Ms' or `infinity', behind the launches
+%% already waiting there, before it answers `{error, overloaded}'; default 0, no wait; a
+%% `launch_sync' waits at most its timeout), `{trace, true}' (for benchmarks: the reply carries the
 %% worker's time stamps), `{type, T}' (the element type of the vectors given as data;
 %% default the type of the first buffer, else the kernel's first type, f32), `{keep, true}'
 %% (vector results stay on the device: the reply carries buffers). For user kernels:
@@ -67,11 +70,13 @@
 -type dims() :: pos_integer() | {pos_integer()} | {pos_integer(), pos_integer()}
               | {pos_integer(), pos_integer(), pos_integer()}.
 -type option() :: {device, device()} | {format, format()} | {timeout, timeout()}
+                | {wait, timeout()}
                 | {trace, boolean()} | {type, element_type()} | {keep, boolean()}
                 | {grid, dims()} | {block, dims()} | {shared, non_neg_integer()}
                 | {elements, non_neg_integer()} | {node, node() | any}.
 -type options() :: [option()] | #{device => device(), format => format(),
-                                  timeout => timeout(), trace => boolean(),
+                                  timeout => timeout(), wait => timeout(),
+                                  trace => boolean(),
                                   type => element_type(), keep => boolean(),
                                   grid => dims(), block => dims(),
                                   shared => non_neg_integer(),

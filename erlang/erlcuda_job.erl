@@ -26,6 +26,8 @@
                  general => general(),
                  %% launch_sync's: when a caller waiting on a busy writer gives up
                  deadline => integer() | infinity,
+                 %% how long a launch waits for room in a full queue (erlcuda_room)
+                 wait => pos_integer() | infinity,
                  %% a user kernel's result bytes (telemetry; others have `expect')
                  bytes_out => non_neg_integer()}.
 %% A launch's argument as the wire takes it: an f32 vector (a binary), a dim, or one of
@@ -87,6 +89,9 @@ option({format, F}, Job, X) when F =:= list; F =:= binary -> {ok, {Job#{format :
 option({timeout, T}, Job, X) when is_integer(T), T >= 0, T =< ?MAX_TIMEOUT; T =:= infinity ->
     {ok, {Job#{timeout := T}, X}};
 option({trace, B}, Job, X) when is_boolean(B) -> {ok, {Job#{trace := B}, X}};
+option({wait, 0}, Job, X) -> {ok, {maps:remove(wait, Job), X}};
+option({wait, W}, Job, X) when is_integer(W), W > 0, W =< ?MAX_TIMEOUT; W =:= infinity ->
+    {ok, {Job#{wait => W}, X}};
 option({device, N}, _, _) -> {error, {bad_device, N}};
 option({type, T} = Opt, Job, X) ->
     case erlcuda_vector:is_type(T) of

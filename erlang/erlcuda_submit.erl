@@ -52,9 +52,14 @@ route1(#{device := Want, kernel := Kernel, args := Args, trace := Trace,
             Error
     end.
 
-%% Counted into its device's queue, registered, its files written, then its frame.
+%% Counted into its device's queue (at once, or once there is room for a launch that
+%% waits for it), registered, its files written, then its frame.
 enqueue(Job, ReplyTo, Status, #{device := Device} = Launch, Frame) ->
-    case erlcuda_status:enqueue(Status, Device) of
+    Counted = case Job of
+                  #{wait := Ms} -> erlcuda_room:enqueue(Status, Device, wait_until(Ms, Job));
+                  #{} -> erlcuda_status:enqueue(Status, Device)
+              end,
+    case Counted of
         ok ->
             Span = register_job(Job, ReplyTo, Status, Launch),
             case stage(Job, Status, Launch, Frame) of
@@ -64,6 +69,10 @@ enqueue(Job, ReplyTo, Status, #{device := Device} = Launch, Frame) ->
         overloaded ->
             {error, overloaded}
     end.
+
+%% A wait for room ends with the launch_sync that waits for its result.
+wait_until(Ms, Job) ->
+    min(erlcuda_await:deadline(Ms), maps:get(deadline, Job, infinity)).
 
 %% Registered before the files are written: every way the job ends deletes them, even this
 %% caller's death while it writes. Buffers it keeps belong to this caller from now on. Its

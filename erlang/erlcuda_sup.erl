@@ -34,6 +34,13 @@ init([]) ->
                shutdown => 5000,
                type => worker,
                modules => [erlcuda_loader]},
+    %% Before the port owner, whose answers make room in the queues.
+    Room = #{id => erlcuda_room,
+             start => {erlcuda_room, start_link, []},
+             restart => permanent,
+             shutdown => 5000,
+             type => worker,
+             modules => [erlcuda_room]},
     Port = #{id => erlcuda_worker,
              start => {erlcuda_worker, start_link, []},
              restart => permanent,
@@ -48,4 +55,4 @@ init([]) ->
                 shutdown => infinity,
                 type => supervisor,
                 modules => [erlcuda_cluster_sup]},
-    {ok, {Flags, [Events, Buffers, Loader, Port, Cluster]}}.
+    {ok, {Flags, [Events, Buffers, Loader, Room, Port, Cluster]}}.

@@ -534,7 +534,8 @@ merge_info(Worker, State, #data{os_pid = OsPid, restarts = Restarts, down_reason
     Status = erlcuda_status:status(),
     Queues = maps:get(queues, Status),
     Devices = device_info(Worker, device_info(Hello, [])),
-    PerDevice = [Dev#{in_flight => erlcuda_status:in_flight(Queues, I)}
+    PerDevice = [Dev#{in_flight => erlcuda_status:in_flight(Queues, I),
+                      waiting => erlcuda_status:waiting(Queues, I)}
                  || {I, Dev} <- lists:zip(lists:seq(0, length(Devices) - 1), Devices)],
     WorkerStatus = case {State, maps:get(status, Status)} of
                        {starting, _} -> starting;
