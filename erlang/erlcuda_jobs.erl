@@ -5,8 +5,8 @@
 %% and `ets:take/2' makes sure only one of them gets it.
 -module(erlcuda_jobs).
 
--export([create/0, next_id/0, register/1, complete/2, withdraw/2, cancel/1, fail_all/1,
-         sweep_dead_callers/0, size/0, counters/0, owner/1]).
+-export([create/0, next_id/0, register/1, complete/2, withdraw/2, cancel/1, claim/1,
+         fail_all/1, sweep_dead_callers/0, size/0, counters/0, owner/1]).
 
 -export_type([entry/0, reply_to/0]).
 
@@ -29,8 +29,8 @@
               kernel :: atom(),
               format :: erlcuda:format(),
               trace :: boolean(),
-              %% its telemetry; `waiter' when a process waits for the reply (launch_sync,
-              %% a proxy), which runs the stop event itself
+              %% its telemetry; `waiter' once a process waits for the reply (launch_sync,
+              %% a proxy, await), which runs the stop event itself
               span = none :: erlcuda_telemetry:span(),
               waiter = false :: boolean(),
               files = [] :: [file:filename()],
@@ -187,12 +187,41 @@ withdraw(Id, {error, Why} = Error) ->
         false -> false
     end.
 
-%% @doc Drop a job whose caller stopped waiting (launch_sync's timeout), if it is still
-%% registered: it is never answered, and what it was to keep is freed after it. `false'
-%% when it was already answered. Its exception event is the waiting process's to run.
+%% @doc Drop a job of the calling process that stopped waiting for it (a timeout), if it is
+%% still registered: it is never answered, and what it was to keep is freed after it.
+%% `false' when it was already answered, or is not this process's. Its exception event is
+%% the waiting process's to run.
 -spec cancel(erlcuda:job_id()) -> boolean().
 cancel(Id) ->
-    discard(ets:take(?TAB, Id), ?DROPPED, 1, timeout) =/= false.
+    case ets:lookup(?TAB, Id) of
+        [#job{caller = Caller}] when Caller =:= self() ->
+            discard(ets:take(?TAB, Id), ?DROPPED, 1, timeout) =/= false;
+        _ ->
+            false
+    end.
+
+%% @doc The calling process waits for the reply of its launch `Id' (erlcuda:await/2): its
+%% stop event is this process's to run from now on (`{ok, Span}'). `answered' when the job
+%% is not registered any more (its reply is here or on its way; its event is the event
+%% process's), or was never this node's; `not_yours' when its reply goes to another process.
+-spec claim(erlcuda:job_id()) -> {ok, erlcuda_telemetry:span()} | answered | not_yours.
+claim(Id) ->
+    Self = self(),
+    case ets:lookup(?TAB, Id) of
+        [#job{reply_to = Self, span = none}] ->
+            {ok, none};
+        [#job{reply_to = Self, span = Span}] ->
+            %% One of the two takes the event: this update, or the reply that takes the
+            %% entry first.
+            case ets:update_element(?TAB, Id, {#job.waiter, true}) of
+                true -> {ok, Span};
+                false -> answered
+            end;
+        [#job{}] ->
+            not_yours;
+        [] ->
+            answered
+    end.
 
 %% @doc Answer every registered job with `{error, {worker_down, Why}}'.
 -spec fail_all(term()) -> ok.

@@ -12,7 +12,7 @@
 %% | event | measurements | metadata | handlers run in |
 %% |---|---|---|---|
 %% | `[erlcuda, job, start]' | `system_time', `monotonic_time' | `job_id', `kernel', `device', `bytes_in', `bytes_out', `elements' | the launching process (for a job on another node, its proxy there), before the job is written |
-%% | `[erlcuda, job, stop]' | `duration', `monotonic_time' | as start | the waiting process (`launch_sync', a proxy) once it has the result; for a `launch' nobody awaits, the event process |
+%% | `[erlcuda, job, stop]' | `duration', `monotonic_time' | as start | the waiting process (`launch_sync', `await', a proxy) once it has the result; for a `launch' nobody awaits, the event process |
 %% | `[erlcuda, job, exception]' | `duration', `monotonic_time' | as start, and `kind' (`error'), `reason' | as stop; and the launching process when its write fails |
 %% | `[erlcuda, compile, stop]' | `duration' (the worker's compile, hits included) | `module', `cache_hit', `result' (`ok' or the load's `{error, Reason}') | the process that called `load' or `elementwise' |
 %% | `[erlcuda, worker, start]' | `duration' (spawn to ready), `system_time' | `os_pid', `backend', `devices', `status', `restarts' | the event process |

@@ -1,6 +1,6 @@
 %% Telemetry (erlcuda_telemetry, erlcuda_events): the job, worker and compile events, their
 %% measurements and metadata, and which process runs their handlers: the process that
-%% waits (launch_sync, load) or erlcuda's event process, never the port owner, so a
+%% waits (launch_sync, await, load) or erlcuda's event process, never the port owner, so a
 %% handler that blocks or raises never holds up or loses a reply. Handlers are attached
 %% through the test profile's `telemetry' module (test/erlang/telemetry.erl). CPU backend,
 %% the worker's test double (test/worker).
@@ -71,6 +71,26 @@ plain_launch_events_test_() ->
             ?assertMatch(#{job_id := Job, kind := error, reason := {non_finite, _}}, Meta),
             #{jobs := #{submitted := S, error := Err}} = erlcuda:info(),
             ?assert(S >= 1 andalso Err >= 1)
+        after
+            telemetry:detach(Id)
+        end
+    end).
+
+%% await/2 runs the stop event in the caller that waits, and only there.
+await_runs_the_stop_event_test_() ->
+    with_app([], fun() ->
+        Id = forward(?JOB_EVENTS),
+        try
+            {ok, Job} = erlcuda:launch(dot_product, [[1.0, 2.0], [3.0, 4.0]]),
+            ?assertEqual({ok, 11.0}, erlcuda:await(Job, 10000)),
+            {_, #{job_id := Job}, Pid} = next_event([erlcuda, job, stop]),
+            ?assertEqual(self(), Pid),
+            %% no second event, from the event process or anywhere (once it has run what it
+            %% was sent before this call)
+            _ = sys:get_state(erlcuda_events),
+            receive {event, [erlcuda, job, E], _, _, _} when E =/= start -> error({twice, E})
+            after 0 -> ok
+            end
         after
             telemetry:detach(Id)
         end
