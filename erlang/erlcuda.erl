@@ -224,6 +224,8 @@ await(JobId, Alias, Deadline, Keeps) ->
                        false when Keeps -> ?LATE_KEEP_MS;
                        _ -> 0
                    end,
+            %% The job's event is this caller's timeout, even once it is gone.
+            ok = erlcuda_jobs:disown(JobId),
             erlcuda_await:drop(Alias, Late, fun erlcuda_buffers:free_all/1),
             {error, timeout}
     end.

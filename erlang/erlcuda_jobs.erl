@@ -6,7 +6,7 @@
 -module(erlcuda_jobs).
 
 -export([create/0, next_id/0, register/1, complete/2, withdraw/2, cancel/1, claim/1,
-         fail_all/1, sweep_dead_callers/0, size/0, counters/0, owner/1]).
+         disown/1, fail_all/1, sweep_dead_callers/0, size/0, counters/0, owner/1]).
 
 -export_type([entry/0, reply_to/0]).
 
@@ -171,10 +171,17 @@ reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace, ctx = Ct
     count(Job, Result, Dequeue),
     ok = Send(ReplyTo, Message),
     %% Its handlers never run here: in the process that waits for the reply, or in the
-    %% event process for a reply nobody waits for.
+    %% event process for a reply nobody waits for (any more: its waiter was killed).
     case Job of
-        #job{waiter = false, span = Span} -> erlcuda_events:job_stop(Span, Result);
-        #job{} -> ok
+        #job{span = none} ->
+            ok;
+        #job{waiter = false, span = Span} ->
+            erlcuda_events:job_stop(Span, Result);
+        #job{caller = Caller, span = Span} ->
+            case is_process_alive(Caller) of
+                true -> ok;
+                false -> erlcuda_events:job_stop(Span, Result)
+            end
     end.
 
 %% @doc Take back a job whose frame was never written, in the process that launched it,
@@ -222,6 +229,13 @@ claim(Id) ->
         [] ->
             answered
     end.
+
+%% @doc The waiting process stopped waiting for job `Id' and has run its exception event:
+%% no other event is run for it, whatever becomes of it.
+-spec disown(erlcuda:job_id()) -> ok.
+disown(Id) ->
+    _ = ets:update_element(?TAB, Id, {#job.span, none}),
+    ok.
 
 %% @doc Answer every registered job with `{error, {worker_down, Why}}'.
 -spec fail_all(term()) -> ok.

@@ -12,7 +12,7 @@
 %% | event | measurements | metadata | handlers run in |
 %% |---|---|---|---|
 %% | `[erlcuda, job, start]' | `system_time', `monotonic_time' | `job_id', `kernel', `device', `bytes_in', `bytes_out', `elements' | the launching process (for a job on another node, its proxy there), before the job is written |
-%% | `[erlcuda, job, stop]' | `duration', `monotonic_time' | as start | the waiting process (`launch_sync', `await', a proxy) once it has the result; for a `launch' nobody awaits, the event process |
+%% | `[erlcuda, job, stop]' | `duration', `monotonic_time' | as start | the waiting process (`launch_sync', `await', a proxy) once it has the result; for a `launch' nobody awaits, or a waiting process that was killed, the event process |
 %% | `[erlcuda, job, exception]' | `duration', `monotonic_time' | as start, and `kind' (`error'), `reason' | as stop; and the launching process when its write fails |
 %% | `[erlcuda, compile, stop]' | `duration' (the worker's compile, hits included) | `module', `cache_hit', `result' (`ok' or the load's `{error, Reason}') | the process that called `load' or `elementwise' |
 %% | `[erlcuda, worker, start]' | `duration' (spawn to ready), `system_time' | `os_pid', `backend', `devices', `status', `restarts' | the event process |
@@ -26,8 +26,9 @@
 %% already on a device count nothing), `bytes_out' the result bytes it sends back (0 for
 %% results kept on the device), `elements' the largest vector of the launch, operand or
 %% result. A job whose waiting process stopped waiting (its timeout) ends with an exception
-%% of reason `timeout' there, whatever the worker does with it later; a `launch' whose
-%% caller died first ends with `caller_down', from the event process.
+%% of reason `timeout' there, whatever the worker does with it later; one whose waiting
+%% process was killed has its event run by the event process, as does a `launch' whose
+%% caller died first (`caller_down' when the job was dropped unanswered).
 -module(erlcuda_telemetry).
 
 -export([init/0, listening/1, execute/3, job_start/3, job_stop/2, job_stop/3, compile/2]).

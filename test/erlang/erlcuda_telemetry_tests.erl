@@ -96,6 +96,56 @@ await_runs_the_stop_event_test_() ->
         end
     end).
 
+%% A launch_sync caller killed in its wait: its job's one event is run by the event process,
+%% when its reply comes (stop) or when the sweep of dead callers drops it first (exception,
+%% caller_down).
+killed_waiter_test_() ->
+    with_app([], {timeout, 60, fun() ->
+        Id = forward(?JOB_EVENTS),
+        try
+            erlcuda_test_util:stall(0, 300),
+            Killed = spawn(fun() -> erlcuda:launch_sync(reduce, [[1.0]], [{device, 0},
+                                                                           {timeout, 60000}]) end),
+            {_, #{job_id := K}, Killed} = next_event([erlcuda, job, start]),
+            exit(Killed, kill),
+            erlcuda_test_util:flush_stalled(),
+            ?assertMatch([{E, K}] when E =:= stop; E =:= exception, after_device_0([K]))
+        after
+            telemetry:detach(Id)
+        end
+    end}).
+
+%% A launch_sync that timed out has had its exception (timeout), and no second event when
+%% its job is answered after it exited.
+quitter_test_() ->
+    with_app([], {timeout, 60, fun() ->
+        Id = forward(?JOB_EVENTS),
+        try
+            erlcuda_test_util:stall(0, 1000),
+            {Quitter, Mon} = spawn_monitor(fun() ->
+                                                   exit(erlcuda:launch_sync(reduce, [[2.0]],
+                                                                            [{device, 0},
+                                                                             {timeout, 50}]))
+                                           end),
+            {_, #{job_id := Q}, Quitter} = next_event([erlcuda, job, start]),
+            receive {'DOWN', Mon, process, Quitter, R} -> ?assertEqual({error, timeout}, R) end,
+            {_, #{job_id := Q, reason := timeout}, Quitter} = next_event([erlcuda, job, exception]),
+            erlcuda_test_util:flush_stalled(),
+            ?assertEqual([], after_device_0([Q]))
+        after
+            telemetry:detach(Id)
+        end
+    end}).
+
+%% The job events of `Jobs' run by the event process by the time a job behind them on
+%% device 0 is answered (their replies, and so their events, were sent before its reply).
+after_device_0(Jobs) ->
+    ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[3.0]], [{device, 0}])),
+    _ = sys:get_state(erlcuda_events),
+    Events = whereis(erlcuda_events),
+    [{E, J} || {event, [erlcuda, job, E], _, #{job_id := J}, P} <- erlcuda_test_util:flush(),
+               lists:member(J, Jobs), P =:= Events].
+
 %% With nobody attached, the port owner sends the event process nothing at all.
 nothing_sent_without_listeners_test_() ->
     with_app([], fun() ->
