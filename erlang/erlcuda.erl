@@ -2,7 +2,8 @@
 %%
 %% `launch/2,3' returns `{ok, JobId}' at once; the caller later receives
 %% `{erlcuda, JobId, {ok, Result}}' or `{erlcuda, JobId, {error, Reason}}', exactly once.
-%% `launch_sync/2,3' waits for that reply. The work runs in a separate worker OS process,
+%% `launch_sync/2,3' waits for that reply; `await/1,2' waits for the reply of a `launch'. The
+%% work runs in a separate worker OS process,
 %% so a crash there never takes the node down.
 %%
 %% Kernels (see `kernels/0'): `vector_add([A, B])', `reduce([A])', `dot_product([A, B])',
@@ -23,7 +24,10 @@
 %% Options, as a list of pairs or a map: `{device, N | any}' (default 0, or the device of
 %% the launch's buffers), `{format, list | binary}' (a vector result as a list of numbers
 %% or a binary; default list), `{timeout, Ms}' (`launch_sync' only, default 5000, at most
-%% 4294967295 or `infinity'), `{trace, true}' (for benchmarks: the reply carries the
+%% 4294967295 or `infinity'), `{wait, Ms}' (a launch that finds its device's queue full,
+%% `max_queue' jobs in flight, waits for room up to `Ms' or `infinity', behind the launches
+%% already waiting there, before it answers `{error, overloaded}'; default 0, no wait; a
+%% `launch_sync' waits at most its timeout), `{trace, true}' (for benchmarks: the reply carries the
 %% worker's time stamps), `{type, T}' (the element type of the vectors given as data;
 %% default the type of the first buffer, else the kernel's first type, f32), `{keep, true}'
 %% (vector results stay on the device: the reply carries buffers). For user kernels:
@@ -39,8 +43,8 @@
 %% `transfer/2,3' copies a buffer to another node.
 -module(erlcuda).
 
--export([launch/2, launch/3, launch_sync/2, launch_sync/3, info/0, info/1, error_codes/0,
-         kernels/0]).
+-export([launch/2, launch/3, launch_sync/2, launch_sync/3, await/1, await/2, info/0, info/1,
+         error_codes/0, kernels/0]).
 -export([upload/1, upload/2, download/1, download/2, zeros/3, empty/3, free/1, give/2,
          buffer_info/1, transfer/2, transfer/3]).
 -export([load/3, load/4, elementwise/4, elementwise/5, unload/1]).
@@ -49,6 +53,8 @@
 %% How long a timed-out launch_sync whose job was answered already waits for that reply,
 %% to free the buffers it keeps.
 -define(LATE_KEEP_MS, 5000).
+%% What `receive ... after' accepts.
+-define(MAX_TIMEOUT, 4294967295).
 
 -export_type([kernel/0, vector/0, device/0, format/0, option/0, options/0, job_id/0,
               result/0, reason/0, cuda_code/0, stamps/0, buffer/0, element_type/0,
@@ -81,11 +87,13 @@
 -type dims() :: pos_integer() | {pos_integer()} | {pos_integer(), pos_integer()}
               | {pos_integer(), pos_integer(), pos_integer()}.
 -type option() :: {device, device()} | {format, format()} | {timeout, timeout()}
+                | {wait, timeout()}
                 | {trace, boolean()} | {type, element_type()} | {keep, boolean()}
                 | {grid, dims()} | {block, dims()} | {shared, non_neg_integer()}
                 | {elements, non_neg_integer()} | {node, node() | any}.
 -type options() :: [option()] | #{device => device(), format => format(),
-                                  timeout => timeout(), trace => boolean(),
+                                  timeout => timeout(), wait => timeout(),
+                                  trace => boolean(),
                                   type => element_type(), keep => boolean(),
                                   grid => dims(), block => dims(),
                                   shared => non_neg_integer(),
@@ -157,7 +165,11 @@ launch(Kernel, Args, Opts) ->
 
 launch_here(Kernel, Args, Opts) ->
     case erlcuda_job:validate(Kernel, Args, Opts) of
-        {ok, Job} -> erlcuda_submit:submit(Job, self());
+        {ok, Job} ->
+            case erlcuda_submit:submit(Job, self()) of
+                {ok, JobId, _} -> {ok, JobId};
+                {error, _} = Error -> Error
+            end;
         %% Buffers of another node of the cluster: the launch runs there.
         {error, {remote_buffer, B}} -> erlcuda_remote:follow(B, Kernel, Args, Opts, async);
         {error, _} = Error -> Error
@@ -199,8 +211,14 @@ launch_sync1(Kernel, Args, Opts) ->
                         #{} -> false
                     end,
             case erlcuda_submit:submit(Job#{deadline => Deadline}, Alias) of
-                {ok, JobId} -> await(JobId, Alias, Deadline, Keeps);
-                {error, _} = Error -> unalias(Alias), Error
+                {ok, JobId, Span} ->
+                    Result = await(JobId, Alias, Deadline, Keeps),
+                    %% Its stop event is this process's, with the result as returned.
+                    ok = erlcuda_telemetry:job_stop(Span, Result),
+                    Result;
+                {error, _} = Error ->
+                    unalias(Alias),
+                    Error
             end;
         {error, {remote_buffer, B}} ->
             erlcuda_remote:follow(B, Kernel, Args, Opts, sync);
@@ -222,9 +240,49 @@ await(JobId, Alias, Deadline, Keeps) ->
                        false when Keeps -> ?LATE_KEEP_MS;
                        _ -> 0
                    end,
+            %% The job's event is this caller's timeout, even once it is gone.
+            ok = erlcuda_jobs:disown(JobId),
             erlcuda_await:drop(Alias, Late, fun erlcuda_buffers:free_all/1),
             {error, timeout}
     end.
+
+%% @equiv await(JobId, 5000)
+-spec await(JobId :: job_id()) ->
+    {ok, result()} | {error, reason()} | {ok, result(), stamps()} | {error, reason(), stamps()}.
+await(JobId) ->
+    await(JobId, 5000).
+
+%% @doc Wait at most `Timeout' ms (or `infinity') for the reply of a job that the calling
+%% process launched with `launch/2,3', and return it: `{erlcuda, JobId, Result}' is taken
+%% from the mailbox and `Result' returned (`{ok, Result, Stamps}' or `{error, Reason,
+%% Stamps}' for a traced one). The job's telemetry stop event runs in the caller.
+%%
+%% `{error, timeout}' leaves nothing behind: a job still unanswered is dropped (it will never
+%% be answered, and the buffers it was to keep are freed), so no late reply comes. A job
+%% answered just as the time ran out has its reply on the way, and that reply is returned
+%% instead. A job of another node is dropped there the same way. A job whose reply goes to
+%% another process is `{error, {bad_args, _}}' at once; an id this process never launched,
+%% or whose reply it already took, waits for the whole `Timeout'.
+-spec await(JobId :: job_id(), Timeout :: timeout()) ->
+    {ok, result()} | {error, reason()} | {ok, result(), stamps()} | {error, reason(), stamps()}.
+await(JobId, Timeout) when is_integer(JobId), JobId > 0,
+                           (Timeout =:= infinity orelse
+                            (is_integer(Timeout) andalso Timeout >= 0
+                             andalso Timeout =< ?MAX_TIMEOUT)) ->
+    Deadline = erlcuda_await:deadline(Timeout),
+    case erlcuda_await:job(JobId, Deadline) of
+        not_here ->
+            case erlcuda_remote:await_launch(JobId, Deadline) of
+                not_remote -> erlcuda_await:answered(JobId, Deadline);
+                Result -> Result
+            end;
+        Result ->
+            Result
+    end;
+await(JobId, Timeout) when is_integer(JobId), JobId > 0 ->
+    {error, {bad_option, {timeout, Timeout}}};
+await(JobId, _) ->
+    {error, {bad_args, iolist_to_binary(io_lib:format("not a job id: ~0P", [JobId, 8]))}}.
 
 %% @doc The backend, its devices with their counters and memory, the worker's OS pid and
 %% status, and the jobs counted since the application started; before it starts (or once

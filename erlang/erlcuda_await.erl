@@ -1,11 +1,24 @@
 %% @private
-%% launch_sync's wait for its one reply, local and remote alike. The reply comes through a
-%% process alias made for the one call, so nothing else in the mailbox can match it; once
-%% the wait ends the alias is dropped, and a reply that slipped in before that is taken
-%% out, so a late result never reaches the caller.
+%% A caller's wait for its job's one reply.
+%%
+%% launch_sync, local and remote alike: the reply comes through a process alias made for
+%% the one call, so nothing else in the mailbox can match it; once the wait ends the alias
+%% is dropped, and a reply that slipped in before that is taken out, so a late result never
+%% reaches the caller.
+%%
+%% erlcuda:await/2, for a `launch' of this node: the reply names the job id (ids are never
+%% issued twice). The waiting process claims the job's stop event (erlcuda_jobs:claim/1),
+%% and when its time runs out it drops the job if it is still registered, so that no reply
+%% ever comes after `{error, timeout}'; one answered meanwhile has its reply on the way,
+%% which is taken and returned (within ?LATE_MS).
 -module(erlcuda_await).
 
--export([deadline/1, remaining/1, reply/3, drop/3, result/1, message/1]).
+-export([deadline/1, remaining/1, reply/3, drop/3, result/1, message/1, job/2, answered/2,
+         take/2]).
+
+%% How long a job answered as the wait ended may take to arrive: its reply was sent, or is
+%% read from a shared-memory file by a deliverer.
+-define(LATE_MS, 5000).
 
 -export_type([deadline/0]).
 
@@ -67,3 +80,55 @@ drop(Alias, Ms, Free) ->
 result({f32, Bin}) -> erlcuda_protocol:f32_list(Bin);
 result({deferred, Raw}) -> erlcuda_protocol:finish(Raw, list);
 result(Result) -> Result.
+
+%% @doc erlcuda:await/2 for a job of this node's table: its reply until `Deadline'.
+%% `not_here' when the table does not hold it (answered, of another node, or unknown) and
+%% the mailbox has no reply for it yet.
+-spec job(erlcuda:job_id(), deadline()) -> term() | not_here.
+job(Id, Deadline) ->
+    case erlcuda_jobs:claim(Id) of
+        {ok, Span} ->
+            Result = pending(Id, Deadline),
+            ok = erlcuda_telemetry:job_stop(Span, Result),
+            Result;
+        answered ->
+            case take(Id, 0) of
+                {ok, Result} -> Result;
+                timeout -> not_here
+            end;
+        not_yours ->
+            {error, {bad_args, iolist_to_binary(
+                                 io_lib:format("job ~b is not this process's: its reply goes "
+                                               "to another", [Id]))}}
+    end.
+
+pending(Id, Deadline) ->
+    case take(Id, remaining(Deadline)) of
+        {ok, Result} ->
+            Result;
+        timeout ->
+            case erlcuda_jobs:cancel(Id) of
+                %% dropped: never answered
+                true -> {error, timeout};
+                %% answered as the time ran out: the reply is on its way
+                false -> answered(Id, deadline(?LATE_MS))
+            end
+    end.
+
+%% @doc The reply of a job answered already (or unknown), until `Deadline'.
+-spec answered(erlcuda:job_id(), deadline()) -> term().
+answered(Id, Deadline) ->
+    case take(Id, remaining(Deadline)) of
+        {ok, Result} -> Result;
+        timeout -> {error, timeout}
+    end.
+
+%% @doc The reply of a `launch' `Id' in the mailbox, within `Ms': its result, traced or not.
+-spec take(erlcuda:job_id(), timeout()) -> {ok, term()} | timeout.
+take(Id, Ms) ->
+    receive
+        {erlcuda, Id, Result} -> {ok, Result};
+        {erlcuda, Id, {Tag, Value}, Stamps} -> {ok, {Tag, Value, Stamps}}
+    after Ms ->
+        timeout
+    end.

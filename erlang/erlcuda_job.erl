@@ -25,7 +25,11 @@
                  expect => erlcuda_protocol:expect(),
                  general => general(),
                  %% launch_sync's: when a caller waiting on a busy writer gives up
-                 deadline => integer() | infinity}.
+                 deadline => integer() | infinity,
+                 %% how long a launch waits for room in a full queue (erlcuda_room)
+                 wait => pos_integer() | infinity,
+                 %% a user kernel's result bytes (telemetry; others have `expect')
+                 bytes_out => non_neg_integer()}.
 %% A launch's argument as the wire takes it: an f32 vector (a binary), a dim, or one of
 %% the general path's kinds.
 -type arg() :: binary() | non_neg_integer()
@@ -92,6 +96,9 @@ option({format, F}, Job, X) when F =:= list; F =:= binary -> {ok, {Job#{format :
 option({timeout, T}, Job, X) when is_integer(T), T >= 0, T =< ?MAX_TIMEOUT; T =:= infinity ->
     {ok, {Job#{timeout := T}, X}};
 option({trace, B}, Job, X) when is_boolean(B) -> {ok, {Job#{trace := B}, X}};
+option({wait, 0}, Job, X) -> {ok, {maps:remove(wait, Job), X}};
+option({wait, W}, Job, X) when is_integer(W), W > 0, W =< ?MAX_TIMEOUT; W =:= infinity ->
+    {ok, {Job#{wait => W}, X}};
 option({device, N}, _, _) -> {error, {bad_device, N}};
 option({type, T} = Opt, Job, X) ->
     case erlcuda_vector:is_type(T) of
@@ -493,6 +500,10 @@ user_check(Kind, #{name := Kernel} = Spec, Values, Buffers, Job, X) ->
                             {ok, Job1#{kernel := Kernel,
                                                 args => [Arg || {Arg, _, _} <- Values],
                                                 result_bytes => 0,
+                                                bytes_out => case Keep of
+                                                                 true -> 0;
+                                                                 false -> Bytes
+                                                             end,
                                                 general => case Geometry of
                                                                none -> G;
                                                                _ -> G#{geometry => Geometry}

@@ -5,8 +5,8 @@
 %% and `ets:take/2' makes sure only one of them gets it.
 -module(erlcuda_jobs).
 
--export([create/0, next_id/0, register/1, complete/2, withdraw/1, cancel/1, fail_all/1,
-         sweep_dead_callers/0, size/0, counters/0, owner/1]).
+-export([create/0, next_id/0, register/1, complete/2, withdraw/2, cancel/1, claim/1,
+         disown/1, fail_all/1, sweep_dead_callers/0, size/0, counters/0, owner/1]).
 
 -export_type([entry/0, reply_to/0]).
 
@@ -29,7 +29,10 @@
               kernel :: atom(),
               format :: erlcuda:format(),
               trace :: boolean(),
-              started :: integer(),
+              %% its telemetry; `waiter' once a process waits for the reply (launch_sync,
+              %% a proxy, await), which runs the stop event itself
+              span = none :: erlcuda_telemetry:span(),
+              waiter = false :: boolean(),
               files = [] :: [file:filename()],
               shm :: file:filename() | undefined,
               ctx = none :: erlcuda_protocol:ctx(),
@@ -44,7 +47,8 @@
                    device := non_neg_integer(), queues := erlcuda_status:queues(),
                    kernel := atom(), format := erlcuda:format(), trace := boolean(),
                    files => [file:filename()], shm => file:filename() | undefined,
-                   ctx => erlcuda_protocol:ctx(), expect => erlcuda_protocol:expect()}.
+                   ctx => erlcuda_protocol:ctx(), expect => erlcuda_protocol:expect(),
+                   span => erlcuda_telemetry:span()}.
 
 %% @doc The table, created by the application's process so that it outlives the port owner.
 -spec create() -> ok.
@@ -79,14 +83,16 @@ next_id() ->
 -spec register(entry()) -> ok.
 register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
            queues := Queues, kernel := Kernel, format := Format, trace := Trace} = Entry) ->
-    Started = erlcuda_telemetry:job_start(Id, Kernel, Device),
     To = case ReplyTo of
              {erlcuda_proxy, Alias, _Owner} -> Alias;
              _ -> ReplyTo
          end,
     true = ets:insert(?TAB, #job{id = Id, reply_to = To, caller = Caller,
                                  device = Device, queues = Queues, kernel = Kernel,
-                                 format = Format, trace = Trace, started = Started,
+                                 format = Format, trace = Trace,
+                                 span = maps:get(span, Entry, none),
+                                 %% an alias is waited on (launch_sync, a proxy)
+                                 waiter = is_reference(To),
                                  files = maps:get(files, Entry, []),
                                  shm = maps:get(shm, Entry, undefined),
                                  ctx = maps:get(ctx, Entry, none),
@@ -164,21 +170,72 @@ reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace, ctx = Ct
     kept(Ctx, Result),
     count(Job, Result, Dequeue),
     ok = Send(ReplyTo, Message),
-    #job{kernel = Kernel, device = Device, started = Started} = Job,
-    erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, Result).
+    %% Its handlers never run here: in the process that waits for the reply, or in the
+    %% event process for a reply nobody waits for (any more: its waiter was killed).
+    case Job of
+        #job{span = none} ->
+            ok;
+        #job{waiter = false, span = Span} ->
+            erlcuda_events:job_stop(Span, Result);
+        #job{caller = Caller, span = Span} ->
+            case is_process_alive(Caller) of
+                true -> ok;
+                false -> erlcuda_events:job_stop(Span, Result)
+            end
+    end.
 
-%% @doc Take back a job whose frame was never written; `false' when someone else already
-%% took it (and so answered it).
--spec withdraw(erlcuda:job_id()) -> boolean().
-withdraw(Id) ->
-    discard(Id, ?SUBMITTED, -1, {worker_down, port_closed}).
+%% @doc Take back a job whose frame was never written, in the process that launched it,
+%% which is answered `Error' (its exception event runs here); `false' when someone else
+%% already took it (and so answered it).
+-spec withdraw(erlcuda:job_id(), {error, erlcuda:reason()}) -> boolean().
+withdraw(Id, {error, Why} = Error) ->
+    case discard(ets:take(?TAB, Id), ?SUBMITTED, -1, Why) of
+        {true, Span} -> erlcuda_telemetry:job_stop(Span, Error), true;
+        false -> false
+    end.
 
-%% @doc Drop a job whose caller stopped waiting (launch_sync's timeout), if it is still
-%% registered: it is never answered, and what it was to keep is freed after it. `false'
-%% when it was already answered.
+%% @doc Drop a job of the calling process that stopped waiting for it (a timeout), if it is
+%% still registered: it is never answered, and what it was to keep is freed after it.
+%% `false' when it was already answered, or is not this process's. Its exception event is
+%% the waiting process's to run.
 -spec cancel(erlcuda:job_id()) -> boolean().
 cancel(Id) ->
-    discard(Id, ?DROPPED, 1, timeout).
+    case ets:lookup(?TAB, Id) of
+        [#job{caller = Caller}] when Caller =:= self() ->
+            discard(ets:take(?TAB, Id), ?DROPPED, 1, timeout) =/= false;
+        _ ->
+            false
+    end.
+
+%% @doc The calling process waits for the reply of its launch `Id' (erlcuda:await/2): its
+%% stop event is this process's to run from now on (`{ok, Span}'). `answered' when the job
+%% is not registered any more (its reply is here or on its way; its event is the event
+%% process's), or was never this node's; `not_yours' when its reply goes to another process.
+-spec claim(erlcuda:job_id()) -> {ok, erlcuda_telemetry:span()} | answered | not_yours.
+claim(Id) ->
+    Self = self(),
+    case ets:lookup(?TAB, Id) of
+        [#job{reply_to = Self, span = none}] ->
+            {ok, none};
+        [#job{reply_to = Self, span = Span}] ->
+            %% One of the two takes the event: this update, or the reply that takes the
+            %% entry first.
+            case ets:update_element(?TAB, Id, {#job.waiter, true}) of
+                true -> {ok, Span};
+                false -> answered
+            end;
+        [#job{}] ->
+            not_yours;
+        [] ->
+            answered
+    end.
+
+%% @doc The waiting process stopped waiting for job `Id' and has run its exception event:
+%% no other event is run for it, whatever becomes of it.
+-spec disown(erlcuda:job_id()) -> ok.
+disown(Id) ->
+    _ = ets:update_element(?TAB, Id, {#job.span, none}),
+    ok.
 
 %% @doc Answer every registered job with `{error, {worker_down, Why}}'.
 -spec fail_all(term()) -> ok.
@@ -208,23 +265,23 @@ counters() ->
     #{submitted => counters:get(C, ?SUBMITTED), ok => counters:get(C, ?OK),
       error => counters:get(C, ?ERROR), dropped => counters:get(C, ?DROPPED)}.
 
+%% Its caller is dead: whoever was to run the event, the event process does.
 drop(Id) ->
-    discard(Id, ?DROPPED, 1, caller_down).
-
-%% Take a job out without a reply, give back its place in the queue and count it.
-discard(Id, Counter, Delta, Why) ->
-    case ets:take(?TAB, Id) of
-        [#job{queues = Queues, device = Device, kernel = Kernel, started = Started,
-              files = Files, ctx = Ctx}] ->
-            erlcuda_shm:delete(Files),
-            kept(Ctx, {error, Why}),
-            erlcuda_status:dequeue(Queues, Device),
-            counters:add(counters_ref(), Counter, Delta),
-            erlcuda_telemetry:job_stop(Started, Id, Kernel, Device, {error, Why}),
-            true;
-        [] ->
-            false
+    case discard(ets:take(?TAB, Id), ?DROPPED, 1, caller_down) of
+        {true, Span} -> erlcuda_events:job_stop(Span, {error, caller_down}), true;
+        false -> false
     end.
+
+%% A job taken out without a reply: its place in the queue given back, and counted.
+discard([#job{queues = Queues, device = Device, files = Files, ctx = Ctx, span = Span}],
+        Counter, Delta, Why) ->
+    erlcuda_shm:delete(Files),
+    kept(Ctx, {error, Why}),
+    erlcuda_status:dequeue(Queues, Device),
+    counters:add(counters_ref(), Counter, Delta),
+    {true, Span};
+discard([], _, _, _) ->
+    false.
 
 %% The buffers a job was to keep: noted once made, dropped (and freed, in case the worker
 %% made some) when the job failed or was never written.

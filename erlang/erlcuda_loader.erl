@@ -61,10 +61,17 @@ declare_elementwise(Name, Inputs, Outputs, Operation, Opts) ->
           end).
 
 %% @doc Load a declared module into the worker and, once it is loaded, into the catalogue
-%% (replacing a module of the same name). At most `Timeout' for the worker's answer.
+%% (replacing a module of the same name). At most `Timeout' for the worker's answer. The
+%% compile's event runs in the calling process (erlcuda_telemetry).
 -spec load(erlcuda_catalogue:declaration(), timeout()) -> ok | {error, erlcuda:reason()}.
-load(Declaration, Timeout) ->
-    call({load, Declaration, Timeout}).
+load(#{module := Module} = Declaration, Timeout) ->
+    case call({load, Declaration, Timeout}) of
+        {Answer, Compile} when is_map(Compile); Compile =:= none ->
+            ok = erlcuda_telemetry:compile(Module, {Answer, Compile}),
+            Answer;
+        {error, _} = Error ->
+            Error
+    end.
 
 %% @doc Drop a module: its kernels leave the catalogue at once, and the worker forgets it.
 -spec unload(term()) -> ok | {error, erlcuda:reason()}.
@@ -91,16 +98,16 @@ handle_call({load, #{module := Module, specs := Specs, call := {Fun, Args}} = D,
             _From, State) ->
     case erlcuda_catalogue:conflict(Module, maps:keys(Specs)) of
         {error, _} = Error ->
-            {reply, Error, State};
+            {reply, {Error, none}, State};
         ok ->
             ok = erlcuda_catalogue:pending(D),
-            Answer = worker_call(Fun, Args, Timeout),
+            {Answer, Compile} = compiled(worker_call(Fun, Args, Timeout)),
             ok = erlcuda_catalogue:pending(none),
             case Answer of
                 ok -> erlcuda_catalogue:commit(D);
                 _ -> ok
             end,
-            {reply, Answer, State}
+            {reply, {Answer, Compile}, State}
     end;
 handle_call({unload, Module}, _From, State) ->
     _ = erlcuda_catalogue:drop(Module)
@@ -113,11 +120,26 @@ handle_call(_, _, State) ->
 handle_cast(_, State) ->
     {noreply, State}.
 
-%% The worker's answer: `ok', or the reason it gives.
+%% A load's answer, and what the worker says of its compile (`none' before it ran): `{ok,
+%% Compile}' or `{error, Reason, Compile}'.
+compiled({ok, #{<<"duration_ns">> := Ns, <<"cache_hit">> := Hit}})
+  when is_integer(Ns), is_boolean(Hit) ->
+    {ok, #{duration_ns => Ns, cache_hit => Hit}};
+compiled({error, Reason, #{<<"duration_ns">> := Ns, <<"cache_hit">> := Hit}})
+  when is_integer(Ns), is_boolean(Hit) ->
+    {{error, Reason}, #{duration_ns => Ns, cache_hit => Hit}};
+compiled({error, _} = Error) ->
+    {Error, none};
+compiled(Other) ->
+    {internal("an unexpected answer: ~0P", [Other, 20]), none}.
+
+%% The worker's answer: `ok', or the reason it gives (a load's with its compile's report).
 worker_call(Fun, Args, Timeout) ->
     try erlcuda_worker:call(Fun, Args, Timeout) of
         {ok, ok} -> ok;
         {ok, {error, _} = Error} -> Error;
+        {ok, {ok, #{} = Compile}} -> {ok, Compile};
+        {ok, {error, _, #{}} = Error} -> Error;
         {ok, Other} -> internal("an unexpected answer: ~0P", [Other, 20]);
         {error, {worker_down, _}} = Error -> Error;
         {error, port_busy} -> {error, overloaded};

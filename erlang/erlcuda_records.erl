@@ -1,16 +1,16 @@
 %% @private
 %% This node's records of its launch jobs in flight on other nodes (erlcuda_remote): an
-%% ETS table of `{{Node, JobId}, Alias, Proxy, Traced, Held}', Proxy `undefined' until the
-%% job's proxy is heard of, then its pid; Traced whether its reply carries stamps; Held
-%% `none', or a result naming buffers that waits for its proxy to give them to the caller
-%% and end. A caller records its job before its proxy is spawned; the agent
+%% ETS table of `{{Node, JobId}, Alias, Proxy, Traced, Held, Caller}', Proxy `undefined'
+%% until the job's proxy is heard of, then its pid; Traced whether its reply carries
+%% stamps; Held `none', or a result naming buffers that waits for its proxy to give them to
+%% the caller and end; Caller the process that launched it. A caller records its job before its proxy is spawned; the agent
 %% (erlcuda_cluster) watches the proxy and answers through the alias when it is lost. A
 %% record goes with whoever takes it: the agent when the proxy ends or its node goes down,
 %% or the caller whose proxy could not be spawned.
 -module(erlcuda_records).
 
 -export([create/0, record/3, take_back/1, watch/2, hold/3, watched/0, proxy_down/3,
-         node_down/1, recorded_nodes/0, lost/2, error_message/3]).
+         node_down/1, recorded_nodes/0, lost/2, error_message/3, find/1, take/1]).
 
 -define(RECORDS, erlcuda_remote).
 %% The first job id of this table's life: the jobs launched before it (erlcuda restarted
@@ -30,8 +30,27 @@ create() ->
 %% when `Traced').
 -spec record({node(), erlcuda:job_id()}, reference(), boolean()) -> ok.
 record(Key, Alias, Traced) ->
-    true = ets:insert(?RECORDS, {Key, Alias, undefined, Traced, none}),
+    true = ets:insert(?RECORDS, {Key, Alias, undefined, Traced, none, self()}),
     ok.
+
+%% @doc The record of the calling process's launch job `Id' on another node: its key and
+%% alias; `none' when there is none.
+-spec find(erlcuda:job_id()) -> {{node(), erlcuda:job_id()}, reference()} | none.
+find(Id) ->
+    case ets:select(?RECORDS, [{{{'$1', Id}, '$2', '_', '_', '_', self()}, [],
+                                [{{{{'$1', Id}}, '$2'}}]}]) of
+        [Found | _] -> Found;
+        [] -> none
+    end.
+
+%% @doc The caller takes its record back as it stops waiting for the job (erlcuda:await/2):
+%% the job's proxy and what the record held; `answered' when the agent took it first.
+-spec take({node(), erlcuda:job_id()}) -> {pid() | undefined, tuple() | none} | answered.
+take(Key) ->
+    case ets:take(?RECORDS, Key) of
+        [{_, _, Proxy, _, Held, _}] -> {Proxy, Held};
+        [] -> answered
+    end.
 
 %% @doc The caller takes its record back (its proxy could not be spawned): `false' when the
 %% agent took it first (and answered the job).
@@ -56,12 +75,12 @@ watch(Proxy, Id) ->
 hold(Proxy, Id, Message) ->
     Key = {node(Proxy), Id},
     case ets:lookup(?RECORDS, Key) of
-        [{Key, _, Proxy, _, _}] ->
+        [{Key, _, Proxy, _, _, _}] ->
             case ets:update_element(?RECORDS, Key, {5, Message}) of
                 true -> held;
                 false -> answered
             end;
-        [{Key, _, undefined, _, _}] ->
+        [{Key, _, undefined, _, _, _}] ->
             %% Its proxy was not heard of yet (an agent that restarted before it was):
             %% held, and the agent watches it now.
             case ets:update_element(?RECORDS, Key, [{3, Proxy}, {5, Message}]) of
@@ -82,12 +101,12 @@ hold(Proxy, Id, Message) ->
 -spec proxy_down(node(), erlcuda:job_id(), term()) -> ok.
 proxy_down(Node, Id, Why) ->
     case ets:take(?RECORDS, {Node, Id}) of
-        [{_, _, _, _, none}] when Why =:= normal -> ok;
-        [{_, Alias, _, _, Held}] when Why =:= normal; Why =:= noproc ->
+        [{_, _, _, _, none, _}] when Why =:= normal -> ok;
+        [{_, Alias, _, _, Held, _}] when Why =:= normal; Why =:= noproc ->
             %% A held result was taken: the proxy gave its buffers and ended (an agent
             %% that restarted meanwhile finds it gone, noproc).
             Alias ! Held, ok;
-        [{_, Alias, _, Traced, _}] -> Alias ! error_message(Id, lost(Node, Why), Traced), ok;
+        [{_, Alias, _, Traced, _, _}] -> Alias ! error_message(Id, lost(Node, Why), Traced), ok;
         [] -> ok
     end.
 
@@ -95,14 +114,14 @@ proxy_down(Node, Id, Why) ->
 %% watches them again.
 -spec watched() -> [{erlcuda:job_id(), pid()}].
 watched() ->
-    ets:select(?RECORDS, [{{{'_', '$1'}, '_', '$2', '_', '_'}, [{is_pid, '$2'}],
+    ets:select(?RECORDS, [{{{'_', '$1'}, '_', '$2', '_', '_', '_'}, [{is_pid, '$2'}],
                            [{{'$1', '$2'}}]}]).
 
 %% @doc `Node' went down: every job recorded for it is answered `{error, {node_down,
 %% Node}}', through its alias.
 -spec node_down(node()) -> ok.
 node_down(Node) ->
-    Keys = ets:select(?RECORDS, [{{{Node, '_'}, '_', '_', '_', '_'}, [],
+    Keys = ets:select(?RECORDS, [{{{Node, '_'}, '_', '_', '_', '_', '_'}, [],
                                   [{element, 1, '$_'}]}]),
     lists:foreach(fun(Key) -> proxy_down(Node, element(2, Key), noconnection) end, Keys).
 

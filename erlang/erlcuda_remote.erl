@@ -30,7 +30,7 @@
 -module(erlcuda_remote).
 
 -export([node_option/1, launch/5, follow/5, proxy/7, remote_node/1, free/2, give/3,
-         buffer_info/2, without_node/1]).
+         buffer_info/2, without_node/1, await_launch/2]).
 
 %% What `receive ... after' accepts.
 -define(MAX_TIMEOUT, 4294967295).
@@ -327,6 +327,52 @@ free_found(Term) ->
                               end
                   end, found_buffers(Term)).
 
+%% @doc erlcuda:await/2 for the calling process's launch `Id' on another node, until
+%% `Deadline'; `not_remote' when this node has no record of it. When the time runs out, the
+%% record is taken back (the agent no longer answers the job) and the proxy told to drop the
+%% job; a result already on its way is returned instead: one the agent took the record for,
+%% or one whose buffers the proxy is giving to the caller (which it sends itself once they
+%% are the caller's). Otherwise the alias goes, and with it any later message.
+-spec await_launch(erlcuda:job_id(), erlcuda_await:deadline()) -> term() | not_remote.
+await_launch(Id, Deadline) ->
+    case erlcuda_records:find(Id) of
+        none ->
+            not_remote;
+        {Key, Alias} ->
+            case erlcuda_await:take(Id, remaining(Deadline)) of
+                {ok, Result} -> Result;
+                timeout -> give_up(Id, Key, Alias)
+            end
+    end.
+
+give_up(Id, Key, Alias) ->
+    case erlcuda_records:take(Key) of
+        {Proxy, none} ->
+            unalias(Alias),
+            _ = [Proxy ! {erlcuda_cancel, Id} || is_pid(Proxy)],
+            %% A result the proxy sent straight, before the alias went.
+            case erlcuda_await:take(Id, 0) of
+                {ok, Result} -> Result;
+                timeout -> {error, timeout}
+            end;
+        {_, Held} ->
+            late(Id, Alias, Held);
+        answered ->
+            late(Id, Alias, none)
+    end.
+
+%% A result on its way; if it does not come in time, the buffers it names (given to this
+%% caller or not) are freed, and the alias goes.
+late(Id, Alias, Held) ->
+    case erlcuda_await:take(Id, ?CALL_TIMEOUT) of
+        {ok, Result} ->
+            Result;
+        timeout ->
+            unalias(Alias),
+            free_found(Held),
+            {error, timeout}
+    end.
+
 %% The proxy, on the executing node.
 
 %% @doc The proxy of a caller of another node: the same validate and submit as a local
@@ -477,8 +523,17 @@ run(Sync, Kernel, Args, Opts) ->
             %% reply: a proxy that dies first takes them with it.
             Mine = alias(),
             case erlcuda_submit:submit(job_deadline(Job, Sync), {erlcuda_proxy, Mine, self()}) of
-                {ok, Id} -> wait(Id, Mine, Sync);
-                {error, _} = Error -> Error
+                {ok, Id, Span} ->
+                    Reply = wait(Id, Mine, Sync),
+                    %% The proxy waits for the job: its stop event is the proxy's.
+                    ok = erlcuda_telemetry:job_stop(Span, case Reply of
+                                                              cancelled -> {error, timeout};
+                                                              {traced, R, _} -> R;
+                                                              R -> R
+                                                          end),
+                    Reply;
+                {error, _} = Error ->
+                    Error
             end;
         {error, _} = Error ->
             Error

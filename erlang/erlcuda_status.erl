@@ -5,13 +5,18 @@
 
 -export([create/0, set_up/6, set_down/1, set_unavailable/1, status/0, enqueue/2, dequeue/2,
          in_flight/2, pick/2, set_worker_os_pid/1, worker_os_pid/0, max_devices/0,
-         next_epoch/0, epoch/0]).
+         next_epoch/0, epoch/0, take/3, waiting/2, add_waiting/3,
+         clear_waiting/0]).
 
 -export_type([status/0, queues/0]).
 
 -define(TAB, erlcuda_status).
 %% More devices than any host has: a bound on what a worker or the config may claim.
 -define(EPOCHS, {?MODULE, epochs}).
+%% Two counters a device in `queues': its jobs in flight, and the launches waiting for room
+%% on it (erlcuda_room).
+-define(IN_FLIGHT(Device), (2 * (Device) + 1)).
+-define(WAITING(Device), (2 * (Device) + 2)).
 
 -type queues() :: atomics:atomics_ref().
 %% epoch: the worker's generation, which its buffers carry (`next_epoch/0').
@@ -56,7 +61,7 @@ epoch() ->
 set_up(Port, {Writer, WriterCounters}, Devices, MaxQueue, Shm, Epoch) ->
     Queues = case status() of
                  #{devices := Devices, queues := Q} -> Q;
-                 _ -> atomics:new(max(Devices, 1), [{signed, true}])
+                 _ -> atomics:new(2 * max(Devices, 1), [{signed, true}])
              end,
     store(#{status => up, port => Port, devices => Devices, queues => Queues,
           max_queue => MaxQueue, writer => Writer, writer_counters => WriterCounters,
@@ -83,27 +88,72 @@ status() ->
 %% @doc Count a job in on `Device', unless `max_queue' are already in flight there.
 -spec enqueue(status(), non_neg_integer()) -> ok | overloaded.
 enqueue(#{queues := Queues, max_queue := Max}, Device) ->
-    case atomics:add_get(Queues, Device + 1, 1) of
+    case atomics:add_get(Queues, ?IN_FLIGHT(Device), 1) of
         Depth when Depth > Max -> dequeue(Queues, Device), overloaded;
         _ -> ok
     end.
 
+%% @doc A job leaves `Device''s queue. Where launches wait for room there, the waiting room
+%% is told (a message, so that whoever calls this never waits): the one cost of waiting
+%% that a queue without waiters pays is the read of their count.
 -spec dequeue(queues(), non_neg_integer()) -> ok.
 dequeue(Queues, Device) ->
-    atomics:sub(Queues, Device + 1, 1).
+    atomics:sub(Queues, ?IN_FLIGHT(Device), 1),
+    case atomics:get(Queues, ?WAITING(Device)) of
+        0 ->
+            ok;
+        _ ->
+            case whereis(erlcuda_room) of
+                undefined -> ok;
+                Room -> Room ! {erlcuda_room, room, Queues, Device}, ok
+            end
+    end.
+
+%% @doc The waiting room takes a place on `Device' for its first waiter, if one is free.
+-spec take(queues(), non_neg_integer(), pos_integer()) -> boolean().
+take(Queues, Device, Max) ->
+    case atomics:add_get(Queues, ?IN_FLIGHT(Device), 1) of
+        Depth when Depth > Max -> atomics:sub(Queues, ?IN_FLIGHT(Device), 1), false;
+        _ -> true
+    end.
+
+%% @doc The launches waiting for room on `Device'.
+-spec waiting(queues() | undefined, non_neg_integer()) -> integer().
+waiting(undefined, _) -> 0;
+waiting(Queues, Device) ->
+    case Device < maps:get(size, atomics:info(Queues)) div 2 of
+        true -> atomics:get(Queues, ?WAITING(Device));
+        false -> 0
+    end.
+
+%% @doc Count waiters in (`Delta' 1) or out (-1); only the waiting room does.
+-spec add_waiting(queues(), non_neg_integer(), integer()) -> ok.
+add_waiting(Queues, Device, Delta) ->
+    atomics:add(Queues, ?WAITING(Device), Delta).
+
+%% @doc No launch waits any more (a waiting room that starts again).
+-spec clear_waiting() -> ok.
+clear_waiting() ->
+    case queues() of
+        undefined -> ok;
+        Queues ->
+            Devices = maps:get(size, atomics:info(Queues)) div 2,
+            lists:foreach(fun(D) -> atomics:put(Queues, ?WAITING(D), 0) end,
+                          lists:seq(0, Devices - 1))
+    end.
 
 -spec in_flight(queues() | undefined, non_neg_integer()) -> integer().
 in_flight(undefined, _) -> 0;
 in_flight(Queues, Device) ->
-    case Device < maps:get(size, atomics:info(Queues)) of
-        true -> atomics:get(Queues, Device + 1);
+    case Device < maps:get(size, atomics:info(Queues)) div 2 of
+        true -> atomics:get(Queues, ?IN_FLIGHT(Device));
         false -> 0
     end.
 
 %% @doc The device for a launch: the one asked for, or for `any' the shortest queue.
 -spec pick(erlcuda:device(), status()) -> {ok, non_neg_integer()} | {error, {bad_device, term()}}.
 pick(any, #{devices := Devices, queues := Queues}) when Devices > 0 ->
-    {ok, shortest(Queues, Devices - 1, 0, atomics:get(Queues, 1))};
+    {ok, shortest(Queues, Devices - 1, 0, atomics:get(Queues, ?IN_FLIGHT(0)))};
 pick(N, #{devices := Devices}) when is_integer(N), N >= 0, N < Devices ->
     {ok, N};
 pick(N, _) ->
@@ -111,7 +161,7 @@ pick(N, _) ->
 
 shortest(_, 0, Best, _) -> Best;
 shortest(Queues, I, Best, BestDepth) ->
-    case atomics:get(Queues, I + 1) of
+    case atomics:get(Queues, ?IN_FLIGHT(I)) of
         D when D < BestDepth -> shortest(Queues, I - 1, I, D);
         _ -> shortest(Queues, I - 1, Best, BestDepth)
     end.

@@ -5,9 +5,10 @@
 
 -export([submit/2]).
 
-%% @doc Write a checked job to the worker; the reply goes to `ReplyTo'.
+%% @doc Write a checked job to the worker; the reply goes to `ReplyTo'. With the job's id,
+%% what a process that waits for the reply needs to run its stop event.
 -spec submit(erlcuda_job:job(), erlcuda_jobs:reply_to()) ->
-    {ok, erlcuda:job_id()} | {error, erlcuda:reason()}.
+    {ok, erlcuda:job_id(), erlcuda_telemetry:span()} | {error, erlcuda:reason()}.
 submit(Job, ReplyTo) ->
     case erlcuda_status:status() of
         #{status := up} = Status -> route(Job, ReplyTo, Status);
@@ -51,27 +52,43 @@ route1(#{device := Want, kernel := Kernel, args := Args, trace := Trace,
             Error
     end.
 
-%% Counted into its device's queue, registered, its files written, then its frame.
+%% Counted into its device's queue (at once, or once there is room for a launch that
+%% waits for it), registered, its files written, then its frame.
 enqueue(Job, ReplyTo, Status, #{device := Device} = Launch, Frame) ->
-    case erlcuda_status:enqueue(Status, Device) of
+    Counted = case Job of
+                  #{wait := Ms} -> erlcuda_room:enqueue(Status, Device, wait_until(Ms, Job));
+                  #{} -> erlcuda_status:enqueue(Status, Device)
+              end,
+    case Counted of
         ok ->
-            ok = register_job(Job, ReplyTo, Status, Launch),
-            stage(Job, Status, Launch, Frame);
+            Span = register_job(Job, ReplyTo, Status, Launch),
+            case stage(Job, Status, Launch, Frame) of
+                {ok, JobId} -> {ok, JobId, Span};
+                {error, _} = Error -> Error
+            end;
         overloaded ->
             {error, overloaded}
     end.
 
+%% A wait for room ends with the launch_sync that waits for its result.
+wait_until(Ms, Job) ->
+    min(erlcuda_await:deadline(Ms), maps:get(deadline, Job, infinity)).
+
 %% Registered before the files are written: every way the job ends deletes them, even this
-%% caller's death while it writes. Buffers it keeps belong to this caller from now on.
+%% caller's death while it writes. Buffers it keeps belong to this caller from now on. Its
+%% start event is this process's.
 register_job(#{kernel := Kernel, format := Format, trace := Trace} = Job, ReplyTo,
              #{queues := Queues} = Status,
              #{id := JobId, device := Device, ctx := Ctx, plan := Plan}) ->
     ok = keep(Ctx, Device, ReplyTo),
-    erlcuda_jobs:register(#{id => JobId, reply_to => ReplyTo, caller => self(),
-                            device => Device, queues => Queues, kernel => Kernel,
-                            format => Format, trace => Trace, files => [F || {F, _} <- Plan],
-                            shm => folder(maps:get(shm, Status, none)), ctx => Ctx,
-                            expect => expect(Job, Ctx)}).
+    Span = erlcuda_telemetry:job_start(JobId, Job, Device),
+    ok = erlcuda_jobs:register(#{id => JobId, reply_to => ReplyTo, caller => self(),
+                                 device => Device, queues => Queues, kernel => Kernel,
+                                 format => Format, trace => Trace,
+                                 files => [F || {F, _} <- Plan],
+                                 shm => folder(maps:get(shm, Status, none)), ctx => Ctx,
+                                 expect => expect(Job, Ctx), span => Span}),
+    Span.
 
 %% The operands' files written, then the frame; with no room in shared memory, the pipe
 %% carries it all.
@@ -138,7 +155,7 @@ port_closed(JobId) ->
     take_back(JobId, {error, {worker_down, port_closed}}).
 
 take_back(JobId, Error) ->
-    case erlcuda_jobs:withdraw(JobId) of
+    case erlcuda_jobs:withdraw(JobId, Error) of
         true -> Error;
         false -> {ok, JobId}
     end.

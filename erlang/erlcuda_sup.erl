@@ -14,6 +14,13 @@ start_link() ->
 -spec init([]) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
 init([]) ->
     Flags = #{strategy => one_for_one, intensity => 5, period => 10},
+    %% First, so stopped last: the events the port owner sends as it stops are still run.
+    Events = #{id => erlcuda_events,
+               start => {erlcuda_events, start_link, []},
+               restart => permanent,
+               shutdown => 5000,
+               type => worker,
+               modules => [erlcuda_events]},
     %% Before the port owner: it tells the buffers of each new worker's epoch.
     Buffers = #{id => erlcuda_buffers,
                 start => {erlcuda_buffers, start_link, []},
@@ -27,6 +34,13 @@ init([]) ->
                shutdown => 5000,
                type => worker,
                modules => [erlcuda_loader]},
+    %% Before the port owner, whose answers make room in the queues.
+    Room = #{id => erlcuda_room,
+             start => {erlcuda_room, start_link, []},
+             restart => permanent,
+             shutdown => 5000,
+             type => worker,
+             modules => [erlcuda_room]},
     Port = #{id => erlcuda_worker,
              start => {erlcuda_worker, start_link, []},
              restart => permanent,
@@ -41,4 +55,4 @@ init([]) ->
                 shutdown => infinity,
                 type => supervisor,
                 modules => [erlcuda_cluster_sup]},
-    {ok, {Flags, [Buffers, Loader, Port, Cluster]}}.
+    {ok, {Flags, [Events, Buffers, Loader, Room, Port, Cluster]}}.

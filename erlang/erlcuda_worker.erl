@@ -189,6 +189,7 @@ request(_, From, _, _) ->
 terminate(Reason, _State, #data{port = Port, os_pid = OsPid} = D) ->
     ok = erlcuda_status:set_down(stopping),
     ok = erlcuda_status:set_worker_os_pid(undefined),
+    ok = erlcuda_events:worker(stop, #{duration => life(D)}, (worker_meta(D))#{reason => Reason}),
     _ = [catch port_close(Port) || Port =/= undefined],
     stop_writer(D#data.writer),
     fail_calls({worker_down, stopping}, stopping, D),
@@ -315,7 +316,7 @@ replay(Calls, D) ->
 
 replayed(Module, Reply, D) ->
     case Reply of
-        {ok, ok} -> ok;
+        {ok, {ok, _}} -> ok;
         Other -> ?LOG_ERROR("erlcuda: loading ~p into the new worker failed: ~0P",
                             [Module, Other, 20])
     end,
@@ -334,6 +335,10 @@ up(#data{port = Port, config = Config, hello = Info} = D) ->
     ready(D).
 
 ready(#data{waiting = Waiting} = D) ->
+    ok = erlcuda_events:worker(start, #{duration => life(D)},
+                               (worker_meta(D))#{devices => maps:get(devices, D#data.hello, 0),
+                                                 status => maps:get(status, erlcuda_status:status()),
+                                                 restarts => D#data.restarts}),
     {next_state, ready, D#data{waiting = []}, [{reply, From, ok} || From <- Waiting]}.
 
 %% An event's result, with `D' in place of the data it kept unchanged.
@@ -430,6 +435,7 @@ kill_worker(Why, #data{os_pid = OsPid} = D) ->
 
 worker_died(Why, #data{port = Port, os_pid = OsPid, writer = Writer} = D) ->
     ?LOG_ERROR("erlcuda: worker ~p down: ~p", [OsPid, Why]),
+    ok = erlcuda_events:worker(down, #{duration => life(D)}, (worker_meta(D))#{reason => Why}),
     ok = erlcuda_status:set_down(Why),
     ok = erlcuda_status:set_worker_os_pid(undefined),
     _ = [catch port_close(Port) || Port =/= undefined],
@@ -454,6 +460,9 @@ back_off(Why, #data{restarts = N, backoff = Backoff, started = Started, waiting 
                 true -> 0;
                 false -> min(max(Backoff * 2, ?MIN_BACKOFF), ?MAX_BACKOFF)
             end,
+    ok = erlcuda_events:worker(restart,
+                               #{backoff => erlang:convert_time_unit(Delay, millisecond, native)},
+                               #{restarts => N + 1, reason => Why}),
     {next_state, backing_off,
      D#data{restarts = N + 1, backoff = Delay, down_reason = Why, waiting = []},
      [{state_timeout, Delay, restart}
@@ -525,7 +534,8 @@ merge_info(Worker, State, #data{os_pid = OsPid, restarts = Restarts, down_reason
     Status = erlcuda_status:status(),
     Queues = maps:get(queues, Status),
     Devices = device_info(Worker, device_info(Hello, [])),
-    PerDevice = [Dev#{in_flight => erlcuda_status:in_flight(Queues, I)}
+    PerDevice = [Dev#{in_flight => erlcuda_status:in_flight(Queues, I),
+                      waiting => erlcuda_status:waiting(Queues, I)}
                  || {I, Dev} <- lists:zip(lists:seq(0, length(Devices) - 1), Devices)],
     WorkerStatus = case {State, maps:get(status, Status)} of
                        {starting, _} -> starting;
@@ -593,3 +603,11 @@ alive(OsPid) ->
 
 now_ms() ->
     erlang:monotonic_time(millisecond).
+
+%% For the worker events (erlcuda_events): how long the worker has been running, and what
+%% names it.
+life(#data{started = Started}) ->
+    erlang:convert_time_unit(now_ms() - Started, millisecond, native).
+
+worker_meta(#data{os_pid = OsPid, hello = Hello, config = Config}) ->
+    #{os_pid => OsPid, backend => maps:get(backend, Hello, maps:get(backend, Config))}.

@@ -28,13 +28,16 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 __all__ = [
     "CompileError",
+    "Compiled",
     "NoCompiler",
     "arch_of",
     "cache_dir",
     "cubin",
+    "cubin_entry",
     "default_arch",
     "find_nvcc",
 ]
@@ -61,6 +64,13 @@ class CompileError(Exception):
 
 class NoCompiler(Exception):
     """nvcc was not found (neither on PATH nor in ``$CUDA_HOME/bin``)."""
+
+
+class Compiled(NamedTuple):
+    """A cubin, and whether the cache held it (``cache_hit``) or nvcc made it."""
+
+    image: bytes
+    cache_hit: bool
 
 
 # -- compiling ------------------------------------------------------------------------------
@@ -116,6 +126,15 @@ def cubin(source: str, options: Sequence[str], arch: str, *,
     same source, preprocessed text, options, architecture and nvcc version. A cache that
     cannot be written is skipped. ``progress(seconds)`` is called every ``PROGRESS_EVERY``
     seconds while nvcc runs."""
+    return cubin_entry(source, options, arch, include_dirs=include_dirs, cache=cache,
+                       progress=progress).image
+
+
+def cubin_entry(source: str, options: Sequence[str], arch: str, *,
+                include_dirs: Sequence[str | os.PathLike[str]] = (),
+                cache: str | os.PathLike[str] | None = None,
+                progress: Callable[[float], None] | None = None) -> Compiled:
+    """``cubin``, saying whether the cache held it."""
     if not _ARCH.fullmatch(arch):
         raise ValueError(f"bad architecture {arch!r:.40}: expected one like sm_90")
     if "\0" in source:
@@ -135,11 +154,11 @@ def cubin(source: str, options: Sequence[str], arch: str, *,
     entry = folder / f"{key}.cubin"
     found = _read_entry(entry, key) if usable else None
     if found is not None:
-        return found
+        return Compiled(found, cache_hit=True)
     image = _nvcc(nvcc, source, opts, arch, **({"progress": progress} if progress else {}))
     if usable:
         _store(entry, _entry_head(key, image) + image)
-    return image
+    return Compiled(image, cache_hit=False)
 
 
 #: How often a long compile reports that it is still running (the worker turns that into a

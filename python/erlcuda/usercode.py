@@ -17,11 +17,12 @@ from collections.abc import Callable, Sequence
 from . import elements
 from .compile import (
     SOURCE_NAME,
+    Compiled,
     CompileError,
     NoCompiler,
     arch_of,
     cache_dir,
-    cubin,
+    cubin_entry,
     default_arch,
     find_nvcc,
 )
@@ -31,9 +32,11 @@ __all__ = [
     "C_TYPES",
     "BadOption",
     "CompileError",
+    "Compiled",
     "NoCompiler",
     "arch_of",
     "cache_dir",
+    "compile_entry",
     "compile_module",
     "default_arch",
     "elementwise_source",
@@ -102,11 +105,18 @@ def compile_module(source: str, options: Sequence[str], arch: str, *,
     """A cubin of a user's ``source`` for ``arch`` (``sm_90``) through the one cache
     (``compile.cubin``), once its ``options`` are allowed ones and it names no file but a
     header of the include path; ``progress(seconds)`` as for ``compile.cubin``."""
+    return compile_entry(source, options, arch, cache=cache, progress=progress).image
+
+
+def compile_entry(source: str, options: Sequence[str], arch: str, *,
+                  cache: str | os.PathLike[str] | None = None,
+                  progress: Callable[[float], None] | None = None) -> Compiled:
+    """``compile_module``, saying whether the cache held the cubin."""
     opts = _allowed(options)
     if "\0" in source:
         raise ValueError("the source holds a NUL byte")
     _check_file_names(source)
-    return cubin(source, opts, arch, cache=cache, progress=progress)
+    return cubin_entry(source, opts, arch, cache=cache, progress=progress)
 
 
 def _allowed(options: Sequence[str]) -> list[str]:

@@ -590,58 +590,81 @@ class Worker:
     def _install(self, module: str, source: str, flags: list[str],
                  found: list[UserKernel]) -> Any:
         """Compile ``source`` for each device's compute capability, load it into every
-        device and register its kernels: ``ok`` or ``{error, Reason}``."""
+        device and register its kernels: ``{ok, Compile}``, or ``{error, Reason, Compile}``
+        once the compile has run (``{error, Reason}`` before). ``Compile`` says what the
+        compile took (``duration_ns``) and whether the cache held every cubin
+        (``cache_hit``), for Erlang's compile event."""
         for kernel in found:
             owner = self.registry.owner(kernel.name, module)
             if owner is not None:
                 return _error(protocol.bad_args(
                     f"already loaded: the kernel {kernel.name} belongs to {owner}"))
+        for lane in self.lanes:
+            lane.ready.wait()
+        images, report = self._compile(module, source, flags)
+        if isinstance(images, Failure):
+            return _error(images) if report is None else (*_error(images), report)
+        failure = self.unavailable or self._load_everywhere(module, images,
+                                                            [k.name for k in found])
+        if failure is not None:
+            return (*_error(failure), report)
+        self.registry.install(module, found)
+        self._templates.clear()
+        return (protocol.OK, report)
+
+    def _compile(self, module: str, source: str,
+                 flags: list[str]) -> tuple[list[bytes] | Failure, dict[str, Any] | None]:
+        """A cubin per lane, one compile per compute capability (a device without one, the
+        cpu backend's, gets the default architecture's, so that a compile error is reported
+        before its backend says it runs no user code); with the compile's report, or None
+        where it never ran."""
         try:
             from . import usercode
         except ImportError as exc:
-            return _error(protocol.backend_unavailable(f"no user code support: {exc}"))
-        for lane in self.lanes:
-            lane.ready.wait()
-        # One image per compute capability; a device without one (the cpu backend) gets
-        # the default architecture's, so that a compile error is reported before its
-        # backend says it runs no user code.
+            return protocol.backend_unavailable(f"no user code support: {exc}"), None
         archs = [usercode.arch_of(cc) if _capability(cc := lane.device_info.get(
                      "compute_capability")) else usercode.default_arch()
                  for lane in self.lanes] or [usercode.default_arch()]
         images: dict[str, bytes] = {}
+        hits: list[bool] = []
+        started = time.monotonic_ns()
+        report = None
         try:
             for arch in archs:
                 if arch not in images:
-                    images[arch] = usercode.compile_module(
+                    compiled = usercode.compile_entry(
                         source, flags, arch,
                         progress=lambda t: log.info("module %s: nvcc has run %.0f s", module, t))
+                    images[arch] = compiled.image
+                    hits.append(compiled.cache_hit)
         except usercode.CompileError as exc:
-            return _error(protocol.compile_error(exc.log))
+            report = {"duration_ns": time.monotonic_ns() - started, "cache_hit": False}
+            return protocol.compile_error(exc.log), report
         except usercode.NoCompiler as exc:
-            return _error(protocol.backend_unavailable(f"user code needs nvcc: {exc}"))
+            return protocol.backend_unavailable(f"user code needs nvcc: {exc}"), None
         except usercode.BadOption as exc:
-            return _error(protocol.bad_option("options", exc.option))
+            return protocol.bad_option("options", exc.option), None
         except ValueError as exc:  # a name or a source nvcc must not see
-            return _error(protocol.bad_args(str(exc)))
-        if self.unavailable is not None:
-            return _error(self.unavailable)
-        names = [k.name for k in found]
+            return protocol.bad_args(str(exc)), None
+        report = {"duration_ns": time.monotonic_ns() - started, "cache_hit": all(hits)}
+        return [images[arch] for arch in archs], report
+
+    def _load_everywhere(self, module: str, images: list[bytes],
+                         names: list[str]) -> Failure | None:
+        """Load a module's cubins into their devices, in each device's thread; where one
+        fails, no device keeps it."""
         try:
-            for lane, arch in zip(self.lanes, archs, strict=True):
-                image = images[arch]
+            for lane, image in zip(self.lanes, images, strict=False):
                 self.on_device(lane.index, lambda d, image=image, lane=lane: _load(
                     d, lane, module, image, names))
         except BackendError as exc:
-            # No device keeps a module that not every device has.
             self.registry.remove(module)
             self._templates.clear()
             self._unload_everywhere(module)
             if isinstance(exc, BackendUnavailable):
-                return _error(protocol.backend_unavailable(exc.message))
-            return _error(protocol.cuda_error(exc.code, exc.message))
-        self.registry.install(module, found)
-        self._templates.clear()
-        return protocol.OK
+                return protocol.backend_unavailable(exc.message)
+            return protocol.cuda_error(exc.code, exc.message)
+        return None
 
     def _unload_everywhere(self, module: str) -> None:
         for lane in self.lanes:

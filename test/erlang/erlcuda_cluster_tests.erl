@@ -23,6 +23,7 @@ cluster_test_() ->
                                     fun rate/1},
                                    {"buffers of other nodes, transfer", fun buffers/1},
                                    {"launch_sync's timeout, no stray message", fun timeouts/1},
+                                   {"await of a launch on another node", fun remote_await/1},
                                    {"a record stays while its proxy runs",
                                     fun slow_registration/1},
                                    {"a launch_sync that times out before its job came",
@@ -171,7 +172,7 @@ slow_registration(#{peers := Peers}) ->
     timer:sleep(100),
     {ok, Id} = erlcuda:launch(reduce, [[1.0]], [{node, N}, {device, 0}]),
     ok = erlcuda_test_util:wait_until(
-           fun() -> [P || {_, _, P, _, _} <- ets:lookup(erlcuda_remote, {N, Id}), is_pid(P)] =/= []
+           fun() -> [P || {_, _, P, _, _, _} <- ets:lookup(erlcuda_remote, {N, Id}), is_pid(P)] =/= []
            end, 50),
     true = erlang:disconnect_node(N),
     receive
@@ -503,6 +504,27 @@ timeouts(#{peers := [{P1, N1} | _]}) ->
     erlcuda_test_util:no_message(),
     records_gone().
 
+%% erlcuda:await/2 of a launch that runs on another node: its reply; when the time runs out
+%% on a stalled device there, the job is dropped there (with the buffers it was to keep)
+%% and its record here goes, and no reply comes after the timeout.
+remote_await(#{peers := [{P1, N1} | _]}) ->
+    Base = peer:call(P1, erlcuda_buffers, count, []),
+    {ok, Id} = erlcuda:launch(reduce, [[1.0, 2.0]], [{node, N1}]),
+    ?assertEqual({ok, 3.0}, erlcuda:await(Id, 10000)),
+    stall(N1, 0, 1500),
+    timer:sleep(100),
+    {ok, Late} = erlcuda:launch(reduce, [[1.0]], [{node, N1}, {device, 0}]),
+    {ok, Kept} = erlcuda:launch(copy, [[1.0, 2.0]], [{node, N1}, {device, 0}, {keep, true}]),
+    ?assertEqual({error, timeout}, erlcuda:await(Late, 100)),
+    ?assertEqual({error, timeout}, erlcuda:await(Kept, 0)),
+    %% after the stall, a job behind them on that device is answered after they would be
+    ?assertEqual({ok, 2.0}, erlcuda:launch_sync(reduce, [[2.0]], [{node, N1}, {device, 0},
+                                                                  {timeout, 10000}])),
+    records_gone(),
+    erlcuda_test_util:no_message(),
+    ok = erlcuda_test_util:wait_until(
+           fun() -> peer:call(P1, erlcuda_buffers, count, []) =:= Base end, 50).
+
 partition(#{peers := [_, {P2, N2} | _]}) ->
     Base = peer:call(P2, erlcuda_buffers, count, []),
     {ok, Held} = erlcuda:upload([1.0], [{node, N2}, {device, 1}]),
@@ -809,7 +831,7 @@ handover_across_restart_here(#{peers := [{P1, N1} | _] = Peers}) ->
     ok = peer:call(P1, sys, suspend, [erlcuda_buffers]),
     try
         ok = erlcuda_test_util:wait_until(
-               fun() -> [H || {_, _, _, _, H} <- ets:tab2list(erlcuda_remote), H =/= none]
+               fun() -> [H || {_, _, _, _, H, _} <- ets:tab2list(erlcuda_remote), H =/= none]
                             =/= []
                end, 50),
         restart_here([N || {_, N} <- Peers])

@@ -352,9 +352,18 @@ def answer(pipe: WorkerPipe, function: str, *args: Any) -> Any:
 
 
 def reason_of(value: Any) -> tuple[str, str]:
-    status, (reason, text) = value
+    """A refused call's reason and text (a load refused once it compiled also says what the
+    compile took: ``compiled``)."""
+    status, (reason, text), *_ = value
     assert status == "error"
     return str(reason), bytes(text).decode()
+
+
+def compiled(value: Any) -> dict[str, Any]:
+    """What a load's answer says of its compile: ``{ok, Report}``, ``{error, R, Report}``."""
+    report = value[-1]
+    assert isinstance(report, dict), value
+    return {bytes(k).decode(): v for k, v in report.items()}
 
 
 def test_user_code_on_the_cpu_backend_is_unavailable(worker: WorkerPipe) -> None:
@@ -387,6 +396,23 @@ def test_without_nvcc_user_code_is_unavailable(monkeypatch: pytest.MonkeyPatch) 
         assert reason == "backend_unavailable" and "nvcc" in text
     finally:
         assert pipe.close() == 0
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not installed")
+def test_a_load_says_what_its_compile_took_and_whether_the_cache_held_it(
+        worker: WorkerPipe) -> None:
+    first = answer(worker, "load", b"m", SOURCE, [], KERNELS)
+    second = answer(worker, "load", b"m", SOURCE, [], KERNELS)
+    # the cpu backend refuses user code once it has compiled: the answer still says so
+    assert reason_of(first)[0] == reason_of(second)[0] == "backend_unavailable"
+    assert compiled(first)["cache_hit"] is False  # a fresh cache folder
+    assert compiled(second)["cache_hit"] is True
+    assert all(type(compiled(a)["duration_ns"]) is int and compiled(a)["duration_ns"] >= 0
+               for a in (first, second))
+    bad = answer(worker, "load", b"m", SOURCE.replace(b"*= s;", b"*= nothing;"), [], KERNELS)
+    assert reason_of(bad)[0] == "compile" and compiled(bad)["cache_hit"] is False
+    # refused before any compile: no report
+    assert len(answer(worker, "load", b"m", SOURCE, [b"-o", b"x"], KERNELS)) == 2
 
 
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not installed")
@@ -706,7 +732,7 @@ GPU_KERNELS = [(b"scale", [(Atom("inout"), Atom("f32")), (Atom("scalar"), Atom("
 @pytest.mark.gpu
 def test_user_kernels_on_the_gpu(gpu_worker: WorkerPipe) -> None:
     pipe = gpu_worker
-    assert answer(pipe, "load", b"m", GPU_SOURCE, [], GPU_KERNELS) == "ok"
+    assert answer(pipe, "load", b"m", GPU_SOURCE, [], GPU_KERNELS)[0] == "ok"
     assert [bytes(m) for m in answer(pipe, "info")["modules"]] == [b"m"]
     x = np.arange(1000, dtype=np.float32)
     pipe.launch(1, "copy", [x], keep=[1])
@@ -729,7 +755,7 @@ def test_user_kernels_on_the_gpu(gpu_worker: WorkerPipe) -> None:
                 [(b"a", Atom("f64"), Atom("scalar")), (b"x", Atom("f64"), Atom("vector")),
                  (b"y", Atom("i32"), Atom("vector"))],
                 [(b"z", Atom("f64")), (b"w", Atom("u8"))], b"z = a * x + y; w = x > y", [])
-    assert ew == "ok"
+    assert ew[0] == "ok" and compiled(ew)["cache_hit"] in (False, True)
     xs, ys = np.linspace(-3, 3, 777), np.arange(-388, 389, dtype=np.int32)
     pipe.launch(8, "axpy", [Number(2.0, ETYPE["f64"]), typed(xs, "f64"), typed(ys, "i32")])
     pipe.launch(9, "axpy", [Number(2.0, ETYPE["f64"]), typed(xs, "f64"), typed(ys, "i32")],
@@ -744,7 +770,7 @@ def test_user_kernels_on_the_gpu(gpu_worker: WorkerPipe) -> None:
     status, reason = answer(pipe, "load", b"m", GPU_SOURCE, [],
                             [(b"missing", [(Atom("in"), Atom("f32"))])])
     assert (status, reason[:2]) == ("error", ("cuda", "invalid_value"))  # no such function
-    assert answer(pipe, "load", b"m", GPU_SOURCE, [], GPU_KERNELS) == "ok"
+    assert answer(pipe, "load", b"m", GPU_SOURCE, [], GPU_KERNELS)[0] == "ok"
     assert answer(pipe, "unload", b"m") == "ok"
     pipe.launch(11, "iota", [3, Number(3, ETYPE["i64"])])
     assert pipe.result() == (11, ("error", ("unknown_kernel", memoryview(b"iota"))))
