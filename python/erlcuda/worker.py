@@ -24,7 +24,8 @@ Every launch is checked by ``general.check`` into a plan; where it is checked is
 here (``general.route``): a plain launch of a batched f32 kernel on this thread, a general
 one (buffers, other element types, ``copy``/``zeros``/``empty``, user kernels) on its
 device's thread, which knows the buffers. User code is compiled here (the
-control thread), once per compute capability, and loaded into every device on its thread.
+control thread), once per compute capability (once for the host, on the cpu backend), and
+loaded into every device on its thread.
 
 Every frame is decoded and checked once, through the template cache in front of the
 decoder (``templates.py``): a launch that repeats the layout of one already checked is read
@@ -584,8 +585,9 @@ class Worker:
 
     def _install(self, module: str, source: str, flags: list[str],
                  found: list[UserKernel]) -> Any:
-        """Compile ``source`` for each device's compute capability, load it into every
-        device and register its kernels: ``ok`` or ``{error, Reason}``."""
+        """Compile ``source`` for each device (a GPU's compute capability, or the host on
+        the cpu backend), load it into every device and register its kernels: ``ok`` or
+        ``{error, Reason}``."""
         for kernel in found:
             owner = self.registry.owner(kernel.name, module)
             if owner is not None:
@@ -597,33 +599,16 @@ class Worker:
             return _error(protocol.backend_unavailable(f"no user code support: {exc}"))
         for lane in self.lanes:
             lane.ready.wait()
-        # One image per compute capability; a device without one (the cpu backend) gets
-        # the default architecture's, so that a compile error is reported before its
-        # backend says it runs no user code.
-        archs = [usercode.arch_of(cc) if _capability(cc := lane.device_info.get(
-                     "compute_capability")) else usercode.default_arch()
-                 for lane in self.lanes] or [usercode.default_arch()]
-        images: dict[str, bytes] = {}
-        try:
-            for arch in archs:
-                if arch not in images:
-                    images[arch] = usercode.compile_module(
-                        source, flags, arch,
-                        progress=lambda t: log.info("module %s: nvcc has run %.0f s", module, t))
-        except usercode.CompileError as exc:
-            return _error(protocol.compile_error(exc.log))
-        except usercode.NoCompiler as exc:
-            return _error(protocol.backend_unavailable(f"user code needs nvcc: {exc}"))
-        except usercode.BadOption as exc:
-            return _error(protocol.bad_option("options", exc.option))
-        except ValueError as exc:  # a name or a source nvcc must not see
-            return _error(protocol.bad_args(str(exc)))
+        targets = self._targets(usercode)
+        images = _build(usercode, module, source, flags, found, targets)
+        if not isinstance(images, dict):
+            return images  # the error answer
         if self.unavailable is not None:
             return _error(self.unavailable)
         names = [k.name for k in found]
         try:
-            for lane, arch in zip(self.lanes, archs, strict=True):
-                image = images[arch]
+            for lane, target in zip(self.lanes, targets, strict=True):
+                image = images[target]
                 self.on_device(lane.index, lambda d, image=image, lane=lane: _load(
                     d, lane, module, image, names))
         except BackendError as exc:
@@ -637,6 +622,17 @@ class Worker:
         self.registry.install(module, found)
         self._templates.clear()
         return protocol.OK
+
+    def _targets(self, usercode: Any) -> list[str]:
+        """What each lane loads: ``host`` (a library of the host, on the cpu backend), else
+        the architecture of its compute capability. A device without one (a backend that
+        could not start) gets the default architecture's, so that a compile error is
+        reported before the backend says it is unavailable."""
+        if self.backend is not None and self.backend.user_code == "host":
+            return ["host"] * len(self.lanes) or ["host"]
+        return [usercode.arch_of(cc) if _capability(cc := lane.device_info.get(
+                    "compute_capability")) else usercode.default_arch()
+                for lane in self.lanes] or [usercode.default_arch()]
 
     def _unload_everywhere(self, module: str) -> None:
         for lane in self.lanes:
@@ -703,6 +699,41 @@ def _capability(value: Any) -> bool:
     """Whether a device's info names a compute capability ``(Major, Minor)``."""
     return isinstance(value, (tuple, list)) and len(value) == 2 and all(
         type(v) is int for v in value)
+
+
+def _build(usercode: Any, module: str, source: str, flags: list[str],
+           found: list[UserKernel], targets: list[str]) -> dict[str, bytes] | tuple[Any, Any]:
+    """The image of ``source`` for each of ``targets``, compiled once each; or the error
+    answer: ``{compile, Log}``, ``{backend_unavailable, _}`` (no compiler, or a source the
+    cpu backend cannot run), ``{bad_option, _}``, ``{bad_args, _}``."""
+    images: dict[str, bytes] = {}
+    target = targets[0]
+    try:
+        for target in targets:
+            if target in images:
+                continue
+            if target == "host":
+                images[target] = usercode.compile_host(
+                    source, flags, [(k.name, k.launch_params) for k in found],
+                    what=f"kernel {found[0].name}" if len(found) == 1 else f"module {module}",
+                    progress=lambda t: log.info("module %s: g++ has run %.0f s", module, t))
+            else:
+                images[target] = usercode.compile_module(
+                    source, flags, target,
+                    progress=lambda t: log.info("module %s: nvcc has run %.0f s", module, t))
+    except usercode.CompileError as exc:
+        return _error(protocol.compile_error(exc.log))
+    except usercode.Unsupported as exc:
+        return _error(protocol.backend_unavailable(str(exc)))
+    except usercode.NoCompiler as exc:
+        needs = ("user kernels on the cpu backend need a C++ compiler (g++)" if target == "host"
+                 else "user code needs nvcc")
+        return _error(protocol.backend_unavailable(f"{needs}: {exc}"))
+    except usercode.BadOption as exc:
+        return _error(protocol.bad_option("options", exc.option))
+    except ValueError as exc:  # a name or a source a compiler must not see
+        return _error(protocol.bad_args(str(exc)))
+    return images
 
 
 def _load(device: Device | None, lane: Lane, module: str, image: bytes,

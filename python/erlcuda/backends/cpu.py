@@ -2,7 +2,9 @@
 
 ``cpu_devices`` virtual devices share the host's cores; they exist so that routing and
 per-device queues behave as they do with several GPUs. Their device arrays (buffers, the
-general path's operands) are numpy arrays in host memory; user kernels need a GPU.
+general path's operands) are numpy arrays in host memory. User kernels are CUDA C built
+for the host (``usercode.compile_host``), each device with its own copy of a module
+(``hostlib``), run over those arrays.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 
 from ..kernels import F32, Plan, UniformPlans
 from .base import Backend, BackendError, Device, Result
+from .hostlib import HostModule
 
 
 def _offsets(requests: Sequence[Plan]) -> np.ndarray:
@@ -50,6 +53,7 @@ class CpuDevice(Device):
         self.index = index
         self.held = 0  # bytes of the device arrays made and not freed
         self.capacity = _ram() * 3 // 4 if capacity is None else capacity
+        self._user: dict[str, HostModule] = {}  # loaded modules by name
 
     def _run_batch(self, kernel: str, requests: Sequence[Plan]) -> list[Result]:
         if kernel == "matmul":
@@ -149,12 +153,38 @@ class CpuDevice(Device):
             raise BackendError("not_supported", f"the cpu backend has no built-in {kernel}")
         return None
 
+    # -- user kernels: host libraries -------------------------------------------------------
+    def load_module(self, name: str, image: bytes, functions: Sequence[str]) -> None:
+        module = HostModule(name, image, functions)  # a failure leaves the old one loaded
+        old = self._user.pop(name, None)
+        self._user[name] = module
+        if old is not None:
+            old.close()
+
+    def unload_module(self, name: str) -> None:
+        module = self._user.pop(name, None)
+        if module is not None:
+            module.close()
+
+    def launch_user(self, module: str, function: str, args: Sequence[Any],
+                    grid: tuple[int, int, int], block: tuple[int, int, int],
+                    shared: int) -> None:
+        loaded = self._user.get(module)
+        if loaded is None:
+            raise BackendError("invalid_value", f"module {module!r:.60} is not loaded")
+        loaded.launch(function, args, grid, block, shared)
+
     def info(self) -> dict[str, Any]:
         return {"name": f"cpu:{self.index}"}
+
+    def close(self) -> None:
+        for name in list(self._user):
+            self.unload_module(name)
 
 
 class CpuBackend(Backend):
     name = "cpu"
+    user_code = "host"
 
     def __init__(self, devices: int = 1) -> None:
         if devices < 1:
