@@ -264,6 +264,9 @@ def test_functions_that_are_not_kernels_are_refused_at_load(target: Target) -> N
                             {"helper": [("scalar", "i32")], "put": [("out", "i32")]}),
         "host-function": ('extern "C" void host(int* out) { out[0] = 2; }\n' + put,
                           {"host": [("out", "i32")]}),
+        # the C library has them, which the host loader would find: they are no kernels
+        "c-library-function": (put, {"free": [("inout", "f32")]}),
+        "c-library-function-scalar": (put, {"exit": [("scalar", "i32")]}),
     }
     for case, (source, kernels) in cases.items():
         with pytest.raises(BackendError) as info:

@@ -4,8 +4,9 @@ with ctypes and launched over the CPU device's arrays, which are numpy arrays.
 Each device loads its own copy of a module's library (from an anonymous memory file, so
 that nothing is left on disk), so that a module's globals are the device's own, as on a
 GPU, where each context has its own. Loading checks what the GPU's driver checks: every
-declared function is an ``extern "C"`` function of the library, and takes the declared
-params (the library says so: ``hostcode``'s ``erlcuda_found_<name>``). A launch checks
+declared function is a kernel the library exports (an ``extern "C" __global__`` function
+of the source), and takes the declared params (the library says so: ``hostcode``'s
+``erlcuda_found_<name>``). A launch checks
 the geometry against a GPU's limits (those of compute capability 9.0), and the arguments
 against the declared params: a numpy array of the declared element type for a pointer (C
 order; written ones writable; an empty one passes as a null pointer, as on a GPU) and a
@@ -67,12 +68,16 @@ class HostModule:
     def _kernel(self, function: str) -> _Kernel:
         library = self.library
         try:
-            library[function]  # looked up by name, not as an attribute of CDLL's own
+            launcher = library[LAUNCH + function]  # by name, not as an attribute of CDLL's
+            kernel = library[function]
         except AttributeError:
+            kernel = None
+        # The loader looks a name up in the libraries this one needs too (the C library's
+        # free, exit, ...): a kernel is one this library defines.
+        if kernel is None or not _same_library(kernel, launcher):
             raise BackendError("invalid_value", f"cannot load module {self.name}: it has no "
-                               f'extern "C" kernel {function}') from None
+                               f'extern "C" kernel {function}')
         try:
-            launcher = library[LAUNCH + function]
             params = parse_signature(
                 ctypes.c_char_p.in_dll(library, SIGNATURE + function).value.decode())
             found = ctypes.c_int.in_dll(library, FOUND + function).value
@@ -105,6 +110,26 @@ class HostModule:
         """Unload the library (once its functions are no longer called)."""
         self.kernels = {}
         _close(self.library, self._fd)
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = (("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p))
+
+
+def _same_library(one: Any, other: Any) -> bool:
+    """Whether two functions are of one library (where the C library can say)."""
+    dladdr = getattr(ctypes.CDLL(None), "dladdr", None)
+    if dladdr is None:
+        return True
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    bases = []
+    for function in (one, other):
+        info = _DlInfo()
+        if not dladdr(ctypes.cast(function, ctypes.c_void_p), ctypes.byref(info)):
+            return False
+        bases.append(info.dli_fbase)
+    return bases[0] == bases[1]
 
 
 def _open(name: str, image: bytes) -> tuple[ctypes.CDLL, int | None]:
