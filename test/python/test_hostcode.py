@@ -239,6 +239,16 @@ def test_a_refused_source_or_option_runs_no_compiler(source: str, options: list[
         build(source, tmp_path, options)
 
 
+@needs_gxx
+def test_the_host_build_needs_no_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_nvcc(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("nvcc was looked for or run")
+
+    for name in ("find_nvcc", "_nvcc", "_nvcc_version"):
+        monkeypatch.setattr(compiler, name, no_nvcc)
+    assert build(SCALE, tmp_path)[:4] == b"\x7fELF"
+
+
 def test_without_gxx_the_host_build_needs_a_compiler(monkeypatch: pytest.MonkeyPatch,
                                                      tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
