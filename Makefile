@@ -1,7 +1,8 @@
 # erlcuda: `make demo` sets up and runs the four kernels from Erlang; `make test` sets up and
-# runs every test. Set-up installs only what is missing: Erlang/OTP, rebar3 and Elixir from the
-# OS packages, and numpy, pytest, hypothesis and ruff into .venv (which sees the machine's own
-# Python packages) where python3 lacks them.
+# runs every test. Set-up installs only what is missing: Erlang/OTP, rebar3, Elixir and g++
+# (which builds user kernels for the cpu backend) from the OS packages, and numpy, pytest,
+# hypothesis and ruff into .venv (which sees the machine's own Python packages) where python3
+# lacks them.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -10,7 +11,7 @@ VENV := .venv
 PY = $(VENV)/bin/python
 
 .PHONY: demo test test-fast test-gpu test-python test-erlang test-elixir test-release lint bench bench-quick soak soak-memory \
-        setup setup-erlang setup-elixir setup-python setup-bench compile clean
+        setup setup-erlang setup-elixir setup-cxx setup-python setup-bench compile clean
 
 # The demo module is not part of the application: compiled into a scratch folder.
 demo: setup compile
@@ -38,7 +39,7 @@ test-gpu: setup-erlang compile
 	ERLCUDA_TEST_GPU=1 $(GPU_PY) -m pytest -m gpu -v test/python
 	ERLCUDA_TEST_GPU=1 ERLCUDA_PYTHON=$$(command -v $(GPU_PY)) $(REBAR) eunit --module=erlcuda_gpu_tests,erlcuda_usercode_gpu_tests,erlcuda_readme_tests
 
-setup: setup-erlang setup-python
+setup: setup-erlang setup-cxx setup-python
 
 # Erlang/OTP and rebar3 (and Elixir, for its test) from the OS packages, where missing.
 setup-erlang:
@@ -47,6 +48,10 @@ setup-erlang:
 
 setup-elixir: setup-erlang
 	@command -v elixir >/dev/null || $(call apt_install,elixir)
+
+# The C++ compiler the cpu backend builds user kernels with (the one nvcc runs too).
+setup-cxx:
+	@command -v g++ >/dev/null || $(call apt_install,g++)
 
 # .venv, made with the machine's packages visible (PyCUDA, numpy where installed), and the
 # Python tools that are missing installed into it: never into the machine's python.

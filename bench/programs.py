@@ -140,7 +140,7 @@ def p50(summary: dict[tuple[str, int], Json], case: str, size: int) -> float | N
 
 
 def ratio(a: float | None, b: float | None) -> str:
-    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}×"
+    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
 
 
 def ms(x: float | None) -> str:
@@ -153,11 +153,11 @@ def target(ok: bool | None) -> str:
 
 def chain_lines(summary: dict[tuple[str, int], Json], sizes: list[int]) -> list[str]:
     lines = ["## 1. 10 chained vector_adds + reduce, inputs on the device", "",
-             "p50 per call, ms (p90 and p99 in results.json). Targets: ≤ 1.0× CuPy's unfused "
-             "chain at 1e3 and 1e6, ≤ 1.0× its graph where it can, and at 1.6e7 ≤ 0.5× the "
-             "unfused chain and ≤ 1.2× `cupy.fuse`.", "",
+             "p50 per call, ms (p90 and p99 in results.json). Targets: <= 1.0x CuPy's unfused "
+             "chain at 1e3 and 1e6, <= 1.0x its graph where it can, and at 1.6e7 <= 0.5x the "
+             "unfused chain and <= 1.2x `cupy.fuse`.", "",
              "| elements | program | p99 | unfused program | 11 launches | CuPy unfused | "
-             "CuPy graph | cupy.fuse | ÷ unfused | ÷ graph | ÷ fuse |",
+             "CuPy graph | cupy.fuse | / unfused | / graph | / fuse |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for n in sizes:
         prog = p50(summary, "chain_program", n)
@@ -173,8 +173,8 @@ def chain_lines(summary: dict[tuple[str, int], Json], sizes: list[int]) -> list[
 def port_lines(summary: dict[tuple[str, int], Json], sizes: list[int]) -> list[str]:
     lines = ["", "## 2. The program with its inputs and its sum through the port", "",
              "Beside a lone vector_add of binaries of the same size (result a binary), in "
-             "blocks alternating. Target: ≤ 1.2× the vector_add.", "",
-             "| elements | program p50 ms | vector_add p50 ms | ÷ vector_add | target |",
+             "blocks alternating. Target: <= 1.2x the vector_add.", "",
+             "| elements | program p50 ms | vector_add p50 ms | / vector_add | target |",
              "| ---: | ---: | ---: | ---: | --- |"]
     for n in sizes:
         prog, add = p50(summary, "chain_port", n), p50(summary, "vector_add_port", n)
@@ -201,12 +201,12 @@ def rate_lines(results: list[Json]) -> list[str]:
     return ["", "## 4. Many callers", "",
             f"{callers} callers, each running the 3-step program (s = a + b, t = s + b, "
             "sum t) on 1000-element binaries, then the same work as 3 launch_syncs each. "
-            "Targets: ≥ 100,000 programs/s and ≥ 3× the launches' rate.", "",
+            "Targets: >= 100,000 programs/s and >= 3x the launches' rate.", "",
             "| case | per second |", "| --- | ---: |",
             *(f"| {k} | {v['per_second']:,.0f} |" for k, v in rates.items()),
             "", f"Programs/s (the better run) {prog:,.0f}: "
-            f"{target(prog >= 100_000)} (100,000); ÷ 3 launches "
-            + (f"{prog / three:.2f}×: {target(prog >= 3 * three)}" if three else "-")]
+            f"{target(prog >= 100_000)} (100,000); / 3 launches "
+            + (f"{prog / three:.2f}x: {target(prog >= 3 * three)}" if three else "-")]
 
 
 def soak_lines(results: list[Json]) -> list[str]:
@@ -227,9 +227,9 @@ def soak_lines(results: list[Json]) -> list[str]:
             *(f"| {s['t']} s | {s['rss_kb'] / 1024:.0f} | {s['pool_bytes'] / 2**20:.0f} | "
               f"{s['free_memory'] / 2**20:.0f} | {s['graphs']} |"
               for s in samples[:: max(1, len(samples) // 12)] + samples[-1:]), "",
-            f"RSS: {min(rss):.0f}–{max(rss):.0f} MiB; second half {min(rss[half:]):.0f}–"
-            f"{max(rss[half:]):.0f} MiB. Pool: {min(pool):.0f}–{max(pool):.0f} MiB. Device "
-            f"free: {min(free):.0f}–{max(free):.0f} MiB."]
+            f"RSS: {min(rss):.0f} to {max(rss):.0f} MiB; second half {min(rss[half:]):.0f} to "
+            f"{max(rss[half:]):.0f} MiB. Pool: {min(pool):.0f} to {max(pool):.0f} MiB. Device "
+            f"free: {min(free):.0f} to {max(free):.0f} MiB."]
 
 
 def report(info: Json, results: list[Json], args: argparse.Namespace, wall: float,

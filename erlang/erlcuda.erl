@@ -477,7 +477,8 @@ load(Module, Source, Kernels) ->
     load(Module, Source, Kernels, []).
 
 %% @doc Compile CUDA C `Source' (with nvcc, cached by source, options and the GPU's compute
-%% capability) and load it as `Module', declaring its kernels: `[{Name, Params}]', `Name'
+%% capability; on the cpu backend with g++, for the host, where a kernel's threads run one
+%% after another) and load it as `Module', declaring its kernels: `[{Name, Params}]', `Name'
 %% an `extern "C"' function of the source and the name launches use, each param a pointer
 %% `{in | out | inout, Type}' or a `{scalar, Type}'. A launch passes, in param order, a
 %% vector, a buffer (used in place) or, for `out' and `inout', a count N (N zeroed
@@ -489,9 +490,11 @@ load(Module, Source, Kernels) ->
 %% other flag is `{error, {bad_option, {options, Flag}}}' before nvcc runs), `{timeout,
 %% Ms}' (default 120000). Loading a module of
 %% the same name replaces it; a new worker (after a crash) loads every module again before
-%% it takes jobs. Errors: `{compile, Log}' (nvcc's message), `{backend_unavailable, Text}'
-%% (no GPU: the source is still compiled where nvcc is installed), `{already_loaded,
-%% Name}' (a kernel name of another module or a built-in one), `{bad_args, Text}'.
+%% it takes jobs. Errors: `{compile, Log}' (the compiler's message), `{backend_unavailable,
+%% Text}' (no compiler, a cuda backend without a GPU, or on the cpu backend a source that
+%% needs a block's threads to run together: shared memory, barriers, atomics, warp
+%% intrinsics; `Text' names what and where), `{already_loaded, Name}' (a kernel name of
+%% another module or a built-in one), `{bad_args, Text}'.
 -spec load(Module :: atom(), Source :: iodata(), Kernels :: [{atom(), [param()]}],
            Opts :: [load_option()]) -> ok | {error, reason()}.
 load(Module, Source, Kernels, Opts) ->

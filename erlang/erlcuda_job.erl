@@ -356,12 +356,12 @@ program(Program, Args, Job, X) ->
 
 program_values(Program, Inputs, Args, Job, X) ->
     Baked = erlcuda_program:baked(Program),
-    Type = maps:get(type, X, buffer_type(Args ++ Baked, [f32])),
-    Uses = [U || {_, U} <- Inputs] ++ [{vector, T} || {erlcuda_buffer, _, _, _, _, T, _} <- Baked],
-    Names = [atom_to_list(N) || {N, _} <- Inputs]
-        ++ ["a buffer of a step" || _ <- Baked],
-    case program_args(lists:zip3(Uses, Names, Args ++ Baked), Type, [], []) of
-        {ok, Wire, Buffers} -> program_job(Program, Wire, Buffers, Job, X);
+    Buffers = [B || {B, _} <- Baked],
+    Type = maps:get(type, X, buffer_type(Args ++ Buffers, [f32])),
+    Uses = [U || {_, U} <- Inputs] ++ [{vector, T} || {_, T} <- Baked],
+    Names = [atom_to_list(N) || {N, _} <- Inputs] ++ ["a buffer of a step" || _ <- Baked],
+    case program_args(lists:zip3(Uses, Names, Args ++ Buffers), Type, [], []) of
+        {ok, Wire, Used} -> program_job(Program, Wire, Used, Job, X);
         {error, _} = Error -> Error
     end.
 

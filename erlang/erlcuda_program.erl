@@ -28,7 +28,7 @@
 %% A program made by `erlcuda:program/1,2'.
 -opaque program() :: {erlcuda_program, #{name := atom(), def := binary(),
                                          inputs := [{atom(), use()}],
-                                         baked := [erlcuda:buffer()],
+                                         baked := [{term(), erlcuda:element_type()}],
                                          shape := single | list,
                                          outputs := [vector | scalar]}}.
 -type spec() :: #{inputs := [atom() | {atom(), erlcuda:element_type()}],
@@ -70,8 +70,9 @@ definition({erlcuda_program, #{def := Def}}) -> Def.
 -spec inputs(program()) -> [{atom(), use()}].
 inputs({erlcuda_program, #{inputs := Inputs}}) -> Inputs.
 
-%% @doc The buffers the steps name, passed after the caller's inputs.
--spec baked(program()) -> [erlcuda:buffer()].
+%% @doc The buffers the steps name, with their element types, passed after the caller's
+%% inputs.
+-spec baked(program()) -> [{term(), erlcuda:element_type()}].
 baked({erlcuda_program, #{baked := Baked}}) -> Baked.
 
 %% @doc `single' where the program answers its one output as it is, `list' where a list.
@@ -314,7 +315,7 @@ make(Name, Inputs, #{uses := Uses, baked := Baked, wire := Wire} = State, Refs, 
                           lists:reverse(Wire), [R || {R, _} <- Refs], Options}),
     {erlcuda_program, #{name => Name, def => Def,
                         inputs => [{N, element(2, maps:get(N, Uses))} || {N, _} <- Inputs],
-                        baked => [B || {_, B} <- Baked], shape => Shape,
+                        baked => [{B, element(6, B)} || {_, B} <- Baked], shape => Shape,
                         outputs => [Kind || {_, Kind} <- Refs]}}.
 
 unique(Names) ->
@@ -330,5 +331,6 @@ proper(L, What) when is_list(L) ->
 proper(Other, What) ->
     bad("~s must be a list, not ~0P", [What, Other, 8]).
 
+-spec bad(io:format(), [term()]) -> no_return().
 bad(Fmt, Args) ->
     throw({bad_program, io_lib:format(Fmt, Args)}).

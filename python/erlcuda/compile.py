@@ -1,16 +1,20 @@
-"""The one nvcc cache: CUDA source to a cubin, compiled once per content and kept on disk.
+"""The one compile cache: CUDA source to a cubin (nvcc), or to a shared library for the host
+(the C++ compiler), compiled once per content and kept on disk.
 
-Every cubin the worker loads comes from here: the built-in kernels (``kernels/*.cu``,
+Every image the worker loads comes from here: the built-in kernels (``kernels/*.cu``,
 compiled for each device's architecture as the CUDA backend starts) and user code
-(``usercode.compile_module``, which checks a user's source and options first). An entry's
-key hashes the source, the options, the architecture, ``nvcc --version`` and the
+(``usercode.compile_module`` for a GPU, ``usercode.compile_host`` for the cpu backend,
+which check a user's source and options first). An entry's key hashes the source, the
+options, the target (an architecture, or ``host``), the compiler's version and the
 preprocessed source, so that a changed header is compiled again; an entry is read back
 only where it is whole, this user's, and named for its key (``_read_entry``). A cubin is
-loaded into each device's own context by the backend (PyCUDA ``module_from_buffer``).
+loaded into each device's own context by the backend (PyCUDA ``module_from_buffer``), a
+host library into each CPU device (``backends/hostlib.py``).
 
-Needs nvcc, not PyCUDA or a GPU. Errors: ``CompileError`` (nvcc refused the source;
-``.log`` is its message), ``NoCompiler`` (no nvcc), ``ValueError`` (a bad architecture or a
-NUL byte in the source, before nvcc runs).
+A cubin needs nvcc, not PyCUDA or a GPU; a host library needs g++ alone. Errors:
+``CompileError`` (the compiler refused the source; ``.log`` is its message), ``NoCompiler``
+(no nvcc, or no g++), ``ValueError`` (a bad architecture or a NUL byte in the source,
+before a compiler runs).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -39,15 +43,21 @@ __all__ = [
     "cubin",
     "cubin_entry",
     "default_arch",
+    "find_cxx",
     "find_nvcc",
+    "host_library",
+    "host_library_entry",
 ]
 
 log = logging.getLogger("erlcuda.compile")
 
-#: Seconds nvcc may take on one source.
+#: Seconds a compiler may take on one source.
 NVCC_TIMEOUT = 300
-#: The name nvcc sees the source under: its messages say ``kernel.cu(LINE): error: ...``.
+#: The name nvcc sees the source under: its messages say ``kernel.cu(LINE): error: ...``
+#: (and g++'s ``kernel.cu:LINE:COLUMN: error: ...``).
 SOURCE_NAME = "kernel.cu"
+#: The name of the file g++ compiles for a host library (which includes the source).
+UNIT_NAME = "erlcuda_unit.cpp"
 _ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?")
 
 #: nvcc's intermediate files (/tmp/tmpxft_00001a2b_00000000-6_kernel.ptx): the prefix goes.
@@ -55,7 +65,7 @@ _TEMP_NAME = re.compile(r"\S*tmpxft_[0-9a-fA-F]+_[0-9a-fA-F]+-[0-9]+_")
 
 
 class CompileError(Exception):
-    """nvcc did not compile a source; ``log`` is what it said."""
+    """The compiler did not compile a source; ``log`` is what it said."""
 
     def __init__(self, log: str) -> None:
         super().__init__(log)
@@ -63,7 +73,8 @@ class CompileError(Exception):
 
 
 class NoCompiler(Exception):
-    """nvcc was not found (neither on PATH nor in ``$CUDA_HOME/bin``)."""
+    """nvcc was not found (neither on PATH nor in ``$CUDA_HOME/bin``), or for a host build
+    no C++ compiler (g++ on PATH)."""
 
 
 class Compiled(NamedTuple):
@@ -111,7 +122,8 @@ def _nvcc_version(nvcc: str) -> str:
 
 
 def cache_dir() -> Path:
-    """Where cubins are kept: ``$ERLCUDA_CACHE_DIR``, else ``~/.cache/erlcuda/kernels``."""
+    """Where compiled images are kept: ``$ERLCUDA_CACHE_DIR``, else
+    ``~/.cache/erlcuda/kernels``."""
     env = os.environ.get("ERLCUDA_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "erlcuda" / "kernels"
 
@@ -145,17 +157,87 @@ def cubin_entry(source: str, options: Sequence[str], arch: str, *,
     # knows which (an include has many spellings): the key holds its output, so that a
     # changed header is compiled again, for one preprocessor run, a fraction of a compile.
     expanded = _nvcc(nvcc, source, opts, arch, preprocess=True)
-    key = hashlib.sha256(
-        json.dumps([source, opts, arch, _nvcc_version(nvcc),
-                    hashlib.sha256(expanded).hexdigest()]).encode()
-    ).hexdigest()
+    key = _key([source, opts, arch, _nvcc_version(nvcc), hashlib.sha256(expanded).hexdigest()])
+    return _cached(key, "cubin", cache, lambda: _nvcc(
+        nvcc, source, opts, arch, **({"progress": progress} if progress else {})))
+
+
+def find_cxx() -> str:
+    """The host's C++ compiler: g++ on PATH, the one nvcc runs for host code too."""
+    found = shutil.which("g++")
+    if found:
+        return found
+    raise NoCompiler("g++ not found: install the C++ compiler (Debian: apt-get install g++)")
+
+
+@functools.cache
+def _cxx_version(cxx: str) -> str:
+    """The compiler's version and the machine it compiles for: a library is built for both."""
+    answers = []
+    for flag in ("--version", "-dumpmachine"):
+        try:
+            proc = subprocess.run([cxx, flag], capture_output=True, text=True, timeout=60,
+                                  check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NoCompiler(f"cannot run {cxx}: {exc}") from exc
+        if proc.returncode != 0:
+            raise NoCompiler(f"{cxx} {flag} failed: {proc.stderr.strip()}")
+        answers.append(proc.stdout)
+    return "".join(answers)
+
+
+def host_library(unit: str, options: Sequence[str], *, files: Mapping[str, str] | None = None,
+                 include_dirs: Sequence[str | os.PathLike[str]] = (),
+                 check: Callable[[str], None] | None = None,
+                 cache: str | os.PathLike[str] | None = None,
+                 progress: Callable[[float], None] | None = None) -> bytes:
+    """``host_library_entry``'s library."""
+    return host_library_entry(unit, options, files=files, include_dirs=include_dirs,
+                              check=check, cache=cache, progress=progress).image
+
+
+def host_library_entry(unit: str, options: Sequence[str], *,
+                       files: Mapping[str, str] | None = None,
+                       include_dirs: Sequence[str | os.PathLike[str]] = (),
+                       check: Callable[[str], None] | None = None,
+                       cache: str | os.PathLike[str] | None = None,
+                       progress: Callable[[float], None] | None = None) -> Compiled:
+    """A shared library of the C++ ``unit`` for this host, built by g++ (``-shared
+    -fPIC``) with the extra ``options`` (taken as they are: the caller makes them), the
+    ``files`` it includes (by name: written beside it) and headers found in
+    ``include_dirs``, or the one cached under ``cache`` (default ``cache_dir()``) for the
+    same texts, preprocessed text, options and compiler. Before anything is compiled or
+    read from the cache, ``check(text)`` sees the preprocessed text and may raise.
+    ``progress`` as for ``cubin``."""
+    texts = {UNIT_NAME: unit, **(files or {})}
+    if any("\0" in text for text in texts.values()):
+        raise ValueError("the source holds a NUL byte")
+    opts = [*options, *(f"-I{Path(d).resolve()}" for d in include_dirs)]
+    cxx = find_cxx()
+    expanded = _cxx(cxx, texts, opts, preprocess=True)
+    if check is not None:
+        check(expanded.decode("utf-8", "replace"))
+    key = _key(["host", sorted(texts.items()), opts, _cxx_version(cxx),
+                hashlib.sha256(expanded).hexdigest()])
+    return _cached(key, "so", cache, lambda: _cxx(
+        cxx, texts, opts, **({"progress": progress} if progress else {})))
+
+
+def _key(parts: list[object]) -> str:
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def _cached(key: str, suffix: str, cache: str | os.PathLike[str] | None,
+            build: Callable[[], bytes]) -> Compiled:
+    """The entry of ``key`` in the cache folder (a hit), else ``build()``, stored there
+    where the folder may be used."""
     folder = Path(cache) if cache is not None else cache_dir()
     usable = _private_folder(folder)
-    entry = folder / f"{key}.cubin"
+    entry = folder / f"{key}.{suffix}"
     found = _read_entry(entry, key) if usable else None
     if found is not None:
         return Compiled(found, cache_hit=True)
-    image = _nvcc(nvcc, source, opts, arch, **({"progress": progress} if progress else {}))
+    image = build()
     if usable:
         _store(entry, _entry_head(key, image) + image)
     return Compiled(image, cache_hit=False)
@@ -166,8 +248,9 @@ def cubin_entry(source: str, options: Sequence[str], arch: str, *,
 PROGRESS_EVERY = 5.0
 
 
-def _wait(proc: subprocess.Popen[str], progress: Callable[[float], None] | None) -> str:
-    """nvcc's output once it exits; killed past ``NVCC_TIMEOUT``."""
+def _wait(proc: subprocess.Popen[str], progress: Callable[[float], None] | None,
+          tool: str = "nvcc") -> str:
+    """The compiler's output once it exits; killed past ``NVCC_TIMEOUT``."""
     start = time.monotonic()
     while True:
         try:
@@ -178,7 +261,7 @@ def _wait(proc: subprocess.Popen[str], progress: Callable[[float], None] | None)
             if elapsed > NVCC_TIMEOUT:
                 proc.kill()
                 proc.communicate()
-                raise CompileError(f"nvcc took longer than {NVCC_TIMEOUT} s") from None
+                raise CompileError(f"{tool} took longer than {NVCC_TIMEOUT} s") from None
             if progress is not None:
                 progress(elapsed)
 
@@ -186,36 +269,59 @@ def _wait(proc: subprocess.Popen[str], progress: Callable[[float], None] | None)
 def _nvcc(nvcc: str, source: str, options: list[str], arch: str, *,
           preprocess: bool = False, progress: Callable[[float], None] | None = None) -> bytes:
     """The cubin of ``source``, or with ``preprocess`` its preprocessed text."""
-    with tempfile.TemporaryDirectory(prefix="erlcuda-nvcc-") as tmp:
-        src = Path(tmp) / SOURCE_NAME
-        out = Path(tmp) / ("kernel.ii" if preprocess else "kernel.cubin")
-        src.write_text(source, encoding="utf-8")
-        cmd = [nvcc, "-E" if preprocess else "--cubin", f"-arch={arch}", *options,
-               "-o", out.name, src.name]
+    out = "kernel.ii" if preprocess else "kernel.cubin"
+    return _run(nvcc, ["-E" if preprocess else "--cubin", f"-arch={arch}", *options,
+                       "-o", out, SOURCE_NAME], {SOURCE_NAME: source}, out, progress)
+
+
+#: What makes a host build a library the worker can load, and unload again (a symbol of
+#: GNU's "unique" binding would keep it mapped for good).
+HOST_LIBRARY = ("-shared", "-fPIC", "-fno-gnu-unique")
+
+
+def _cxx(cxx: str, texts: Mapping[str, str], options: list[str], *, preprocess: bool = False,
+         progress: Callable[[float], None] | None = None) -> bytes:
+    """The shared library of ``texts[UNIT_NAME]`` (which includes the other texts), or
+    with ``preprocess`` its preprocessed text."""
+    out = "kernel.ii" if preprocess else "kernel.so"
+    return _run(cxx, ["-x", "c++", *(["-E"] if preprocess else HOST_LIBRARY), *options,
+                      "-o", out, UNIT_NAME], texts, out, progress)
+
+
+def _run(tool: str, args: list[str], texts: Mapping[str, str], out_name: str,
+         progress: Callable[[float], None] | None) -> bytes:
+    """Run ``tool args`` in a private temporary folder holding ``texts`` (file name ->
+    text): the bytes it wrote to ``out_name``; ``CompileError`` with its message where it
+    failed."""
+    name = Path(tool).name
+    with tempfile.TemporaryDirectory(prefix=f"erlcuda-{name}-") as tmp:
+        for file_name, text in texts.items():
+            (Path(tmp) / file_name).write_text(text, encoding="utf-8")
         try:
             # Run inside the temporary folder, so that messages name the file alone, and keep
-            # nvcc's intermediate files there too (it puts them in $TMPDIR).
-            proc = subprocess.Popen(cmd, cwd=tmp, env={**os.environ, "TMPDIR": tmp},
+            # the compiler's intermediate files there too (it puts them in $TMPDIR).
+            proc = subprocess.Popen([tool, *args], cwd=tmp, env={**os.environ, "TMPDIR": tmp},
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     encoding="utf-8", errors="replace")
         except OSError as exc:
-            raise NoCompiler(f"cannot run {nvcc}: {exc}") from exc
-        output = _wait(proc, progress)
+            raise NoCompiler(f"cannot run {tool}: {exc}") from exc
+        output = _wait(proc, progress, name)
         log = _TEMP_NAME.sub("", output.replace(tmp + os.sep, "")).strip()
         if proc.returncode != 0:
-            raise CompileError(log or f"nvcc failed with status {proc.returncode}")
+            raise CompileError(log or f"{name} failed with status {proc.returncode}")
         try:
-            return out.read_bytes()
+            return (Path(tmp) / out_name).read_bytes()
         except OSError as exc:
-            raise CompileError(f"nvcc wrote no cubin: {log}") from exc
+            raise CompileError(f"{name} wrote no {out_name}: {log}") from exc
 
 
 # -- the cache ------------------------------------------------------------------------------
 #
-# An entry is a header, then the cubin: the header names the key the entry was written for
-# and the cubin's sha256, so that a file under another key's name, or a partial one, is a
+# An entry is a header, then the image: the header names the key the entry was written for
+# and the image's sha256, so that a file under another key's name, or a partial one, is a
 # miss. The folder and its entries must be this user's, and no one else may write to the
-# folder: a cubin from the cache runs on the GPU with this user's rights.
+# folder: a cubin from the cache runs on the GPU, a host library in the worker itself, with
+# this user's rights.
 
 _ENTRY_MAGIC = b"erlcuda-cubin 1\n"
 

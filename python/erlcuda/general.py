@@ -66,6 +66,12 @@ class UserKernel:
     def elementwise(self) -> bool:
         return self.kind == "elementwise"
 
+    @property
+    def launch_params(self) -> tuple[tuple[str, str], ...]:
+        """The function's params as a launch passes them: an elementwise kernel's end with
+        the length ``n``, an i64 scalar."""
+        return self.params + ((("scalar", "i64"),) if self.elementwise else ())
+
 
 @dataclass(frozen=True, slots=True)
 class ElementwiseBody:

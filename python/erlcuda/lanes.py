@@ -37,6 +37,7 @@ from .kernels import DTYPES, Operand, Plan, UniformPlans
 from .program_runner import Runner
 from .protocol import Failure, Kept, Launch, Listed, Result
 from .shm import FileArg, SharedFolder, ShmError
+from .templates import ProgramRows
 
 log = logging.getLogger("erlcuda.lane")
 
@@ -72,7 +73,7 @@ class UniformJobs:
     ``job_ids[i]``'s."""
 
     job_ids: np.ndarray
-    batch: UniformPlans
+    batch: UniformPlans | ProgramRows
 
 
 @dataclass(slots=True)
@@ -293,9 +294,31 @@ class Lane(threading.Thread):
         whole = jobs.batch
         per_job = max(whole.elements, 1)
         step = max(1, min(self.max_batch, self.max_elements // per_job))
+        run = self._program_slice if type(whole) is ProgramRows else self._uniform_slice
         for start in range(0, whole.count, step):
             end = min(start + step, whole.count)
-            self._uniform_slice(jobs.job_ids[start:end], whole.rows(start, end), device)
+            run(jobs.job_ids[start:end], whole.rows(start, end), device)  # type: ignore[arg-type]
+
+    def _program_slice(self, job_ids: np.ndarray, rows: ProgramRows,
+                       device: Device | None) -> None:
+        """Runs of one program template, as one batch (``programs.Runner``)."""
+        values: list[Result] | None = None
+        fatal: str | None = None
+        if device is None:
+            failure: Failure = protocol.backend_unavailable(self.unavailable or "")
+        else:
+            try:
+                values = self.programs.run_rows(rows, device)
+                self.stats.launches += 1
+                self.stats.max_batch = max(self.stats.max_batch, rows.count)
+            except Exception as exc:
+                failure, fatal = self._failure(exc, rows.plan.kernel)
+        self.stats.jobs += rows.count
+        self.stats.table_jobs += rows.count
+        self._reply([(int(job_id), failure if values is None else values[i], None)
+                     for i, job_id in enumerate(job_ids)])
+        if fatal is not None:
+            self.on_fatal(fatal)
 
     def _uniform_slice(self, job_ids: np.ndarray, batch: UniformPlans,
                        device: Device | None) -> None:

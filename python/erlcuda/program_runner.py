@@ -98,6 +98,20 @@ class Runner:
         """The graphs kept, by key (read by ``info``)."""
         return self._graphs
 
+    def run_rows(self, rows: Any, device: Device) -> list[Result]:
+        """The results of a batch frame's runs of one program template
+        (``templates.ProgramRows``): each data input a block of rows, run as one batch."""
+        self._fresh(device)
+        plan = rows.plan
+        typed = plan.program.plan
+        self.stats["runs"] += rows.count
+        hosts = {i: np.ascontiguousarray(block).reshape(-1) for i, block in rows.blocks.items()}
+        run = _Run(self, [plan] * rows.count, typed, device, lambda op: op.value, hosts=hosts)
+        schedule = self._schedule(typed, device)
+        if len(schedule) < len(typed.steps):
+            self.stats["fused_runs"] += rows.count
+        return run.results(schedule)
+
     def close(self, device: Device | None) -> None:
         """Release the graphs and their arrays (on the lane's thread)."""
         for graph in self._graphs.values():
@@ -175,9 +189,9 @@ class Runner:
             self._bound_graphs(device)
         self._graphs.move_to_end(key)
         run = _Run(self, [plan], typed, device, host_of, arrays=graph.arrays)
-        for slot, op in enumerate(plan.operands):
-            if op.source in ("data", "file"):
-                device.upload_into(graph.arrays[slot], host_of(op))
+        data = [slot for slot, op in enumerate(plan.operands) if op.source in ("data", "file")]
+        device.stage_into([graph.arrays[s] for s in data],
+                          [host_of(plan.operands[s]) for s in data])
         device.graphs.launch(graph.handle)
         return run.collect(copy_kept=True)[0]
 
@@ -269,9 +283,11 @@ class _Run:
     """One run, or a batch of ``count`` runs laid end to end, of one checked program."""
 
     def __init__(self, runner: Runner, plans: Sequence[Plan], typed: ProgramPlan,
-                 device: Device, host_of: HostOf, arrays: dict[int, Any] | None = None) -> None:
+                 device: Device, host_of: HostOf, arrays: dict[int, Any] | None = None,
+                 hosts: dict[int, np.ndarray] | None = None) -> None:
         self.runner, self.plans, self.typed = runner, plans, typed
         self.device, self.host_of = device, host_of
+        self.hosts = hosts  # data inputs laid end to end already (a batch frame's)
         self.count = len(plans)
         self.fixed = arrays is not None  # a graph's: nothing is allocated or freed here
         self.arrays: dict[int, Any] = dict(arrays) if arrays is not None else {}
@@ -287,17 +303,27 @@ class _Run:
                 self.device.free(array)
 
     def _inputs(self) -> None:
+        """Bind the inputs: buffers and numbers as they are, data staged in at once (a
+        batch's laid end to end)."""
+        data: list[int] = []
         for slot, op in enumerate(self.plans[0].operands):
             if op.source == "buffer":
                 self.arrays[slot] = self.runner.store.get(op.value)
             elif op.source == "value":
                 self.arrays[slot] = op.value
             else:
-                host = (self.host_of(op) if self.count == 1 else
-                        np.concatenate([self.host_of(p.operands[slot]) for p in self.plans]))
-                array = self.device.upload(host)
-                self.temps.append(array)
-                self.arrays[slot] = array
+                data.append(slot)
+        if not data:
+            return
+        if self.hosts is not None:
+            hosts = [self.hosts[s] for s in data]
+        else:
+            hosts = [self.host_of(self.plans[0].operands[s]) if self.count == 1 else
+                     np.concatenate([self.host_of(p.operands[s]) for p in self.plans])
+                     for s in data]
+        arrays = self.device.stage_in(hosts)
+        self.temps += arrays
+        self.arrays.update(zip(data, arrays, strict=True))
 
     def queue(self, schedule: Sequence[StepPlan]) -> None:
         """Queue every step on the device, in order, with no wait."""
@@ -340,10 +366,9 @@ class _Run:
         arrays are its own: copied into new buffers)."""
         self.device.synchronize()
         typed, device = self.typed, self.device
-        host: dict[int, Any] = {}
-        for slot in typed.outputs:
-            if slot not in host and (typed.slots[slot].scalar or self.plans[0].keep is None):
-                host[slot] = device.download(self.arrays[slot])
+        fetch = list(dict.fromkeys(
+            s for s in typed.outputs if typed.slots[s].scalar or self.plans[0].keep is None))
+        host = dict(zip(fetch, device.stage_out([self.arrays[s] for s in fetch]), strict=True))
         kept: list[tuple[int, Any, str]] = []
         results: list[Result] = []
         for r, plan in enumerate(self.plans):

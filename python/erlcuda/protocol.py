@@ -480,6 +480,30 @@ def vector_spans(launch: Launch) -> tuple[list[tuple[int, int]], int] | None:
     return spans, pos
 
 
+def program_data_spans(launch: Launch) -> tuple[list[tuple[int, tuple[int, int]]], int] | None:
+    """Where each data input of a program launch lies in its frame (its argument's index and
+    ``(start, end)``) and where the frame ends, worked out from the decoded launch alone;
+    ``None`` where an argument is a buffer or in shared memory, or the launch keeps its
+    outputs. Everything else in the frame (the JobId aside) is header."""
+    if launch.program is None or launch.keep is not None or launch.geometry is not None:
+        return None
+    pos = _HEAD_SIZE + len(launch.kernel.encode()) + 1
+    spans: list[tuple[int, tuple[int, int]]] = []
+    for index, arg in enumerate(launch.args):
+        cls = type(arg)
+        if cls is np.ndarray:
+            start = pos + _VECTOR_HEAD.size + 1
+            pos = start + arg.nbytes
+            spans.append((index, (start, pos)))
+        elif cls is int:
+            pos += 1 + _DIM.size
+        elif cls is Scalar:
+            pos += 2 + _DIM.size
+        else:
+            return None
+    return spans, pos + _U32.size + len(launch.program)
+
+
 def buffer_id_spans(launch: Launch) -> tuple[tuple[int, ...], int, int] | None:
     """Where a launch frame's buffer ids lie, worked out from the decoded launch alone: the
     offset of each handle argument's BufferId (in argument order), of its first kept id

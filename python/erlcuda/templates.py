@@ -104,6 +104,16 @@ _ID = struct.Struct(">Q")
 
 
 @dataclass(frozen=True, slots=True)
+class ProgramTable:
+    """A batch frame read as one program template's runs: run ``i`` of ``rows`` is the job
+    ``job_ids[i]`` on ``device``."""
+
+    device: int
+    job_ids: np.ndarray
+    rows: ProgramRows
+
+
+@dataclass(frozen=True, slots=True)
 class GeneralTemplate:
     header: tuple[tuple[int, int, bytes], ...]  # every byte but the JobId and buffer ids
     handles: tuple[int, ...]  # where each handle argument's BufferId lies
@@ -143,16 +153,108 @@ class GeneralTemplate:
                     elements=plan.elements, program=plan.program)
 
 
-class Templates:
-    """The templates of the lone frames seen, by frame length."""
+@dataclass(frozen=True, slots=True)
+class ProgramTemplate:
+    """A program launch on data and numbers (no buffers, nothing kept): the frames of its
+    runs on inputs of the same shapes differ only in their JobId and their data."""
 
-    def __init__(self) -> None:
+    header: tuple[tuple[int, int, bytes], ...]  # every byte but the JobId and the data
+    data: tuple[tuple[int, int, int, np.dtype], ...]  # operand, offset, count, dtype
+    plan: Plan
+    device: int
+    columns: np.ndarray
+    expected: np.ndarray
+
+    def matches(self, frame: bytearray | memoryview) -> bool:
+        return all(frame[start:end] == held for start, end, held in self.header)
+
+    def fill(self, frame: bytearray | memoryview) -> Plan:
+        """The plan of ``frame`` (which ``matches``): the checked one, with its data."""
+        plan = self.plan
+        operands = list(plan.operands)
+        for index, offset, count, dtype in self.data:
+            op = operands[index]
+            operands[index] = Operand("data", np.frombuffer(frame, dtype, count, offset),
+                                      op.type, op.elements)
+        return Plan(plan.kernel, "program", operands, elements=plan.elements,
+                    program=plan.program)
+
+    def rows(self, table: np.ndarray) -> ProgramRows | None:
+        """The runs of ``table`` (a batch frame's rows), where every row matches: each data
+        input as a ``count x n`` block; else ``None``."""
+        if not (table[:, self.columns] == self.expected).all():
+            return None
+        blocks = {index: table[:, _SIZE + offset: _SIZE + offset + count * dtype.itemsize]
+                  .view(dtype) for index, offset, count, dtype in self.data}
+        return ProgramRows(self.plan, blocks, int(table.shape[0]))
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramRows:
+    """A batch frame's runs of one program template: ``count`` runs of ``plan``, data input
+    ``i`` of run ``r`` being row ``r`` of ``blocks[i]``."""
+
+    plan: Plan
+    blocks: dict[int, np.ndarray]
+    count: int
+
+    @property
+    def elements(self) -> int:
+        return self.plan.elements
+
+    def rows(self, start: int, end: int) -> ProgramRows:
+        return ProgramRows(self.plan, {i: b[start:end] for i, b in self.blocks.items()},
+                           end - start)
+
+
+class Templates:
+    """The templates of the lone frames seen, by frame length. ``registry`` holds the user
+    kernels a batch frame's first launch is checked against."""
+
+    def __init__(self, registry: general.Registry | None = None) -> None:
         self._by_size: dict[int, Template] = {}
         self._general: dict[int, GeneralTemplate] = {}
+        self._programs: dict[int, ProgramTemplate] = {}
+        self._registry = registry if registry is not None else general.Registry()
 
     def clear(self) -> None:
         self._by_size.clear()
         self._general.clear()
+        self._programs.clear()
+
+    def find_program(self, frame: bytearray | memoryview) -> ProgramTemplate | None:
+        template = self._programs.get(len(frame))
+        return template if template is not None and template.matches(frame) else None
+
+    def learn_program(self, frame: bytearray | memoryview, launch: protocol.Launch,
+                      plan: Plan) -> None:
+        """Keep the template of ``frame``, a program launch on data and numbers alone (no
+        trace, no shared memory) decoded as ``launch`` and checked as ``plan``."""
+        if launch.error is not None or launch.trace or launch.result_file or (
+                plan.program is None or plan.key is None):
+            return
+        layout = protocol.program_data_spans(launch)
+        if layout is None or layout[1] != len(frame):
+            return
+        spans, _ = layout
+        data = []
+        base = _address(np.frombuffer(frame, np.uint8))
+        for index, (start, end) in spans:
+            value = plan.operands[index].value
+            if _address(value) != base + start or value.nbytes != end - start:
+                return  # the plan's data must be views of these very bytes
+            data.append((index, start, value.size, value.dtype))
+        header, pos = [], 0
+        for start, end in [protocol.LAUNCH_JOB_ID, *(span for _, span in spans)]:
+            if start > pos:
+                header.append((pos, start, bytes(frame[pos:start])))
+            pos = end
+        if pos < len(frame):
+            header.append((pos, len(frame), bytes(frame[pos:])))
+        if len(self._programs) >= MAX_TEMPLATES and len(frame) not in self._programs:
+            del self._programs[next(iter(self._programs))]
+        self._programs[len(frame)] = ProgramTemplate(
+            tuple(header), tuple(data), plan, launch.device, *_columns(header, len(frame)))
 
     def find_general(self, frame: bytearray | memoryview) -> GeneralTemplate | None:
         template = self._general.get(len(frame))
@@ -197,7 +299,7 @@ class Templates:
             tuple(header), handles, tuple(sigs), tuple(indices),  # type: ignore[arg-type]
             struct.Struct(f">{nkeep}Q") if nkeep else None, keep_at, plan)
 
-    def table(self, frame: bytes | bytearray | memoryview) -> Table | None:
+    def table(self, frame: bytes | bytearray | memoryview) -> Table | ProgramTable | None:
         """``frame`` read as a table (see the module doc), or ``None`` where it is not a
         batch frame of one template's launches; those take the general path, which answers
         whatever this one would refuse."""
@@ -212,7 +314,8 @@ class Templates:
         if length <= protocol.LAUNCH_HEAD_SIZE or size - _BATCH_HEAD != count * row:
             return None
         first = memoryview(frame)[_BATCH_HEAD + _SIZE: _BATCH_HEAD + row]
-        template = self.find(first) or self._learn_first(first)
+        template: Template | ProgramTemplate | None = (
+            self.find(first) or self.find_program(first) or self._learn_first(first))
         if template is None:
             return None
         # np.frombuffer holds the frame's buffer while a view of it lives: the reader reuses
@@ -222,19 +325,25 @@ class Templates:
         if batch is None:
             return None
         job_ids = rows[:, _SIZE + _JOB_ID_AT: _SIZE + _JOB_ID_END].view(">u8")[:, 0]
-        return Table(template.device, job_ids.astype(np.uint64), batch)
+        if type(batch) is ProgramRows:
+            return ProgramTable(template.device, job_ids.astype(np.uint64), batch)
+        return Table(template.device, job_ids.astype(np.uint64), batch)  # type: ignore[arg-type]
 
-    def _learn_first(self, frame: memoryview) -> Template | None:
+    def _learn_first(self, frame: memoryview) -> Template | ProgramTemplate | None:
         """The template of a batch frame's first launch, decoded and checked here; ``None``
-        where it is not a plain launch of a batched kernel that checks."""
+        where it is not a plain launch of a batched kernel, or of a program on data, that
+        checks."""
         launch = protocol.decode(frame)
         if type(launch) is not protocol.Launch or launch.error is not None or (
-                general.route(launch) != "batched"):
+                general.route(launch, self._registry) != "batched"):
             return None
         try:
-            plan = general.check(launch, general.Registry())
+            plan = general.check(launch, self._registry)
         except general.Refused:
             return None
+        if plan.program is not None:
+            self.learn_program(frame, launch, plan)
+            return self.find_program(frame)
         self.learn(frame, launch, plan)
         return self.find(frame)
 

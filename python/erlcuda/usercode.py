@@ -1,10 +1,14 @@
-"""User CUDA code: a user's source checked and compiled through the one nvcc cache
-(``compile.py``), and elementwise kernels written from a one-statement operation.
+"""User CUDA code: a user's source checked and compiled through the one compile cache
+(``compile.py``), for a GPU (``compile_module``: a cubin) or for the host (``compile_host``:
+the cpu backend's shared library, see ``hostcode``), and elementwise kernels written from a
+one-statement operation.
 
-Needs nvcc, not PyCUDA or a GPU, so a source can be checked anywhere the toolkit is. Errors:
-``CompileError`` (nvcc refused the source; ``.log`` is its message), ``NoCompiler`` (no nvcc),
-``ValueError`` (a bad name, type or architecture, before nvcc runs), of which ``BadOption``
-is an nvcc option outside ``ALLOWED_OPTIONS``.
+A cubin needs nvcc, not PyCUDA or a GPU, so a source can be checked anywhere the toolkit
+is; a host build needs g++ alone. Errors: ``CompileError`` (the compiler refused the source;
+``.log`` is its message), ``NoCompiler`` (no nvcc, or no g++ for a host build),
+``Unsupported`` (a host build of a source that uses what the cpu backend cannot run),
+``ValueError`` (a bad name, type or architecture, before a compiler runs), of which
+``BadOption`` is an nvcc option outside ``ALLOWED_OPTIONS``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 
-from . import elements
+from . import elements, hostcode
 from .compile import (
     SOURCE_NAME,
     Compiled,
@@ -25,7 +29,9 @@ from .compile import (
     cubin_entry,
     default_arch,
     find_nvcc,
+    host_library_entry,
 )
+from .hostcode import Unsupported
 
 __all__ = [
     "ALLOWED_OPTIONS",
@@ -34,9 +40,12 @@ __all__ = [
     "CompileError",
     "Compiled",
     "NoCompiler",
+    "Unsupported",
     "arch_of",
     "cache_dir",
     "compile_entry",
+    "compile_host",
+    "compile_host_entry",
     "compile_module",
     "default_arch",
     "elementwise_source",
@@ -117,6 +126,35 @@ def compile_entry(source: str, options: Sequence[str], arch: str, *,
         raise ValueError("the source holds a NUL byte")
     _check_file_names(source)
     return cubin_entry(source, opts, arch, cache=cache, progress=progress)
+
+
+def compile_host(source: str, options: Sequence[str],
+                 kernels: Sequence[tuple[str, Sequence[tuple[str, str]]]], *, what: str,
+                 cache: str | os.PathLike[str] | None = None,
+                 progress: Callable[[float], None] | None = None) -> bytes:
+    """A shared library of a user's ``source`` for the host (the cpu backend), with a
+    launcher for each of ``kernels`` (``(name, [(access, type)])``, the params as a launch
+    passes them), through the one cache (``compile.host_library``), once its ``options``
+    are allowed ones and it names no file but a header of the include path. ``Unsupported``
+    where it uses what the cpu backend cannot run (``what``, the kernel or module, is named
+    in the message), found before anything is compiled."""
+    return compile_host_entry(source, options, kernels, what=what, cache=cache,
+                              progress=progress).image
+
+
+def compile_host_entry(source: str, options: Sequence[str],
+                       kernels: Sequence[tuple[str, Sequence[tuple[str, str]]]], *, what: str,
+                       cache: str | os.PathLike[str] | None = None,
+                       progress: Callable[[float], None] | None = None) -> Compiled:
+    """``compile_host``, saying whether the cache held the library."""
+    opts = _allowed(options)
+    if "\0" in source:
+        raise ValueError("the source holds a NUL byte")
+    _check_file_names(source)
+    return host_library_entry(hostcode.translation_unit(kernels), hostcode.host_options(opts),
+                              files={SOURCE_NAME: source}, include_dirs=[hostcode.INCLUDE_DIR],
+                              check=lambda text: hostcode.check(text, what), cache=cache,
+                              progress=progress)
 
 
 def _allowed(options: Sequence[str]) -> list[str]:

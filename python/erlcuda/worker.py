@@ -24,7 +24,8 @@ Every launch is checked by ``general.check`` into a plan; where it is checked is
 here (``general.route``): a plain launch of a batched f32 kernel on this thread, a general
 one (buffers, other element types, ``copy``/``zeros``/``empty``, user kernels) on its
 device's thread, which knows the buffers. User code is compiled here (the
-control thread), once per compute capability, and loaded into every device on its thread.
+control thread), once per compute capability (once for the host, on the cpu backend), and
+loaded into every device on its thread.
 
 Every frame is decoded and checked once, through the template cache in front of the
 decoder (``templates.py``): a launch that repeats the layout of one already checked is read
@@ -62,7 +63,7 @@ from .general import Registry, UserKernel
 from .lanes import Control, Job, Lane, UniformJobs, results_frames
 from .protocol import Call, Failure, Launch, ProtocolError
 from .shm import FileArg, SharedFolder
-from .templates import Templates
+from .templates import ProgramTable, Templates
 
 log = logging.getLogger("erlcuda.worker")
 
@@ -140,7 +141,8 @@ class Worker:
         self.inline = len(self.lanes) == 1 and not options.device_thread
         self._device: Device | None = None
         self._pending: list[Job] = []  # jobs kept for the device this thread owns
-        self._templates = Templates()  # of the frames read, for the reading thread alone
+        # of the frames read, for the reading thread alone
+        self._templates = Templates(self.registry)
         self._calls: queue.SimpleQueue[Call | _Freed | None] = queue.SimpleQueue()
         self._control = threading.Thread(target=self._serve_calls, name="erlcuda-control",
                                          daemon=True)
@@ -224,6 +226,9 @@ class Worker:
             if template is not None and template.device == lane.index:
                 return lane.run_lone(protocol.launch_job_id(frame), template.fill(frame),
                                      device)
+        program = self._templates.find_program(frame)
+        if program is not None and program.device == lane.index:
+            return lane.run_lone(protocol.launch_job_id(frame), program.fill(frame), device)
         general_template = self._templates.find_general(frame)
         if general_template is not None:
             plan = general_template.fill(frame, lane.store.held)
@@ -249,7 +254,10 @@ class Worker:
             lane.run_general(Job(message.job_id, general=message), device)
             return True
         if plan.key is not None:
-            self._templates.learn(frame, message, plan)
+            if plan.program is not None:
+                self._templates.learn_program(frame, message, plan)
+            else:
+                self._templates.learn(frame, message, plan)
             return lane.run_lone(message.job_id, plan, device)
         # its template learned, then run by the lane
         self._templates.learn_general(frame, message, plan, lane.store.held)
@@ -265,8 +273,12 @@ class Worker:
         found = self._templates.table(frame)
         if found is None or not 0 <= found.device < len(self.lanes):
             return None
-        batch = found.batch
         lane = self.lanes[found.device]
+        if type(found) is ProgramTable:
+            if lane.unavailable is not None or found.rows.plan.device_bytes > lane.memory:
+                return None
+            return found.device, UniformJobs(found.job_ids, found.rows)
+        batch = found.batch
         if lane.unavailable is not None or 4 * (batch.elements + batch.out_elements) > (
                 lane.memory):
             return None
@@ -589,11 +601,12 @@ class Worker:
 
     def _install(self, module: str, source: str, flags: list[str],
                  found: list[UserKernel]) -> Any:
-        """Compile ``source`` for each device's compute capability, load it into every
-        device and register its kernels: ``{ok, Compile}``, or ``{error, Reason, Compile}``
-        once the compile has run (``{error, Reason}`` before). ``Compile`` says what the
-        compile took (``duration_ns``) and whether the cache held every cubin
-        (``cache_hit``), for Erlang's compile event."""
+        """Compile ``source`` for each device (a GPU's compute capability, or the host on
+        the cpu backend), load it into every device and register its kernels:
+        ``{ok, Compile}``, or ``{error, Reason, Compile}`` once the compile has run
+        (``{error, Reason}`` before). ``Compile`` says what the compile took
+        (``duration_ns``) and whether the cache held every image (``cache_hit``), for
+        Erlang's compile event."""
         for kernel in found:
             owner = self.registry.owner(kernel.name, module)
             if owner is not None:
@@ -601,7 +614,7 @@ class Worker:
                     f"already loaded: the kernel {kernel.name} belongs to {owner}"))
         for lane in self.lanes:
             lane.ready.wait()
-        images, report = self._compile(module, source, flags)
+        images, report = self._compile(module, source, flags, found)
         if isinstance(images, Failure):
             return _error(images) if report is None else (*_error(images), report)
         failure = self.unavailable or self._load_everywhere(module, images,
@@ -612,46 +625,39 @@ class Worker:
         self._templates.clear()
         return (protocol.OK, report)
 
-    def _compile(self, module: str, source: str,
-                 flags: list[str]) -> tuple[list[bytes] | Failure, dict[str, Any] | None]:
-        """A cubin per lane, one compile per compute capability (a device without one, the
-        cpu backend's, gets the default architecture's, so that a compile error is reported
-        before its backend says it runs no user code); with the compile's report, or None
-        where it never ran."""
+    def _compile(self, module: str, source: str, flags: list[str], found: list[UserKernel]
+                 ) -> tuple[list[bytes] | Failure, dict[str, Any] | None]:
+        """An image per lane, one compile per target (``_targets``); with the compile's
+        report, or None where it never ran."""
         try:
             from . import usercode
         except ImportError as exc:
             return protocol.backend_unavailable(f"no user code support: {exc}"), None
-        archs = [usercode.arch_of(cc) if _capability(cc := lane.device_info.get(
-                     "compute_capability")) else usercode.default_arch()
-                 for lane in self.lanes] or [usercode.default_arch()]
-        images: dict[str, bytes] = {}
-        hits: list[bool] = []
+        targets = self._targets(usercode)
         started = time.monotonic_ns()
-        report = None
-        try:
-            for arch in archs:
-                if arch not in images:
-                    compiled = usercode.compile_entry(
-                        source, flags, arch,
-                        progress=lambda t: log.info("module %s: nvcc has run %.0f s", module, t))
-                    images[arch] = compiled.image
-                    hits.append(compiled.cache_hit)
-        except usercode.CompileError as exc:
-            report = {"duration_ns": time.monotonic_ns() - started, "cache_hit": False}
-            return protocol.compile_error(exc.log), report
-        except usercode.NoCompiler as exc:
-            return protocol.backend_unavailable(f"user code needs nvcc: {exc}"), None
-        except usercode.BadOption as exc:
-            return protocol.bad_option("options", exc.option), None
-        except ValueError as exc:  # a name or a source nvcc must not see
-            return protocol.bad_args(str(exc)), None
+        built = _build(usercode, module, source, flags, found, targets)
+        if isinstance(built, Failure):
+            ran = built.reason == "compile"
+            return built, ({"duration_ns": time.monotonic_ns() - started, "cache_hit": False}
+                           if ran else None)
+        images, hits = built
         report = {"duration_ns": time.monotonic_ns() - started, "cache_hit": all(hits)}
-        return [images[arch] for arch in archs], report
+        return [images[target] for target in targets], report
+
+    def _targets(self, usercode: Any) -> list[str]:
+        """What each lane loads: ``host`` (a library of the host, on the cpu backend), else
+        the architecture of its compute capability. A device without one (a backend that
+        could not start) gets the default architecture's, so that a compile error is
+        reported before the backend says it is unavailable."""
+        if self.backend is not None and self.backend.user_code == "host":
+            return ["host"] * len(self.lanes) or ["host"]
+        return [usercode.arch_of(cc) if _capability(cc := lane.device_info.get(
+                    "compute_capability")) else usercode.default_arch()
+                for lane in self.lanes] or [usercode.default_arch()]
 
     def _load_everywhere(self, module: str, images: list[bytes],
                          names: list[str]) -> Failure | None:
-        """Load a module's cubins into their devices, in each device's thread; where one
+        """Load a module's images into their devices, in each device's thread; where one
         fails, no device keeps it."""
         try:
             for lane, image in zip(self.lanes, images, strict=False):
@@ -732,6 +738,46 @@ def _capability(value: Any) -> bool:
     """Whether a device's info names a compute capability ``(Major, Minor)``."""
     return isinstance(value, (tuple, list)) and len(value) == 2 and all(
         type(v) is int for v in value)
+
+
+def _build(usercode: Any, module: str, source: str, flags: list[str],
+           found: list[UserKernel], targets: list[str]
+           ) -> tuple[dict[str, bytes], list[bool]] | Failure:
+    """The image of ``source`` for each of ``targets``, compiled once each, and whether the
+    cache held each one; or the failure: ``{compile, Log}``, ``{backend_unavailable, _}``
+    (no compiler, or a source the cpu backend cannot run), ``{bad_option, _}``,
+    ``{bad_args, _}``."""
+    images: dict[str, bytes] = {}
+    hits: list[bool] = []
+    target = targets[0]
+    try:
+        for target in targets:
+            if target in images:
+                continue
+            if target == "host":
+                compiled = usercode.compile_host_entry(
+                    source, flags, [(k.name, k.launch_params) for k in found],
+                    what=f"kernel {found[0].name}" if len(found) == 1 else f"module {module}",
+                    progress=lambda t: log.info("module %s: g++ has run %.0f s", module, t))
+            else:
+                compiled = usercode.compile_entry(
+                    source, flags, target,
+                    progress=lambda t: log.info("module %s: nvcc has run %.0f s", module, t))
+            images[target] = compiled.image
+            hits.append(compiled.cache_hit)
+    except usercode.CompileError as exc:
+        return protocol.compile_error(exc.log)
+    except usercode.Unsupported as exc:
+        return protocol.backend_unavailable(str(exc))
+    except usercode.NoCompiler as exc:
+        needs = ("user kernels on the cpu backend need a C++ compiler (g++)" if target == "host"
+                 else "user code needs nvcc")
+        return protocol.backend_unavailable(f"{needs}: {exc}")
+    except usercode.BadOption as exc:
+        return protocol.bad_option("options", exc.option)
+    except ValueError as exc:  # a name or a source a compiler must not see
+        return protocol.bad_args(str(exc))
+    return images, hits
 
 
 def _load(device: Device | None, lane: Lane, module: str, image: bytes,

@@ -53,15 +53,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def forbid_compiling(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
-    """Call it once a cubin is cached: from then on nvcc may only preprocess (what a cache
-    hit runs to find its key), and a compile fails the test."""
+    """Call it once an image is cached: from then on nvcc and g++ may only preprocess (what
+    a cache hit runs to find its key), and a compile fails the test."""
     from erlcuda import compile as compiler
 
-    real = compiler._nvcc
+    def preprocess_only(real: Callable[..., bytes], tool: str) -> Callable[..., bytes]:
+        def no_compile(*args: Any, preprocess: bool = False, **kwargs: Any) -> bytes:
+            if not preprocess:
+                raise AssertionError(f"{tool} ran on a cache hit")
+            return real(*args, preprocess=True, **kwargs)
 
-    def no_compile(*args: Any, preprocess: bool = False, **kwargs: Any) -> bytes:
-        if not preprocess:
-            raise AssertionError("nvcc ran on a cache hit")
-        return real(*args, preprocess=True, **kwargs)
+        return no_compile
 
-    return lambda: monkeypatch.setattr(compiler, "_nvcc", no_compile)
+    def forbid() -> None:
+        monkeypatch.setattr(compiler, "_nvcc", preprocess_only(compiler._nvcc, "nvcc"))
+        monkeypatch.setattr(compiler, "_cxx", preprocess_only(compiler._cxx, "g++"))
+
+    return forbid

@@ -1,5 +1,7 @@
 """The CUDA backend's general path: device arrays of every element type, the catalogue
-kernels on them (f32 and f64), and user modules (needs a GPU, PyCUDA and nvcc).
+kernels on them (f32 and f64), and what of user modules only a GPU runs (shared memory,
+launch bounds, a kernel that faults; the rest is test_user_kernels.py, on each backend).
+Needs a GPU, PyCUDA and nvcc.
 
 Tolerances: vector_add and copy are exact. Sums of n terms t_i: f32 within
 1e-5 * sum|t| + 1e-6 (as test_cuda_backend.py), f64 within 1e-12 * sum|t| + 1e-300 (the
@@ -542,35 +544,7 @@ def test_fast_path_still_works_after_general_work(arrays: Arrays, device: CudaDe
     assert total == 1000.0
 
 
-# -- user modules ----------------------------------------------------------------------------
-
-SAXPY = """
-extern "C" __global__ void saxpy(float a, const float* x, float* y, long long n) {
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i < n) y[i] = a * x[i] + y[i];
-}
-"""
-
-# Every scalar type between pointers, in an order that needs padding: checks the argument
-# layout (each value at its own alignment, as the CUDA ABI lays parameters out).
-SCALARS = """
-extern "C" __global__ void scalars(unsigned char u8, double f64, int i32, const int* ptr,
-                                   unsigned int u32, float f32, long long i64,
-                                   unsigned char u8b, double* out, long long* ints) {
-    out[0] = u8; out[1] = f64; out[2] = i32; out[3] = u32; out[4] = f32; out[5] = i64;
-    out[6] = u8b; out[7] = ptr[0];
-    ints[0] = i64; ints[1] = (long long)ptr;
-}
-"""
-
-GEOMETRY = """
-extern "C" __global__ void where(int* out) {
-    int bx = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    int tx = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-    int threads = blockDim.x * blockDim.y * blockDim.z;
-    out[bx * threads + tx] = bx * 1000 + tx;
-}
-"""
+# -- user modules: what only a GPU runs (the rest: test_user_kernels.py, on each backend) -----
 
 SHARED = """
 extern "C" __global__ void shared_sum(const float* x, float* out, int n) {
@@ -596,55 +570,6 @@ def load(device: CudaDevice, arch: str, cache: Path, module: str, source: str,
                        functions)
 
 
-def blocks(n: int) -> tuple[int, int, int]:
-    return (max(1, -(-n // 256)), 1, 1)
-
-
-@pytest.mark.parametrize("n", [0, 1, 1000, (1 << 20) + 3])
-def test_saxpy_raw_kernel(arrays: Arrays, device: CudaDevice, arch: str, cache: Path,
-                          n: int) -> None:
-    load(device, arch, cache, "saxpy_mod", SAXPY, ["saxpy"])
-    gen = rng(n)
-    # Small integers: a * x + y is exact, fused or not.
-    x = gen.integers(-1000, 1000, n).astype(F32)
-    y = gen.integers(-1000, 1000, n).astype(F32)
-    dx, dy = arrays.up(x), arrays.up(y)
-    device.launch_user("saxpy_mod", "saxpy", [np.float32(2.5), dx, dy, np.int64(n)],
-                       blocks(n), (256, 1, 1), 0)
-    np.testing.assert_array_equal(arrays.down(dy), np.float32(2.5) * x + y)
-    same_bytes(arrays.down(dx), x)
-    device.unload_module("saxpy_mod")
-
-
-def test_scalar_arguments_of_every_type(arrays: Arrays, device: CudaDevice, arch: str,
-                                        cache: Path) -> None:
-    load(device, arch, cache, "scalars_mod", SCALARS, ["scalars"])
-    ptr = arrays.up(np.array([-77], np.int32))
-    out = arrays.new(F64, 8, zero=True)
-    ints = arrays.new(np.dtype(np.int64), 2, zero=True)
-    args = [np.uint8(250), np.float64(1.0 + 2.0**-40), np.int32(-123456), ptr,
-            np.uint32(4_000_000_000), np.float32(0.1), np.int64(-(1 << 50) - 3), np.uint8(7),
-            out, ints]
-    device.launch_user("scalars_mod", "scalars", args, (1, 1, 1), (1, 1, 1), 0)
-    want = [250.0, 1.0 + 2.0**-40, -123456.0, 4e9, float(np.float32(0.1)),
-            float(-(1 << 50) - 3), 7.0, -77.0]
-    np.testing.assert_array_equal(arrays.down(out), np.array(want))
-    np.testing.assert_array_equal(arrays.down(ints), [-(1 << 50) - 3, ptr.ptr])
-    device.unload_module("scalars_mod")
-
-
-def test_geometry_in_three_dimensions(arrays: Arrays, device: CudaDevice, arch: str,
-                                      cache: Path) -> None:
-    load(device, arch, cache, "where_mod", GEOMETRY, ["where"])
-    grid, block = (3, 2, 2), (4, 2, 3)
-    nblocks, threads = math.prod(grid), math.prod(block)
-    out = arrays.new(np.dtype(np.int32), nblocks * threads, zero=True)
-    device.launch_user("where_mod", "where", [out], grid, block, 0)
-    want = [b * 1000 + t for b in range(nblocks) for t in range(threads)]
-    np.testing.assert_array_equal(arrays.down(out), want)
-    device.unload_module("where_mod")
-
-
 @pytest.mark.parametrize("count", [1000, 30_000])  # 4 KB, and 120 KB (over the 48 KB default)
 def test_dynamic_shared_memory(arrays: Arrays, device: CudaDevice, arch: str, cache: Path,
                                count: int) -> None:
@@ -657,93 +582,23 @@ def test_dynamic_shared_memory(arrays: Arrays, device: CudaDevice, arch: str, ca
     device.unload_module("shared_mod")
 
 
-@pytest.mark.parametrize("n", [0, 1, 5000])
-def test_elementwise_kernel(arrays: Arrays, device: CudaDevice, arch: str, cache: Path,
-                            n: int) -> None:
-    source = usercode.elementwise_source(
-        "ew_mix",
-        [("a", "f64", "scalar"), ("x", "f64", "vector"), ("k", "i32", "vector"),
-         ("b", "u8", "vector")],
-        [("z", "f64"), ("w", "i64"), ("c", "u8")],
-        "z = a * x + k; w = (long long)k * 3 - i; c = (unsigned char)(b + 1)")
-    load(device, arch, cache, "ew_mix", source, ["ew_mix"])
-    gen = rng(n)
-    x = gen.integers(-100, 100, n).astype(F64)
-    k = gen.integers(-(1 << 30), 1 << 30, n, dtype=np.int32)
-    b = gen.integers(0, 256, n, dtype=np.uint8)
-    z = arrays.new(F64, n)
-    w = arrays.new(DTYPES["i64"], n)
-    c = arrays.new(DTYPES["u8"], n)
-    args = [np.float64(0.5), arrays.up(x), arrays.up(k), arrays.up(b), z, w, c, np.int64(n)]
-    device.launch_user("ew_mix", "ew_mix", args, blocks(n), (256, 1, 1), 0)
-    np.testing.assert_array_equal(arrays.down(z), 0.5 * x + k)
-    np.testing.assert_array_equal(arrays.down(w), k.astype(np.int64) * 3 - np.arange(n))
-    np.testing.assert_array_equal(arrays.down(c), (b + 1).astype(np.uint8))
-    # A grid smaller than n: the grid-stride loop covers the rest.
-    if n:
-        z2 = arrays.new(F64, n)
-        args[4] = z2
-        device.launch_user("ew_mix", "ew_mix", args, (1, 1, 1), (32, 1, 1), 0)
-        np.testing.assert_array_equal(arrays.down(z2), 0.5 * x + k)
-    device.unload_module("ew_mix")
-
-
-def test_reload_replaces_and_unload_forgets(arrays: Arrays, device: CudaDevice, arch: str,
-                                            cache: Path) -> None:
-    def source(value: int) -> str:
-        return f'extern "C" __global__ void put(int* out) {{ out[0] = {value}; }}\n'
-
-    out = arrays.new(np.dtype(np.int32), 1, zero=True)
-    for value in (1, 2):
-        load(device, arch, cache, "put_mod", source(value), ["put"])
-        device.launch_user("put_mod", "put", [out], (1, 1, 1), (1, 1, 1), 0)
-        assert arrays.down(out)[0] == value
-    device.unload_module("put_mod")
-    device.unload_module("put_mod")  # twice: nothing happens
-    with pytest.raises(BackendError) as info:
-        device.launch_user("put_mod", "put", [out], (1, 1, 1), (1, 1, 1), 0)
-    assert info.value.code == "invalid_value" and not info.value.fatal
-
-
-def test_load_and_launch_refusals(arrays: Arrays, device: CudaDevice, arch: str,
-                                  cache: Path) -> None:
-    image = usercode.compile_module(BOUNDED, [], arch, cache=cache)
-    for image_, functions in ((image, ["no_such_function"]), (b"not a cubin", ["bounded"])):
-        with pytest.raises(BackendError) as info:
-            device.load_module("refused", image_, functions)
-        assert info.value.code == "invalid_value" and not info.value.fatal, info.value
-    device.load_module("bounded_mod", image, ["bounded"])
+def test_launch_bounds_and_host_arrays_are_refused(arrays: Arrays, device: CudaDevice,
+                                                   arch: str, cache: Path) -> None:
+    load(device, arch, cache, "bounded_mod", BOUNDED, ["bounded"])
     out = arrays.new(np.dtype(np.int32), 1024, zero=True)
-    bad: list[tuple[str, list[Any], tuple[int, int, int], tuple[int, int, int], int]] = [
-        ("bounded", [out], (1, 1, 1), (1024, 1, 1), 0),  # over its launch bounds
-        ("bounded", [out], (1, 1, 1), (2048, 1, 1), 0),  # over any block
-        ("bounded", [out], (0, 1, 1), (32, 1, 1), 0),  # an empty grid
-        ("bounded", [out], (1, 1, 1), (32, 1, 1), 1 << 30),  # far too much shared memory
-        ("bounded", [out], (1 << 40, 1, 1), (32, 1, 1), 0),  # beyond C's unsigned int
-        ("bounded", [1.5], (1, 1, 1), (32, 1, 1), 0),  # a Python float: not typed
-        ("bounded", [np.ones(3, F32)], (1, 1, 1), (32, 1, 1), 0),  # a host array
-        ("nope", [out], (1, 1, 1), (32, 1, 1), 0),
+    bad: list[tuple[list[Any], tuple[int, int, int]]] = [
+        ([out], (1024, 1, 1)),  # over its launch bounds
+        ([np.ones(3, F32)], (32, 1, 1)),  # a host array
     ]
-    for function, args, grid, block, shared in bad:
+    for args, block in bad:
         with pytest.raises(BackendError) as info:
-            device.launch_user("bounded_mod", function, args, grid, block, shared)
-        assert not info.value.fatal, (function, grid, block, shared, info.value)
+            device.launch_user("bounded_mod", "bounded", args, (1, 1, 1), block, 0)
+        assert not info.value.fatal, (block, info.value)
         assert info.value.code in ("invalid_value", "launch_failed"), info.value
-    # None of that hurt the device.
     device.launch_user("bounded_mod", "bounded", [out], (1, 1, 1), (64, 1, 1), 0)
     got = arrays.down(out)
     assert got[:64].tolist() == [1] * 64 and not got[64:].any()
     device.unload_module("bounded_mod")
-
-
-def test_zero_size_arrays_pass_as_null(arrays: Arrays, device: CudaDevice, arch: str,
-                                       cache: Path) -> None:
-    load(device, arch, cache, "saxpy_mod", SAXPY, ["saxpy"])
-    empty = arrays.new(F32, 0)
-    assert empty.ptr == 0
-    device.launch_user("saxpy_mod", "saxpy", [np.float32(1), empty, empty, np.int64(0)],
-                       (1, 1, 1), (256, 1, 1), 0)
-    device.unload_module("saxpy_mod")
 
 
 # -- a faulting user kernel, in a process of its own (the fault poisons the context) ----------

@@ -464,7 +464,7 @@ def test_an_f32_sum_on_the_general_path_has_the_batched_paths_bits() -> None:
     assert bound(device, "reduce", [device.upload(values)], None) == batched
 
 
-def test_cpu_arrays_are_owned_copies_and_user_code_is_unavailable() -> None:
+def test_cpu_arrays_are_owned_copies_and_an_image_that_is_no_library_is_refused() -> None:
     device = CpuDevice(0)
     host = np.arange(3, dtype=np.uint8)
     array = device.upload(host)
@@ -474,7 +474,9 @@ def test_cpu_arrays_are_owned_copies_and_user_code_is_unavailable() -> None:
     device.free(array)
     with pytest.raises(BackendError) as info:
         device.load_module("m", b"", ["k"])
-    assert "need the cuda backend" in info.value.message
+    assert info.value.code == "invalid_value" and "cannot load module m" in info.value.message
+    with pytest.raises(BackendError, match="not loaded"):
+        device.launch_user("m", "k", [array], (1, 1, 1), (1, 1, 1), 0)
     with pytest.raises(BackendError, match="no built-in"):
         bound(device, "fft", [array], None)
 

@@ -49,7 +49,7 @@ def _can_build_offline() -> str | None:
     return None
 
 
-def test_the_wheel_carries_the_kernels_and_the_contract(tmp_path: Path) -> None:
+def test_the_wheel_carries_the_kernels_the_contract_and_the_host_headers(tmp_path: Path) -> None:
     why = _can_build_offline()
     if why is not None:
         pytest.skip(f"cannot build a wheel offline: {why}")
@@ -71,4 +71,8 @@ def test_the_wheel_carries_the_kernels_and_the_contract(tmp_path: Path) -> None:
     assert "erlcuda/kernels_cu/vector_add.cu" in kernels
     assert kernels <= names
     assert {"erlcuda/contract.json", "erlcuda/py.typed", "erlcuda/backends/sources.py"} <= names
+    headers = {f"erlcuda/hostinclude/{p.name}"
+               for p in (ROOT / "python" / "erlcuda" / "hostinclude").glob("*.h")}
+    assert "erlcuda/hostinclude/erlcuda_host.h" in headers
+    assert headers <= names
     assert wheel.name.startswith(f"erlcuda-{erlcuda.__version__}-")

@@ -65,6 +65,10 @@ class Device(CpuDevice):
         array[:] = host
         return array
 
+    def stage_in(self, hosts: Sequence[np.ndarray]) -> list[Any]:
+        self.live += len(hosts)
+        return super().stage_in(hosts)
+
     def free(self, array: np.ndarray) -> None:
         self.live -= 1
         super().free(array)

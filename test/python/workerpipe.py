@@ -89,18 +89,20 @@ def typed(values: Any, etype: str) -> Vector:
 def launch_frame(job_id: int, kernel: str | bytes, args: list[Any], *, device: int = 0,
                  trace: bool = False, flags: int | None = None,
                  result_file: bool = False, keep: list[int] | None = None,
-                 geometry: tuple[tuple[int, int, int], tuple[int, int, int], int] | None = None
-                 ) -> bytes:
+                 geometry: tuple[tuple[int, int, int], tuple[int, int, int], int] | None = None,
+                 program: bytes | None = None) -> bytes:
     """The launch frame Erlang writes: bytes (or a numpy array) are an f32 vector argument,
     an int a dim, a ``Vector`` a vector of its element type, a ``FileVector`` a vector in
     shared memory, a ``Buffer`` a buffer, a ``Number`` a scalar, a ``Zeroed`` an empty
     argument; ``keep`` (flag keep) the ids to keep the results under, ``geometry`` (flag
-    geometry) a user kernel's grid, block and shared bytes."""
+    geometry) a user kernel's grid, block and shared bytes, ``program`` (flag program) a
+    program's definition (the arguments are its inputs)."""
     name = kernel.encode() if isinstance(kernel, str) else kernel
     if flags is None:
         flags = ((W.flag_trace if trace else 0) | (W.flag_result_file if result_file else 0)
                  | (W.flag_keep if keep is not None else 0)
-                 | (W.flag_geometry if geometry is not None else 0))
+                 | (W.flag_geometry if geometry is not None else 0)
+                 | (W.flag_program if program is not None else 0))
     parts = [struct.pack(">BQHBB", W.launch, job_id, device, flags, len(name)), name,
              bytes((len(args),))]
     for arg in args:
@@ -135,6 +137,8 @@ def launch_frame(job_id: int, kernel: str | bytes, args: list[Any], *, device: i
     if geometry is not None:
         (gx, gy, gz), (bx, by, bz), shared = geometry
         parts.append(struct.pack(">7I", gx, gy, gz, bx, by, bz, shared))
+    if program is not None:
+        parts += [struct.pack(">I", len(program)), program]
     return b"".join(parts)
 
 
@@ -285,12 +289,13 @@ class WorkerPipe:
 
     def launch(self, job_id: int, kernel: str, args: list[Any], *, device: int = 0,
                trace: bool = False, result_file: bool = False, keep: list[int] | None = None,
-               geometry: tuple[tuple[int, int, int], tuple[int, int, int], int] | None = None
-               ) -> None:
+               geometry: tuple[tuple[int, int, int], tuple[int, int, int], int] | None = None,
+               program: bytes | None = None) -> None:
         if self.record:
             self.sent.append(Atom(kernel))
         self.send_raw(launch_frame(job_id, kernel, args, device=device, trace=trace,
-                                   result_file=result_file, keep=keep, geometry=geometry))
+                                   result_file=result_file, keep=keep, geometry=geometry,
+                                   program=program))
 
     def receive(self) -> Any:
         """The next message that is not a log line: a ``Reply`` (one record of a results

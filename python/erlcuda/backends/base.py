@@ -7,7 +7,8 @@ plan, in order (an f32 array for vector_add and matmul, a float for reduce and
 dot_product); any other plan runs alone on the device arrays its lane bound. Arrays
 returned may be views into the device's staging memory: they stay valid until the next
 call on that device, so the caller encodes them before that. A backend implements the
-steps ``execute`` chooses between: ``_run_batch``, ``_run_bound`` and ``launch_user``.
+steps ``execute`` chooses between: ``_run_batch``, ``_run_bound`` and ``launch_user``,
+and what a user module takes: ``load_module`` (``Backend.user_code`` says what image).
 """
 
 from __future__ import annotations
@@ -136,10 +137,20 @@ class Device(ABC):
     def synchronize(self) -> None:  # noqa: B027 - optional hook
         """Wait for the work queued on the device; raises what it did wrong."""
 
-    def upload_into(self, array: Any, host: np.ndarray) -> None:
-        """Copy the 1-D ``host`` array (of ``array``'s dtype and size) into ``array``,
-        in queue order."""
+    def stage_in(self, hosts: Sequence[np.ndarray]) -> list[Any]:
+        """Device arrays holding the 1-D ``hosts``, for one run: freed with ``free`` once
+        it is over (a backend may hand out arrays in its own staging, which ``free`` leaves
+        be, valid until its next run)."""
+        return [self.upload(host) for host in hosts]
+
+    def stage_into(self, arrays: Sequence[Any], hosts: Sequence[np.ndarray]) -> None:
+        """Copy each 1-D host array into the device array beside it (same dtype and size),
+        in queue order; the hosts may be read until the next wait."""
         raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
+
+    def stage_out(self, arrays: Sequence[Any]) -> list[np.ndarray]:
+        """Host copies of ``arrays``, after the work queued before (one wait for all)."""
+        return [self.download(array) for array in arrays]
 
     def copy_into(self, array: Any, source: Any) -> None:
         """Queue a copy of device array ``source`` into ``array`` (same dtype and size)."""
@@ -150,9 +161,10 @@ class Device(ABC):
         raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
 
     def load_module(self, name: str, image: bytes, functions: Sequence[str]) -> None:
-        """Load compiled code (a cubin) as module ``name`` into this device's context, with
-        its ``functions`` (extern "C" names) ready to launch; replaces a module of that
-        name. Raises ``BackendUnavailable`` where the backend runs no user code."""
+        """Load compiled code (what its backend's ``user_code`` names: a cubin, or a host
+        library) as module ``name`` into this device, with its ``functions`` (extern "C"
+        names) ready to launch; replaces a module of that name (a load that fails leaves
+        it). Raises ``BackendUnavailable`` where the backend runs no user code."""
         raise BackendUnavailable(f"the {type(self).__name__} backend runs no user kernels: "
                                  "they need the cuda backend and a GPU")
 
@@ -178,9 +190,12 @@ class Device(ABC):
 
 
 class Backend(ABC):
-    """A kind of device: ``cpu`` or ``cuda``."""
+    """A kind of device: ``cpu`` or ``cuda``. ``user_code`` says what its devices load
+    as user code: ``cubin`` (compiled by nvcc for each device's architecture) or ``host``
+    (a shared library of the host, ``usercode.compile_host``)."""
 
     name: str
+    user_code: str = "cubin"
 
     @abstractmethod
     def device_count(self) -> int:

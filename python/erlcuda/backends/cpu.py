@@ -2,7 +2,9 @@
 
 ``cpu_devices`` virtual devices share the host's cores; they exist so that routing and
 per-device queues behave as they do with several GPUs. Their device arrays (buffers, the
-general path's operands) are numpy arrays in host memory; user kernels need a GPU.
+general path's operands) are numpy arrays in host memory. User kernels are CUDA C built
+for the host (``usercode.compile_host``), each device with its own copy of a module
+(``hostlib``), run over those arrays.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 
 from ..kernels import F32, Plan, UniformPlans
 from .base import Backend, BackendError, Device, Result
+from .hostlib import HostModule
 
 
 def _offsets(requests: Sequence[Plan]) -> np.ndarray:
@@ -50,6 +53,7 @@ class CpuDevice(Device):
         self.index = index
         self.held = 0  # bytes of the device arrays made and not freed
         self.capacity = _ram() * 3 // 4 if capacity is None else capacity
+        self._user: dict[str, HostModule] = {}  # loaded modules by name
 
     def _run_batch(self, kernel: str, requests: Sequence[Plan]) -> list[Result]:
         if kernel == "matmul":
@@ -166,8 +170,18 @@ class CpuDevice(Device):
         else:
             self._run_bound(plan.kernel, bound, out)
 
-    def upload_into(self, array: Any, host: np.ndarray) -> None:
-        array[:] = host
+    def stage_in(self, hosts: Sequence[np.ndarray]) -> list[Any]:
+        # The steps never write their inputs: the host arrays serve as they are (counted
+        # while the run holds them, as ``free`` will uncount them).
+        self.held += sum(int(host.nbytes) for host in hosts)
+        return list(hosts)
+
+    def stage_into(self, arrays: Sequence[Any], hosts: Sequence[np.ndarray]) -> None:
+        for array, host in zip(arrays, hosts, strict=True):
+            array[:] = host
+
+    def stage_out(self, arrays: Sequence[Any]) -> list[np.ndarray]:
+        return [array.copy() for array in arrays]  # a graph's arrays are written again
 
     def copy_into(self, array: Any, source: Any) -> None:
         array[:] = source
@@ -175,8 +189,33 @@ class CpuDevice(Device):
     def zero(self, array: Any) -> None:
         array[:] = 0
 
+    # -- user kernels: host libraries -------------------------------------------------------
+    def load_module(self, name: str, image: bytes, functions: Sequence[str]) -> None:
+        module = HostModule(name, image, functions)  # a failure leaves the old one loaded
+        old = self._user.pop(name, None)
+        self._user[name] = module
+        if old is not None:
+            old.close()
+
+    def unload_module(self, name: str) -> None:
+        module = self._user.pop(name, None)
+        if module is not None:
+            module.close()
+
+    def launch_user(self, module: str, function: str, args: Sequence[Any],
+                    grid: tuple[int, int, int], block: tuple[int, int, int],
+                    shared: int) -> None:
+        loaded = self._user.get(module)
+        if loaded is None:
+            raise BackendError("invalid_value", f"module {module!r:.60} is not loaded")
+        loaded.launch(function, args, grid, block, shared)
+
     def info(self) -> dict[str, Any]:
         return {"name": f"cpu:{self.index}"}
+
+    def close(self) -> None:
+        for name in list(self._user):
+            self.unload_module(name)
 
 
 def _sums(a: np.ndarray, b: np.ndarray | None, count: int) -> np.ndarray:
@@ -193,6 +232,7 @@ def _sums(a: np.ndarray, b: np.ndarray | None, count: int) -> np.ndarray:
 
 class CpuBackend(Backend):
     name = "cpu"
+    user_code = "host"
 
     def __init__(self, devices: int = 1) -> None:
         if devices < 1:

@@ -44,6 +44,7 @@ from .transfers import (
     DeviceBuffer,
     Fill,
     HostBuffer,
+    StagedArray,
     ceil_div,
     fill_blocks,
     pack,
@@ -84,6 +85,22 @@ def _same(kernel: str, arrays: Sequence[CudaArray], sizes: Sequence[int]) -> Non
         if array.size != size:
             raise BackendError("invalid_value", f"{kernel}: an operand of {array.size} "
                                f"elements where {size} are needed")
+
+
+#: Inputs and outputs of a program run staged at once, at most (bytes): larger ones go in
+#: chunks through the transfer buffers, so the staging never grows to a large job's size.
+STAGE_MAX = 8 << 20
+#: Where each array starts in the staging: aligned as cudaMalloc aligns.
+STAGE_ALIGN = 256
+
+
+def _layout(arrays: Sequence[Any]) -> tuple[list[int], int]:
+    """Each array's byte offset in a staging that holds them all, and its size."""
+    at, total = [], 0
+    for array in arrays:
+        at.append(total)
+        total += round_up(int(array.nbytes), STAGE_ALIGN)
+    return at, total
 
 
 # -- the device ----------------------------------------------------------------------------
@@ -465,16 +482,64 @@ class CudaDevice(Device):
         with cuda_errors():
             self._stream.synchronize()
 
-    def upload_into(self, array: Any, host: np.ndarray) -> None:
+    def stage_in(self, hosts: Sequence[np.ndarray]) -> list[Any]:
+        """Small inputs go through the input staging with one copy (views of it, as a
+        batched run's operands are); large ones as ``upload`` sends them, in chunks."""
         self._check_open()
-        array = _vector(array, "upload")
-        src = np.ascontiguousarray(host).reshape(-1)
-        if src.dtype != array.dtype or src.size != array.size:
-            raise BackendError("invalid_value", f"{src.size} {src.dtype} elements into "
-                               f"{array.size} {array.dtype}")
-        if array.nbytes:
-            with cuda_errors():
-                self._to_device(array.ptr, src.view(np.uint8))
+        srcs = [np.ascontiguousarray(h).reshape(-1) for h in hosts]
+        at, total = _layout(srcs)
+        if total > STAGE_MAX:
+            return [self.upload(src) for src in srcs]
+        with cuda_errors():
+            self._dev_in.ensure(total // 4 + 1)
+            staged = self._host_in.ensure(total // 4 + 1).view(np.uint8)
+            for src, start in zip(srcs, at, strict=True):
+                pack(staged[start : start + src.nbytes], src.view(np.uint8))
+            base = self._dev_in.ptr
+            if total:
+                cuda.memcpy_htod_async(base, staged[:total], self._stream)
+        return [StagedArray(base + start, src.dtype, src.size)
+                for src, start in zip(srcs, at, strict=True)]
+
+    def stage_into(self, arrays: Sequence[Any], hosts: Sequence[np.ndarray]) -> None:
+        self._check_open()
+        targets = [_vector(a, "stage") for a in arrays]
+        srcs = [np.ascontiguousarray(h).reshape(-1) for h in hosts]
+        for target, src in zip(targets, srcs, strict=True):
+            if src.dtype != target.dtype or src.size != target.size:
+                raise BackendError("invalid_value", f"{src.size} {src.dtype} elements into "
+                                   f"{target.size} {target.dtype}")
+        at, total = _layout(srcs)
+        with cuda_errors():
+            if total > STAGE_MAX:
+                for target, src in zip(targets, srcs, strict=True):
+                    if target.nbytes:
+                        self._to_device(target.ptr, src.view(np.uint8))
+                return
+            staged = self._host_in.ensure(total // 4 + 1).view(np.uint8)
+            for target, src, start in zip(targets, srcs, at, strict=True):
+                if target.nbytes:
+                    pack(staged[start : start + src.nbytes], src.view(np.uint8))
+                    cuda.memcpy_htod_async(target.ptr, staged[start : start + src.nbytes],
+                                           self._stream)
+
+    def stage_out(self, arrays: Sequence[Any]) -> list[np.ndarray]:
+        """Small outputs come back through the output staging, one copy each and one wait
+        for all; large ones as ``download`` fetches them."""
+        self._check_open()
+        found = [_vector(a, "download") for a in arrays]
+        at, total = _layout(found)
+        if total > STAGE_MAX:
+            return [self.download(a) for a in found]
+        with cuda_errors():
+            staged = self._host_out.ensure(total // 4 + 1).view(np.uint8)
+            for array, start in zip(found, at, strict=True):
+                if array.nbytes:
+                    cuda.memcpy_dtoh_async(staged[start : start + array.nbytes], array.ptr,
+                                           self._stream)
+            self._stream.synchronize()
+        return [staged[start : start + a.nbytes].view(a.dtype).copy()
+                for a, start in zip(found, at, strict=True)]
 
     def copy_into(self, array: Any, source: Any) -> None:
         self._check_open()

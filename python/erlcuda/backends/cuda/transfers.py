@@ -169,6 +169,23 @@ class CudaArray:
         return f"<CudaArray {self.dtype.name}[{self.size}]{state}>"
 
 
+class StagedArray(CudaArray):
+    """A device array inside the device's input staging (``CudaDevice.stage_in``), valid
+    until the staging is written again: it holds no block, so ``free`` leaves it be."""
+
+    __slots__ = ("_at",)
+
+    def __init__(self, at: int, dtype: np.dtype[Any], size: int) -> None:
+        super().__init__(None, dtype, size)
+        self._at = at
+
+    @property
+    def ptr(self) -> int:
+        if self._freed:
+            raise BackendError("invalid_value", "a device array was used after it was freed")
+        return self._at if self.size else 0
+
+
 #: Operands at least this large are copied into the staging by several threads at once: an
 #: operand in shared memory faults its pages in as it is read, and one thread doing all of
 #: it was most of a large job's time in the worker.
