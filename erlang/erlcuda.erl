@@ -120,6 +120,10 @@
 -type cluster_info() :: #{node() => #{devices := non_neg_integer(), depths := [integer()],
                                       backend := cpu | cuda | undefined, status := term(),
                                       age_ms := non_neg_integer(), rate => float()}}.
+%% `{bad_python, Detail}': no worker runs, because the Python it is configured with cannot
+%% run it (not found, too old, numpy or the erlcuda package missing); Detail names the
+%% interpreter, what is missing and the fix, and `info/0' shows it as the status. The
+%% check runs again with a growing back-off, and the worker starts once it passes.
 -type reason() :: {unknown_kernel, term()}
                 | {bad_device, term()}
                 | {bad_args, binary()}
@@ -128,6 +132,7 @@
                 | overloaded
                 | too_large
                 | {worker_down, term()}
+                | {bad_python, binary()}
                 | {backend_unavailable, binary()}
                 | {cuda, cuda_code(), binary()}
                 | {non_finite, binary()}
@@ -285,8 +290,11 @@ await(JobId, _) ->
     {error, {bad_args, iolist_to_binary(io_lib:format("not a job id: ~0P", [JobId, 8]))}}.
 
 %% @doc The backend, its devices with their counters and memory, the worker's OS pid and
-%% status, and the jobs counted since the application started; before it starts (or once
-%% it stopped), `status => not_running' and no backend.
+%% status, its Python (`python', `python_executable', `numpy'), and the jobs counted since
+%% the application started; before it starts (or once it stopped), `status => not_running'
+%% and no backend. While the configured Python cannot run the worker, `status' and
+%% `worker_status' are `{bad_python, Detail}'; `backoff_ms' is the delay before the next
+%% start while starts keep failing.
 -spec info() -> #{backend := cpu | cuda | undefined, devices := non_neg_integer(),
                   worker_os_pid := integer() | undefined, atom() => term()}.
 info() ->
