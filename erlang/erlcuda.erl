@@ -27,10 +27,11 @@
 %% 4294967295 or `infinity'), `{wait, Ms}' (a launch that finds its device's queue full,
 %% `max_queue' jobs in flight, waits for room up to `Ms' or `infinity', behind the launches
 %% already waiting there, before it answers `{error, overloaded}'; default 0, no wait; a
-%% `launch_sync' waits at most its timeout), `{trace, true}' (for benchmarks: the reply carries the
-%% worker's time stamps), `{type, T}' (the element type of the vectors given as data;
-%% default the type of the first buffer, else the kernel's first type, f32), `{keep, true}'
-%% (vector results stay on the device: the reply carries buffers). For user kernels:
+%% `launch_sync' waits at most its timeout), `{trace, true}' (for benchmarks: the reply
+%% carries the time of each stage, `stamps()'), `{type, T}' (the element type of the vectors
+%% given as data; default the type of the first buffer, else the kernel's first type, f32),
+%% `{keep, true}' (vector results stay on the device: the reply carries buffers). For user
+%% kernels:
 %% `{grid, G}', `{block, B}' (a positive integer or a tuple of one to three), `{shared,
 %% Bytes}' (dynamic shared memory), `{elements, N}' (blocks of 256 covering N; by default
 %% N is the longest vector argument).
@@ -102,8 +103,14 @@
 -type job_id() :: pos_integer().
 -type result() :: [number()] | binary() | float() | buffer() | [result()].
 -type cuda_code() :: erlcuda_contract:cuda_code().
-%% The worker's time stamps of a traced job (nanoseconds of its own clock), by stage.
--type stamps() :: #{binary() => integer()}.
+%% A traced job's time by stage, in nanoseconds, each stage timed on one clock: the
+%% worker's `<<"decode">>' (its frame read to the job queued), `<<"queue">>' (to taken by its
+%% device's thread), `<<"group">>' (to its backend call), `<<"backend">>' (the call) and
+%% `<<"encode">>' (the reply's bookkeeping), on its perf_counter; the port owner's
+%% `<<"forward">>' (its results frame taken up to the reply sent), on Erlang's monotonic
+%% clock. A stage the job did not reach is absent; a job answered with an error on the
+%% Erlang side (its worker died, say) has none.
+-type stamps() :: #{binary() => non_neg_integer()}.
 %% An answer with `{trace, true}': the worker's stamps beside the value or the reason.
 -type traced(Value) :: {ok, Value, stamps()} | {error, reason(), stamps()}.
 %% A user kernel's parameter: a pointer it reads, writes or both, or a scalar.

@@ -273,7 +273,7 @@ data(Bytes, State, #data{port = Port, reader = R} = D0) ->
 
 frame({results, Records}, _, #data{os_pid = OsPid, shm = Shm} = D) ->
     case erlcuda_protocol:each_result(fun(Id, Reply) -> complete(Id, Reply, Shm) end,
-                                      Records) of
+                                      Records, erlang:monotonic_time(nanosecond)) of
         ok ->
             {keep_state, D};
         malformed ->

@@ -356,7 +356,7 @@ class Worker:
         return job
 
     def _reply_now(self, job: Job, failure: Failure) -> None:
-        encoded = results_frames([(job.job_id, failure, job.trace)], self.writer.max_frame)
+        encoded = results_frames([(job.job_id, failure, job.stamps())], self.writer.max_frame)
         self.writer.write_many(encoded.frames)
         return None
 
