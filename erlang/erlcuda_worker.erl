@@ -560,7 +560,7 @@ down(Why, #data{port = Port, writer = Writer} = D) ->
     fail_calls({worker_down, Why}, backing_off, D),
     ok = erlcuda_jobs:fail_all(Why),
     remove_folder(D#data{port = undefined, os_pid = undefined, calls = #{},
-                         busy_since = undefined, writer = undefined}).
+                         busy_since = undefined, writer = undefined, down_reason = Why}).
 
 stop_writer(undefined) ->
     ok;

@@ -12,9 +12,9 @@ for what is wrong, TEXT a version, a path, or the reason in words:
     executable  ok       sys.executable
     python      ok|old   its version (old: below MIN_PYTHON)
     numpy       ok|missing
-    pycuda      ok|missing   (the cuda backend's; the worker runs without it)
     erlcuda     ok|missing   the package, from the worker's PYTHONPATH
     module      ok|missing   the worker module, when it is not erlcuda
+    pycuda      ok|missing   (the cuda backend's; the worker runs without it)
 
 Written to run on any Python, 2.7 included, so that an old one is named as such: no
 f-strings, types in comments, the standard library only.
@@ -69,31 +69,32 @@ def finding(name):
 
 
 def checks(worker_module, version=None):
-    # type: (str, tuple[int, ...] | None) -> list[str]
-    """Every check's line, in order."""
+    # type: (str, tuple[int, ...] | None) -> collections.abc.Iterator[str]
+    """Every check's line, in order, each as soon as it is made: a check that crashes the
+    interpreter (a broken native module) leaves the lines before it. PyCUDA's comes last."""
     if version is None:
         version = sys.version_info
     text = ".".join(str(part) for part in version[:3])
     old = tuple(version[:2]) < MIN_PYTHON
     wanted = ".".join(str(part) for part in MIN_PYTHON)
-    lines = [line("executable", "ok", sys.executable),
-             line("python", "old" if old else "ok",
-                  text + " (erlcuda needs " + wanted + " or later)" if old else text)]
-    for name, import_name in (("numpy", "numpy"), ("pycuda", "pycuda.driver"),
-                              ("erlcuda", "erlcuda")):
+    yield line("executable", "ok", sys.executable)
+    yield line("python", "old" if old else "ok",
+               text + " (erlcuda needs " + wanted + " or later)" if old else text)
+    for name, import_name in (("numpy", "numpy"), ("erlcuda", "erlcuda")):
         status, found = importing(import_name)
-        lines.append(line(name, status, found))
+        yield line(name, status, found)
     if worker_module and worker_module != "erlcuda":
         status, found = finding(worker_module)
-        lines.append(line("module", status, found))
-    return lines
+        yield line("module", status, found)
+    status, found = importing("pycuda.driver")
+    yield line("pycuda", status, found)
 
 
 def main(argv):
     # type: (list[str]) -> int
     for text in checks(argv[1] if len(argv) > 1 else "erlcuda"):
         sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+        sys.stdout.flush()
     return 0
 
 
