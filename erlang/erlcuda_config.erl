@@ -16,8 +16,6 @@
 
 %% Timeouts longer than a day are mistakes (and past 2^32 - 1 ms, no timer takes them).
 -define(MAX_MS, 86400000).
-%% Keys read by other modules than this one: erlcuda_telemetry's stand-in for `telemetry'.
--define(READ_ELSEWHERE, [telemetry_module]).
 
 -type config() :: #{backend := auto | cpu | cuda,
                     cpu_devices := pos_integer(),
@@ -65,7 +63,7 @@ load() ->
 %% known key nearest to it (`none' where no key is near).
 -spec unknown() -> [{atom(), atom() | none}].
 unknown() ->
-    Known = [K || {K, _} <- keys()] ++ ?READ_ELSEWHERE,
+    Known = [K || {K, _} <- keys()],
     [{Key, nearest(Key, Known)}
      || {Key, _} <- lists:sort(application:get_all_env(erlcuda)),
         not lists:member(Key, Known)].
