@@ -7,8 +7,8 @@
 %% `{"event":"phase",...}', `{"event":"progress","done":N,"total":M}',
 %% `{"event":"result","section":...}', `{"event":"info",...}', and at the end
 %% `{"event":"done"}' (or `{"event":"error",...}'). Logs go to stderr, so stdout carries
-%% nothing else. Times are `erlang:monotonic_time(nanosecond)'; the worker's stamps are its
-%% own `perf_counter_ns' and only their differences are used.
+%% nothing else. Times are `erlang:monotonic_time(nanosecond)'; a traced job's stamps are
+%% nanoseconds by stage (`erlcuda:stamps()'), each timed on one clock.
 %%
 %% Sections:
 %%   latency     per kernel and size, the full stack (`erlcuda:launch_sync/3') and the pure
@@ -432,7 +432,7 @@ latency(#{groups := Groups, warmup := Warmup} = L, Floor) ->
       end, enumerate(Prepared)),
     ok.
 
-%% Stages: traced jobs, one at a time; the Erlang stamps and the worker's, each on its clock.
+%% Stages: traced jobs, one at a time: the caller's times, and the stages of the stamps.
 
 stages(#{groups := Groups, warmup := Warmup} = S) ->
     Plans = [begin
@@ -445,36 +445,18 @@ stages(#{groups := Groups, warmup := Warmup} = S) ->
     ok.
 
 stage_group({{K, Size} = G, Args, Iters}) ->
-    Offset = clock_offset(),
-    Rows = [begin R = traced(K, Args, Offset), step(), R end || _ <- lists:seq(1, Iters)],
+    Rows = [begin R = traced(K, Args), step(), R end || _ <- lists:seq(1, Iters)],
     %% The bare transport with the same input bytes, for comparison.
     Payload = fill(rand_block(min(max(bytes_in(Args) div 4, 1), ?BLOCK)), bytes_in(Args)),
     Echo = [begin T = echo(Payload), step(), T end || _ <- lists:seq(1, Iters)],
-    Keys = [launch_call, total, deliver, decode, queue, group, backend,
-            encode, transit, request_hop, reply_hop],
+    Keys = [launch_call, total, decode, queue, group, backend, encode, forward, transit],
     Columns = maps:from_list([{Key, [maps:get(Key, R) || R <- Rows]} || Key <- Keys]),
     emit(#{event => result, section => stages, kernel => K, size => Size,
            elements => elements(G), bytes_in => bytes_in(Args), bytes_out => bytes_out(G),
            iters => Iters, stages => Columns, echo_bytes => byte_size(Payload),
-           echo_ns => Echo, clock => clock_source()}).
+           echo_ns => Echo}).
 
-%% Erlang's monotonic clock is the OS's CLOCK_MONOTONIC plus an offset; so is the worker's
-%% perf_counter on Linux. With the offset the two hops over the port can be timed apart.
-clock_source() ->
-    Source = erlang:system_info(os_monotonic_time_source),
-    atom_to_binary(proplists:get_value(clock_id, Source, unknown), utf8).
-
-clock_offset() ->
-    Samples = [begin
-                   A = now_ns(),
-                   Os = proplists:get_value(time, erlang:system_info(os_monotonic_time_source)),
-                   B = now_ns(),
-                   {B - A, (A + B) div 2 - erlang:convert_time_unit(Os, native, nanosecond)}
-               end || _ <- lists:seq(1, 20)],
-    {_, Offset} = lists:min(Samples),
-    Offset.
-
-traced(K, Args, Offset) ->
+traced(K, Args) ->
     Opts = [{trace, true} | ?OPTS],
     %% `launch/3' until it returns: checking and encoding the launch and writing it to the
     %% port, one stage (the public API does not split them).
@@ -484,22 +466,17 @@ traced(K, Args, Offset) ->
     receive
         {erlcuda, JobId, {ok, _}, Trace} ->
             T2 = now_ns(),
-            #{<<"recv">> := Recv, <<"queued">> := Queued, <<"take">> := Take,
-              <<"run">> := Run, <<"done">> := Done, <<"encode">> := Encode,
-              <<"forward">> := Forward} = Trace,
+            Stages = maps:from_list([{binary_to_atom(S), Ns}
+                                     || {S, Ns} <- maps:to_list(
+                                                     maps:with([<<"decode">>, <<"queue">>,
+                                                                <<"group">>, <<"backend">>,
+                                                                <<"encode">>, <<"forward">>],
+                                                               Trace))]),
             Total = T2 - T0,
-            Deliver = T2 - Forward,
-            #{launch_call => T1 - T0,
-              total => Total,
-              deliver => Deliver,
-              decode => Queued - Recv,
-              queue => Take - Queued,
-              group => Run - Take,
-              backend => Done - Run,
-              encode => Encode - Done,
-              transit => Total - (T1 - T0) - Deliver - (Encode - Recv),
-              request_hop => Recv - (T1 - Offset),
-              reply_hop => (Forward - Offset) - Encode};
+            %% the rest: the port both ways, and the reply's way to this process
+            Stages#{launch_call => T1 - T0,
+                    total => Total,
+                    transit => Total - (T1 - T0) - lists:sum(maps:values(Stages))};
         {erlcuda, JobId, Other, _} ->
             error({launch_failed, K, Other})
     after ?TIMEOUT ->

@@ -533,7 +533,10 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 STAGES: tuple[tuple[str, str, str], ...] = (
-    # key, label, clock ("aligned": a worker stamp against an Erlang one, see clock_aligned)
+    # key, label, clock. A traced job's stamps are nanoseconds by stage, each on one clock;
+    # runs before that had the worker's points and Erlang's beside them, and where both
+    # clocks were CLOCK_MONOTONIC ("aligned", see clock_aligned) split the port's transit
+    # into request_hop, reply_hop and deliver: their samples still read here.
     ("launch_call", "check + encode + port write: `launch/3` until it returns (caller)",
      "Erlang"),
     # Runs before the bench used only the public API split launch_call in two:
@@ -547,9 +550,11 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("encode", "reply bookkeeping (stamped before the reply's ETF encode)", "Python"),
     ("reply_hop", "reply: ETF encode, write, pipe, port read, decode in port owner",
      "aligned"),
+    ("forward", "port owner: the results frame taken up to the reply sent", "Erlang"),
     ("deliver", "forward to the caller (port owner -> caller)", "Erlang"),
     ("total", "total round trip", "Erlang"),
-    ("transit", "port transit both ways (total less every other stage)", "both"),
+    ("transit", "the rest: port transit both ways and the reply's way to the caller (total "
+     "less every other stage)", "both"),
 )
 
 
@@ -1188,11 +1193,10 @@ def report(summary: Json, plots: list[str], plot_note: str | None) -> tuple[str,
         st = summary["stages"]
         body += ["## Where one job's time goes (p50, µs)", "",
                  "Traced jobs (`{trace, true}`), one at a time. Each stage is timed on one "
-                 "clock (Erlang's monotonic clock or the worker's perf_counter); the port "
-                 "transit is the total less every other stage. Where both clocks are the "
-                 "OS's CLOCK_MONOTONIC (clock \"aligned\"), the transit is split into its two "
-                 "hops (a hop may read slightly negative when the worker has read the "
-                 "frame before `launch/3` returned). Medians do not add up exactly to the "
+                 "clock (Erlang's monotonic clock or the worker's perf_counter); the "
+                 "transit is the total less every other stage. (Runs whose stamps were "
+                 "points of both clocks split it, where both were the OS's CLOCK_MONOTONIC, "
+                 "into two hops and the delivery.) Medians do not add up exactly to the "
                  "median total.", ""]
         head = ["stage", "clock", *(f"{r['kernel']} {size_label(r['kernel'], r['size'])}"
                                     for r in st)]

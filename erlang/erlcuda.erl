@@ -27,10 +27,11 @@
 %% 4294967295 or `infinity'), `{wait, Ms}' (a launch that finds its device's queue full,
 %% `max_queue' jobs in flight, waits for room up to `Ms' or `infinity', behind the launches
 %% already waiting there, before it answers `{error, overloaded}'; default 0, no wait; a
-%% `launch_sync' waits at most its timeout), `{trace, true}' (for benchmarks: the reply carries the
-%% worker's time stamps), `{type, T}' (the element type of the vectors given as data;
-%% default the type of the first buffer, else the kernel's first type, f32), `{keep, true}'
-%% (vector results stay on the device: the reply carries buffers). For user kernels:
+%% `launch_sync' waits at most its timeout), `{trace, true}' (for benchmarks: the reply
+%% carries the time of each stage, `stamps()'), `{type, T}' (the element type of the vectors
+%% given as data; default the type of the first buffer, else the kernel's first type, f32),
+%% `{keep, true}' (vector results stay on the device: the reply carries buffers). For user
+%% kernels:
 %% `{grid, G}', `{block, B}' (a positive integer or a tuple of one to three), `{shared,
 %% Bytes}' (dynamic shared memory), `{elements, N}' (blocks of 256 covering N; by default
 %% N is the longest vector argument).
@@ -102,8 +103,14 @@
 -type job_id() :: pos_integer().
 -type result() :: [number()] | binary() | float() | buffer() | [result()].
 -type cuda_code() :: erlcuda_contract:cuda_code().
-%% The worker's time stamps of a traced job (nanoseconds of its own clock), by stage.
--type stamps() :: #{binary() => integer()}.
+%% A traced job's time by stage, in nanoseconds, each stage timed on one clock: the
+%% worker's `<<"decode">>' (its frame read to the job queued), `<<"queue">>' (to taken by its
+%% device's thread), `<<"group">>' (to its backend call), `<<"backend">>' (the call) and
+%% `<<"encode">>' (the reply's bookkeeping), on its perf_counter; the port owner's
+%% `<<"forward">>' (its results frame taken up to the reply sent), on Erlang's monotonic
+%% clock. A stage the job did not reach is absent; a job answered with an error on the
+%% Erlang side (its worker died, say) has none.
+-type stamps() :: #{binary() => non_neg_integer()}.
 %% An answer with `{trace, true}': the worker's stamps beside the value or the reason.
 -type traced(Value) :: {ok, Value, stamps()} | {error, reason(), stamps()}.
 %% A user kernel's parameter: a pointer it reads, writes or both, or a scalar.
@@ -120,6 +127,10 @@
 -type cluster_info() :: #{node() => #{devices := non_neg_integer(), depths := [integer()],
                                       backend := cpu | cuda | undefined, status := term(),
                                       age_ms := non_neg_integer(), rate => float()}}.
+%% `{bad_python, Detail}': no worker runs, because the Python it is configured with cannot
+%% run it (not found, too old, numpy or the erlcuda package missing); Detail names the
+%% interpreter, what is missing and the fix, and `info/0' shows it as the status. The
+%% check runs again with a growing back-off, and the worker starts once it passes.
 -type reason() :: {unknown_kernel, term()}
                 | {bad_device, term()}
                 | {bad_args, binary()}
@@ -128,6 +139,7 @@
                 | overloaded
                 | too_large
                 | {worker_down, term()}
+                | {bad_python, binary()}
                 | {backend_unavailable, binary()}
                 | {cuda, cuda_code(), binary()}
                 | {non_finite, binary()}
@@ -285,8 +297,11 @@ await(JobId, _) ->
     {error, {bad_args, iolist_to_binary(io_lib:format("not a job id: ~0P", [JobId, 8]))}}.
 
 %% @doc The backend, its devices with their counters and memory, the worker's OS pid and
-%% status, and the jobs counted since the application started; before it starts (or once
-%% it stopped), `status => not_running' and no backend.
+%% status, its Python (`python', `python_executable', `numpy'), and the jobs counted since
+%% the application started; before it starts (or once it stopped), `status => not_running'
+%% and no backend. While the configured Python cannot run the worker, `status' and
+%% `worker_status' are `{bad_python, Detail}'; `backoff_ms' is the delay before the next
+%% start while starts keep failing.
 -spec info() -> #{backend := cpu | cuda | undefined, devices := non_neg_integer(),
                   worker_os_pid := integer() | undefined, atom() => term()}.
 info() ->

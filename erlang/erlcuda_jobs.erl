@@ -159,10 +159,8 @@ reply(#job{id = Id, reply_to = ReplyTo, format = Format, trace = Trace, ctx = Ct
               false -> Id
           end,
     Message = case Reply of
-                  %% a traced job keeps its shape: no worker stamps, this side's
-                  {error, _} when Trace ->
-                      {erlcuda, Tag, Reply,
-                       #{<<"forward">> => erlang:monotonic_time(nanosecond)}};
+                  %% a traced job keeps its shape: no stage of the worker's ran
+                  {error, _} when Trace -> {erlcuda, Tag, Reply, #{}};
                   {error, _} -> {erlcuda, Tag, Reply};
                   _ -> erlcuda_protocol:message(Tag, Reply, Format, Sync, Ctx)
               end,

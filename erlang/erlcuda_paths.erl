@@ -4,7 +4,7 @@
 %% `code:priv_dir/1' with the source tree out of reach.
 -module(erlcuda_paths).
 
--export([python_dir/0, python/1]).
+-export([python_dir/0, python/1, python_choice/1]).
 
 %% @doc The directory that holds the `erlcuda' Python package.
 -spec python_dir() -> file:filename().
@@ -27,14 +27,21 @@ source_root() ->
 %% environment that the checkout's set-up made (`make setup'), else `python3' on the PATH.
 -spec python(default | string()) -> file:filename().
 python(Configured) ->
+    element(1, python_choice(Configured)).
+
+%% @doc `python/1' with where it came from, in words, for a message that names it.
+-spec python_choice(default | string()) -> {file:filename(), binary()}.
+python_choice(Configured) ->
     case os:getenv("ERLCUDA_PYTHON") of
-        Env when is_list(Env), Env =/= "" -> executable(Env);
-        _ when is_list(Configured) -> executable(Configured);
+        Env when is_list(Env), Env =/= "" ->
+            {executable(Env), <<"from $ERLCUDA_PYTHON">>};
+        _ when is_list(Configured) ->
+            {executable(Configured), <<"from erlcuda's python setting">>};
         _ ->
             Venv = filename:join([source_root(), ".venv", "bin", "python"]),
             case filelib:is_regular(Venv) of
-                true -> Venv;
-                false -> executable("python3")
+                true -> {Venv, <<"the checkout's .venv">>};
+                false -> {executable("python3"), <<"python3 on the PATH">>}
             end
     end.
 

@@ -28,7 +28,7 @@
 -module(erlcuda_protocol).
 
 -export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, reader/0, read/2,
-         decode/1, each_result/2, message/4, message/5, f32_list/1, finish/2,
+         decode/1, each_result/3, message/4, message/5, f32_list/1, finish/2,
          max_result_bytes/0, file_result/1, vector_reply/1, fits/2, load_atoms/0]).
 
 -export_type([event/0, reply/0, launch_arg/0, flags/0, file_arg/0, file_result/0,
@@ -41,8 +41,9 @@
                | {log, logger:level(), unicode:chardata()}
                | {unexpected, term()}
                | {undecodable, non_neg_integer()}.
-%% One job's record of a results frame: its tag and payload, still undecoded.
--type reply() :: {wire, byte(), binary()}.
+%% One job's record of a results frame: its tag and payload, still undecoded; a traced
+%% job's with the time (monotonic, nanoseconds) the port owner took up its frame.
+-type reply() :: {wire, byte(), binary()} | {traced, integer(), binary()}.
 %% A launch's argument: a vector's bytes, a dim, or a vector in the worker's shared-memory
 %% folder (its files' name, its size and the bytes per part file).
 -type launch_arg() :: erlcuda_job:arg() | file_arg().
@@ -177,7 +178,7 @@ fits(any, _) ->
     true;
 fits(_, {wire, ?WIRE_TAG_ERROR, _}) ->
     true;
-fits(Expect, {wire, ?WIRE_TAG_TRACED, <<Tag:8, Len:32, Inner:Len/binary, _/binary>>}) ->
+fits(Expect, {traced, _, <<Tag:8, Len:32, Inner:Len/binary, _/binary>>}) ->
     fits(Expect, {wire, Tag, Inner});
 fits({keep, Ids}, {wire, ?WIRE_TAG_HANDLE, <<Id:64, _/binary>>}) ->
     lists:member(Id, Ids);
@@ -273,17 +274,22 @@ decode(Frame) ->
 %% @doc Call `Fun(JobId, Reply)' for each record of a results frame, in order; `malformed'
 %% when the records do not parse to their end (the ones before were delivered), and
 %% `{mismatch, JobId}' when `Fun' found a record that does not fit its job (the ones after
-%% it are left).
--spec each_result(fun((erlcuda:job_id(), reply()) -> term()), binary()) ->
+%% it are left). `Since' is when the frame was taken up (`erlang:monotonic_time/1' in
+%% nanoseconds): a traced job's `forward' stage is timed from it.
+-spec each_result(fun((erlcuda:job_id(), reply()) -> term()), binary(), integer()) ->
     ok | malformed | {mismatch, erlcuda:job_id()}.
-each_result(Fun, <<JobId:64, Tag:8, Len:32, Payload:Len/binary, Rest/binary>>) ->
-    case Fun(JobId, {wire, Tag, Payload}) of
+each_result(Fun, <<JobId:64, Tag:8, Len:32, Payload:Len/binary, Rest/binary>>, Since) ->
+    Reply = case Tag of
+                ?WIRE_TAG_TRACED -> {traced, Since, Payload};
+                _ -> {wire, Tag, Payload}
+            end,
+    case Fun(JobId, Reply) of
         mismatch -> {mismatch, JobId};
-        _ -> each_result(Fun, Rest)
+        _ -> each_result(Fun, Rest, Since)
     end;
-each_result(_, <<>>) ->
+each_result(_, <<>>, _) ->
     ok;
-each_result(_, _) ->
+each_result(_, _, _) ->
     malformed.
 
 %% @doc The message a job's caller receives for its record. A vector for a `list' format
@@ -298,9 +304,9 @@ message(JobId, Reply, Format, Sync) ->
 %% @doc `message/4' for a job of the general path, given what its reply needs (`ctx()').
 -spec message(erlcuda:job_id() | reference(), reply(), erlcuda:format(), boolean(), ctx()) ->
     tuple().
-message(JobId, {wire, ?WIRE_TAG_TRACED, <<Tag:8, Len:32, Inner:Len/binary, Stamps/binary>>},
+message(JobId, {traced, Since, <<Tag:8, Len:32, Inner:Len/binary, Stamps/binary>>},
         Format, _Sync, Ctx) ->
-    Forward = erlang:monotonic_time(nanosecond),
+    Forward = erlang:monotonic_time(nanosecond) - Since,
     case term(Stamps) of
         {ok, Map} when is_map(Map) ->
             {erlcuda, JobId, result({wire, Tag, Inner}, Format, false, Ctx),
@@ -308,6 +314,8 @@ message(JobId, {wire, ?WIRE_TAG_TRACED, <<Tag:8, Len:32, Inner:Len/binary, Stamp
         _ ->
             {erlcuda, JobId, malformed()}
     end;
+message(JobId, {traced, _, _}, _, _, _) ->
+    {erlcuda, JobId, malformed()};
 message(JobId, Reply, Format, Sync, Ctx) ->
     {erlcuda, JobId, result(Reply, Format, Sync, Ctx)}.
 

@@ -146,11 +146,11 @@ lost(_, Why) -> {error, {internal, iolist_to_binary(io_lib:format("the job's pro
                                                                   [Why, 10]))}}.
 
 
-%% @doc The reply of a remote job answered with an error away from its worker: with this
-%% side's stamp when the job is traced, as a local job's.
+%% @doc The reply of a remote job answered with an error away from its worker: with stamps
+%% when the job is traced, none (no stage ran), as a local job's.
 -spec error_message(erlcuda:job_id() | reference(), {error, erlcuda:reason()}, boolean()) ->
     tuple().
 error_message(Tag, Error, true) ->
-    {erlcuda, Tag, Error, #{<<"forward">> => erlang:monotonic_time(nanosecond)}};
+    {erlcuda, Tag, Error, #{}};
 error_message(Tag, Error, false) ->
     {erlcuda, Tag, Error}.

@@ -3,7 +3,7 @@
 %% row read by every launch, written only by the port owner (`erlcuda_worker').
 -module(erlcuda_status).
 
--export([create/0, set_up/6, set_down/1, set_unavailable/1, status/0, enqueue/2, dequeue/2,
+-export([create/0, set_up/6, set_down/1, set_unavailable/1, set_bad_python/1, status/0, enqueue/2, dequeue/2,
          in_flight/2, pick/2, set_worker_os_pid/1, worker_os_pid/0, max_devices/0,
          next_epoch/0, epoch/0, take/3, waiting/2, add_waiting/3,
          clear_waiting/0]).
@@ -24,7 +24,8 @@
                     queues := queues(), max_queue := pos_integer(), writer := pid(),
                     writer_counters := erlcuda_writer:counters(),
                     shm := erlcuda_shm:folder() | none, epoch := non_neg_integer()}
-                | #{status := {down, term()} | {unavailable, binary()},
+                | #{status := {down, term()} | {unavailable, binary()}
+                              | {bad_python, binary()},
                     queues := queues() | undefined}.
 
 %% @doc The table; created by the application's process so that it outlives the owner.
@@ -74,6 +75,11 @@ set_down(Why) ->
 -spec set_unavailable(binary()) -> ok.
 set_unavailable(Why) ->
     store(#{status => {unavailable, Why}, queues => queues()}).
+
+%% @doc No worker runs: the configured Python cannot run one (erlcuda_python).
+-spec set_bad_python(binary()) -> ok.
+set_bad_python(Detail) ->
+    store(#{status => {bad_python, Detail}, queues => queues()}).
 
 %% @doc The status; `{down, not_running}' when the application is not started.
 -spec status() -> status().

@@ -13,6 +13,7 @@ submit(Job, ReplyTo) ->
     case erlcuda_status:status() of
         #{status := up} = Status -> route(Job, ReplyTo, Status);
         #{status := {unavailable, Why}} -> {error, {backend_unavailable, Why}};
+        #{status := {bad_python, _} = Bad} -> {error, Bad};
         #{status := {down, Why}} -> {error, {worker_down, Why}}
     end.
 

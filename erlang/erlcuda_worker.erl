@@ -2,8 +2,21 @@
 %% The port owner: the life cycle of the Python worker process as a state machine.
 %%
 %%   backing_off --(timer)--> starting --(hello answered)--> [replaying] --> ready
-%%        ^                      |                                 |           |
-%%        +------ worker exits, hello or replay times out, stuck --+-----------+
+%%     ^   |   ^                 |  |                              |           |
+%%     |   |   +-- worker exits, hello or replay times out, stuck -+-----------+
+%%     |   |                     |
+%%     |   +-(bad_python)--> probing <-(exits before its hello)
+%%     +----(verdict)-----------+ (a Python that is fine now: starting)
+%%
+%% A worker that exits before its hello is explained by the probe of its interpreter
+%% (`erlcuda_python'): a Python that cannot serve (not found, too old, no numpy, no erlcuda
+%% package) is `{bad_python, Detail}', logged once, answered to every launch and shown by
+%% `info/0'; while it stays so, each retry runs the probe alone, not the worker. With
+%% `{on_bad_python, fail}' the application's start fails with it instead.
+%%
+%% Starts that keep failing back off, the delay doubling from ?MIN_BACKOFF up to
+%% ?MAX_START_BACKOFF while no worker answers its hello, and up to ?MAX_BACKOFF for a
+%% worker that did (and so may be answering jobs again soon).
 %%
 %% Each start takes a new epoch (erlcuda_status:next_epoch/0): buffers of earlier workers
 %% are gone. When user modules were loaded (erlcuda_catalogue), the new worker loads them
@@ -28,6 +41,7 @@
 
 -define(MIN_BACKOFF, 100).
 -define(MAX_BACKOFF, 5000).
+-define(MAX_START_BACKOFF, 60000).
 %% A worker that lives this long is healthy: its next crash restarts it at once.
 -define(STABLE_MS, 10000).
 %% How long info/0 waits for a busy worker before answering with this side's view.
@@ -37,7 +51,10 @@
 %% How long a worker may take to exit once its input is closed, before it is killed.
 -define(REAP_MS, 2000).
 
--type state() :: starting | replaying | ready | backing_off.
+-type state() :: starting | replaying | ready | backing_off | probing.
+%% Why the probe runs: to explain a worker's exit before its hello (`Why', its OS pid), or
+%% to see whether a bad Python is fixed.
+-type purpose() :: {explain, term(), integer() | undefined} | recheck.
 -type caller() :: {info, gen_statem:from()} | {plain, gen_statem:from()} | hello
                 | {replay, atom()}.
 
@@ -61,7 +78,14 @@
                writer :: {pid(), erlcuda_writer:counters()} | undefined,
                shm = none :: erlcuda_shm:folder() | none,
                epoch = 0 :: non_neg_integer(),
-               waiting = [] :: [gen_statem:from()]}).
+               waiting = [] :: [gen_statem:from()],
+               %% the probe of the interpreter while it runs: its port, its OS pid, the
+               %% output so far, and why it runs
+               probe :: {port(), integer() | undefined, binary(), purpose()} | undefined,
+               %% the bad_python detail last logged (each is logged once)
+               python_bad :: binary() | undefined,
+               %% whether the last worker answered its hello
+               answered = false :: boolean()}).
 
 %% API.
 
@@ -69,8 +93,10 @@
 start_link() ->
     gen_statem:start_link({local, ?MODULE}, ?MODULE, [], []).
 
-%% @doc Return once the first start of the worker has ended, answered or failed.
--spec await_ready(timeout()) -> ok | {error, {bad_config, worker_args, [string()]}}.
+%% @doc Return once the first start of the worker has ended, answered or failed; an error
+%% where that start should fail the application's.
+-spec await_ready(timeout()) ->
+    ok | {error, {bad_config, worker_args, [string()], binary()} | {bad_python, binary()}}.
 await_ready(Timeout) ->
     gen_statem:call(?MODULE, await_ready, Timeout).
 
@@ -112,8 +138,24 @@ handle_event({call, From}, Request, State, D) ->
 %% The worker process.
 handle_event(internal, start, backing_off, D) ->
     start_worker(D);
+handle_event(state_timeout, restart, backing_off, #data{down_reason = {bad_python, _}} = D) ->
+    probe(recheck, reload(D));
 handle_event(state_timeout, restart, backing_off, D) ->
     start_worker(D);
+%% The probe of the interpreter.
+handle_event(info, {Port, {data, Bytes}}, probing,
+             #data{probe = {Port, OsPid, Output, Purpose}} = D) ->
+    Kept = binary:part(<<Output/binary, Bytes/binary>>, 0,
+                       min(byte_size(Output) + byte_size(Bytes), erlcuda_python:max_output())),
+    {keep_state, D#data{probe = {Port, OsPid, Kept, Purpose}}};
+handle_event(info, {Port, {exit_status, Status}}, probing,
+             #data{probe = {Port, _, Output, Purpose}, config = Config} = D) ->
+    probed(erlcuda_python:verdict(erlcuda_python:choice(Config), Config, Status, Output),
+           Purpose, D#data{probe = undefined});
+handle_event(state_timeout, probe_timeout, probing, #data{probe = {Port, OsPid, _, Purpose}} = D) ->
+    ?LOG_WARNING("erlcuda: the check of the worker's Python did not end in time"),
+    stop_probe(Port, OsPid),
+    probed(ok, Purpose, D#data{probe = undefined});
 handle_event(state_timeout, hello_timeout, starting, #data{os_pid = OsPid} = D) ->
     ?LOG_ERROR("erlcuda: the worker ~p did not answer its hello in time; killing it",
                [OsPid]),
@@ -129,6 +171,12 @@ handle_event(internal, {frame, Port, Frame}, State, #data{port = Port} = D) ->
 handle_event(internal, {frame, _, _}, _, _) ->
     %% of a worker that died since
     keep_state_and_data;
+handle_event(info, {Port, {exit_status, Status}}, starting, #data{port = Port} = D) ->
+    case exit_reason(Status, starting, D) of
+        %% It never answered: its interpreter may be what failed.
+        {exit_status, _} = Why -> probe({explain, Why, D#data.os_pid}, down(Why, D));
+        Why -> worker_died(Why, D)
+    end;
 handle_event(info, {Port, {exit_status, Status}}, State, #data{port = Port} = D) ->
     worker_died(exit_reason(Status, State, D), D);
 handle_event(info, {'EXIT', Port, Why}, _, #data{port = Port} = D) ->
@@ -157,7 +205,8 @@ handle_event(_, _, _, _) ->
     keep_state_and_data.
 
 %% Callers: the calls of the API, answered in every state.
-request(await_ready, From, State, D) when State =:= starting; State =:= replaying ->
+request(await_ready, From, State, D) when State =:= starting; State =:= replaying;
+                                          State =:= probing ->
     {keep_state, D#data{waiting = [From | D#data.waiting]}};
 request(await_ready, From, _, D) ->
     {keep_state_and_data, [{reply, From, start_result(D)}]};
@@ -180,6 +229,8 @@ request({call, Fun, Args}, From, State, #data{port = Port} = D)
         {ok, D1} -> {keep_state, D1};
         {error, Why} -> {keep_state_and_data, [{reply, From, {error, Why}}]}
     end;
+request({call, _, _}, From, _, #data{down_reason = {bad_python, _} = Bad}) ->
+    {keep_state_and_data, [{reply, From, {error, Bad}}]};
 request({call, _, _}, From, _, #data{down_reason = Why}) ->
     {keep_state_and_data, [{reply, From, {error, {worker_down, Why}}}]};
 request(_, From, _, _) ->
@@ -198,7 +249,10 @@ terminate(Reason, _State, #data{port = Port, os_pid = OsPid} = D) ->
     %% that does not is killed rather than left behind.
     reap(OsPid, ?REAP_MS div 50),
     _ = remove_folder(D),
-    ok.
+    case D#data.probe of
+        {Probe, ProbePid, _, _} -> stop_probe(Probe, ProbePid);
+        undefined -> ok
+    end.
 
 %% The worker's frames.
 
@@ -219,7 +273,7 @@ data(Bytes, State, #data{port = Port, reader = R} = D0) ->
 
 frame({results, Records}, _, #data{os_pid = OsPid, shm = Shm} = D) ->
     case erlcuda_protocol:each_result(fun(Id, Reply) -> complete(Id, Reply, Shm) end,
-                                      Records) of
+                                      Records, erlang:monotonic_time(nanosecond)) of
         ok ->
             {keep_state, D};
         malformed ->
@@ -276,16 +330,20 @@ hello({ok, Info}, #data{os_pid = OsPid} = D) ->
     case erlcuda_worker_start:check_hello(Info) of
         ok ->
             ?LOG_NOTICE("erlcuda: worker ~p started: ~ts", [OsPid, maps:get(reason, Info, "")]),
-            replay(erlcuda_catalogue:replay(), D#data{hello = Info});
+            replay(erlcuda_catalogue:replay(), answered(D#data{hello = Info}));
         {unavailable, Why} ->
             ?LOG_ERROR("erlcuda: worker ~p cannot run jobs: ~ts", [OsPid, Why]),
             ok = erlcuda_status:set_unavailable(Why),
-            ready(D#data{hello = Info});
+            ready(answered(D#data{hello = Info}));
         {failed, Other} ->
             hello_failed(Other, D)
     end;
 hello(Other, D) ->
     hello_failed(Other, D).
+
+%% Its interpreter serves: a bad Python found later is logged again.
+answered(D) ->
+    D#data{answered = true, python_bad = undefined}.
 
 hello_failed(Other, D) ->
     ?LOG_ERROR("erlcuda: the worker's hello failed: ~0P", [Other, 20]),
@@ -347,18 +405,23 @@ keeping(Result, _) -> Result.
 
 %% Starting and stopping the worker.
 
-start_worker(#data{config = Previous} = D0) ->
-    Config = case erlcuda_config:load() of
-                 {ok, C} -> C;
-                 {error, Bad} ->
-                     ?LOG_ERROR("erlcuda: ignoring a changed setting, ~0p; keeping the "
-                                "previous configuration", [Bad]),
-                     Previous
-             end,
+%% The configuration as it is now: each start reads it again.
+reload(#data{config = Previous} = D) ->
+    case erlcuda_config:load() of
+        {ok, Config} ->
+            D#data{config = Config};
+        {error, Bad} ->
+            ?LOG_ERROR("erlcuda: ignoring a changed setting, ~0p; keeping the previous "
+                       "configuration", [Bad]),
+            D#data{config = Previous}
+    end.
+
+start_worker(D0) ->
+    #data{config = Config} = Loaded = reload(D0),
     Epoch = erlcuda_status:next_epoch(),
     ok = erlcuda_buffers:new_epoch(Epoch),
-    D = D0#data{started = now_ms(), config = Config, shm = shm_folder(Config), epoch = Epoch,
-                reader = erlcuda_protocol:reader()},
+    D = Loaded#data{started = now_ms(), shm = shm_folder(Config), epoch = Epoch,
+                reader = erlcuda_protocol:reader(), answered = false},
     #{python := Python, args := Args, env := Env} =
         erlcuda_worker_start:worker_command(Config, D#data.shm),
     try open_port({spawn_executable, Python},
@@ -389,9 +452,57 @@ start_worker(#data{config = Previous} = D0) ->
              [{state_timeout, maps:get(start_timeout, Config), hello_timeout}]}
     catch
         error:Why ->
-            ?LOG_ERROR("erlcuda: cannot start the worker ~ts: ~p", [Python, Why]),
-            back_off({spawn_failed, Why}, remove_folder(D))
+            case erlcuda_python:spawn_failure(erlcuda_python:choice(Config), Why) of
+                none ->
+                    ?LOG_ERROR("erlcuda: cannot start the worker ~ts: ~p", [Python, Why]),
+                    back_off({spawn_failed, Why}, remove_folder(D));
+                Bad ->
+                    probed(Bad, {explain, {spawn_failed, Why}, undefined}, remove_folder(D))
+            end
     end.
+
+%% The probe of the interpreter (erlcuda_python), in a port of its own: its output and exit
+%% are events, as the worker's are.
+probe(Purpose, #data{config = Config} = D) ->
+    Choice = erlcuda_python:choice(Config),
+    case erlcuda_python:command(Config) of
+        {ok, #{python := Python, args := Args, env := Env}} ->
+            try open_port({spawn_executable, Python},
+                          [{args, Args}, {env, Env}, stream, binary, exit_status, use_stdio,
+                           stderr_to_stdout, hide]) of
+                Port ->
+                    OsPid = case erlang:port_info(Port, os_pid) of
+                                {os_pid, P} -> P;
+                                undefined -> undefined
+                            end,
+                    {next_state, probing, D#data{probe = {Port, OsPid, <<>>, Purpose}},
+                     [{state_timeout, maps:get(start_timeout, Config), probe_timeout}]}
+            catch
+                error:Why ->
+                    probed(case erlcuda_python:spawn_failure(Choice, Why) of
+                               none -> ok;
+                               Bad -> Bad
+                           end, Purpose, D)
+            end;
+        {error, Why} ->
+            ?LOG_WARNING("erlcuda: cannot read the check of the worker's Python: ~p", [Why]),
+            probed(ok, Purpose, D)
+    end.
+
+%% What the probe found: a bad Python is the reason, logged the first time; else the failure
+%% it was to explain stands, or, a bad Python being fixed, the worker starts.
+probed({bad_python, Detail} = Bad, _, #data{python_bad = Logged} = D) ->
+    _ = [?LOG_ERROR("erlcuda: ~ts", [Detail]) || Detail =/= Logged],
+    back_off(Bad, D#data{python_bad = Detail});
+probed(ok, {explain, Why, OsPid}, D) ->
+    ?LOG_ERROR("erlcuda: worker ~p down: ~p", [OsPid, Why]),
+    back_off(Why, D);
+probed(ok, recheck, D) ->
+    start_worker(D).
+
+stop_probe(Port, OsPid) ->
+    catch port_close(Port),
+    kill(OsPid).
 
 %% A folder for this worker's shared memory; none (everything through the pipe) where the
 %% configured place cannot hold one.
@@ -433,8 +544,12 @@ kill_worker(Why, #data{os_pid = OsPid} = D) ->
     kill(OsPid),
     worker_died(Why, D).
 
-worker_died(Why, #data{port = Port, os_pid = OsPid, writer = Writer} = D) ->
+worker_died(Why, #data{os_pid = OsPid} = D) ->
     ?LOG_ERROR("erlcuda: worker ~p down: ~p", [OsPid, Why]),
+    back_off(Why, down(Why, D)).
+
+%% The worker is gone: its port, its writer, its jobs and calls answered, its folder.
+down(Why, #data{port = Port, writer = Writer} = D) ->
     ok = erlcuda_events:worker(down, #{duration => life(D)}, (worker_meta(D))#{reason => Why}),
     ok = erlcuda_status:set_down(Why),
     ok = erlcuda_status:set_worker_os_pid(undefined),
@@ -444,8 +559,8 @@ worker_died(Why, #data{port = Port, os_pid = OsPid, writer = Writer} = D) ->
     stop_writer(Writer),
     fail_calls({worker_down, Why}, backing_off, D),
     ok = erlcuda_jobs:fail_all(Why),
-    back_off(Why, remove_folder(D#data{port = undefined, os_pid = undefined, calls = #{},
-                                       busy_since = undefined, writer = undefined})).
+    remove_folder(D#data{port = undefined, os_pid = undefined, calls = #{},
+                         busy_since = undefined, writer = undefined, down_reason = Why}).
 
 stop_writer(undefined) ->
     ok;
@@ -454,11 +569,19 @@ stop_writer({Pid, _}) ->
     exit(Pid, kill),
     ok.
 
-back_off(Why, #data{restarts = N, backoff = Backoff, started = Started, waiting = W} = D) ->
-    ok = erlcuda_status:set_down(Why),
-    Delay = case now_ms() - Started > ?STABLE_MS of
+back_off(Why, #data{restarts = N, backoff = Backoff, started = Started, waiting = W,
+                    answered = Answered} = D) ->
+    ok = case Why of
+             {bad_python, Detail} -> erlcuda_status:set_bad_python(Detail);
+             _ -> erlcuda_status:set_down(Why)
+         end,
+    Ceiling = case Answered of
+                  true -> ?MAX_BACKOFF;
+                  false -> ?MAX_START_BACKOFF
+              end,
+    Delay = case Answered andalso now_ms() - Started > ?STABLE_MS of
                 true -> 0;
-                false -> min(max(Backoff * 2, ?MIN_BACKOFF), ?MAX_BACKOFF)
+                false -> min(max(Backoff * 2, ?MIN_BACKOFF), Ceiling)
             end,
     ok = erlcuda_events:worker(restart,
                                #{backoff => erlang:convert_time_unit(Delay, millisecond, native)},
@@ -470,13 +593,16 @@ back_off(Why, #data{restarts = N, backoff = Backoff, started = Started, waiting 
 
 %% What a first start that ended tells the application: worker arguments it refused stop
 %% the start, rather than a worker that would restart for ever.
-start_result(#data{down_reason = {bad_config, _, _} = Bad}) -> {error, Bad};
+start_result(#data{down_reason = {bad_config, _, _, _} = Bad}) -> {error, Bad};
+start_result(#data{down_reason = {bad_python, _} = Bad, config = #{on_bad_python := fail}}) ->
+    {error, Bad};
 start_result(_) -> ok.
 
 %% The worker refuses a command line with the usage status before it says hello. Ours is
 %% always well formed: one it refused holds `worker_args' it does not take.
 exit_reason(?EXIT_USAGE, starting, #data{config = #{worker_args := [_ | _] = Args}}) ->
-    {bad_config, worker_args, Args};
+    {bad_config, worker_args, Args,
+     <<"arguments that python -m erlcuda serve takes (the worker's usage message is logged)">>};
 exit_reason(Status, _, _) ->
     {exit_status, Status}.
 
@@ -542,8 +668,13 @@ merge_info(Worker, State, #data{os_pid = OsPid, restarts = Restarts, down_reason
                        {replaying, _} -> starting;
                        {_, S} -> S
                    end,
-    (maps:merge(maps:without([device_info, os_pid], Hello),
-                maps:without([device_info, os_pid], Worker)))#{
+    %% No worker runs: the status an earlier one reported is not this one's.
+    Python = case Down of
+                 {bad_python, _} when State =/= ready -> #{status => Down};
+                 _ -> #{}
+             end,
+    (maps:merge(maps:merge(maps:without([device_info, os_pid], Hello),
+                           maps:without([device_info, os_pid], Worker)), Python))#{
         backend => maps:get(backend, Worker, maps:get(backend, Hello, undefined)),
         devices => maps:get(devices, Worker, maps:get(devices, Hello, 0)),
         device_info => PerDevice,
@@ -554,6 +685,7 @@ merge_info(Worker, State, #data{os_pid = OsPid, restarts = Restarts, down_reason
         jobs => erlcuda_jobs:counters(),
         epoch => D#data.epoch,
         owned_buffers => erlcuda_buffers:count(),
+        backoff_ms => D#data.backoff,
         writer => erlcuda_writer:stats(writer_counters(Writer))}.
 
 writer_counters({_, Counters}) -> Counters;

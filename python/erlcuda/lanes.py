@@ -43,6 +43,14 @@ log = logging.getLogger("erlcuda.lane")
 
 _STOP = object()  # queued by stop(): the lane ends once it reaches it
 
+#: A traced job's stages, each the nanoseconds between two points of the worker's clock
+#: (``perf_counter_ns``) that ``Job.trace`` holds: decode (frame read to queued), queue (to
+#: taken by its device's thread), group (to its backend call), backend (the call), encode
+#: (the reply's bookkeeping, before its ETF). Durations, so that a reader never sets a point
+#: of this clock against one of Erlang's.
+STAGES = (("decode", "recv", "queued"), ("queue", "queued", "take"), ("group", "take", "run"),
+          ("backend", "run", "done"), ("encode", "done", "encode"))
+
 
 @dataclass(slots=True)
 class Job:
@@ -58,6 +66,15 @@ class Job:
     # A launch for the general path, checked and run on its device's thread (it may name
     # buffers, which only that thread knows).
     general: Launch | None = None
+
+    def stamps(self) -> dict[str, int] | None:
+        """A traced job's reply stamps: the nanoseconds of each stage it reached
+        (``STAGES``); ``None`` for a job not traced."""
+        points = self.trace
+        if points is None:
+            return None
+        return {stage: points[end] - points[start] for stage, start, end in STAGES
+                if start in points and end in points}
 
     @property
     def elements(self) -> int:
@@ -553,7 +570,7 @@ class Lane(threading.Thread):
                 except ShmError as exc:
                     log.warning("job %d: the result goes through the pipe: %s", job.job_id,
                                 exc)
-            records.append((job.job_id, result, job.trace))
+            records.append((job.job_id, result, job.stamps()))
         self._reply(records)
         if fatal is not None:
             self.on_fatal(fatal)
@@ -613,7 +630,7 @@ class Lane(threading.Thread):
                 result = self.shm.write_result(job.job_id, result)
             except ShmError as exc:
                 log.warning("job %d: the result goes through the pipe: %s", job.job_id, exc)
-        self._reply([(job.job_id, result, job.trace)])
+        self._reply([(job.job_id, result, job.stamps())])
         if fatal is not None:
             self.on_fatal(fatal)
 

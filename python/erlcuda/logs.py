@@ -1,18 +1,16 @@
 """Worker logs to Erlang: log records, and whatever native code prints, become log frames.
 
-In port mode the worker's fds 1 and 2 are pipes read by a thread here, so output from nvcc
-or the CUDA libraries reaches Erlang's logger as ``{'L', Level, Line}`` frames instead of
-corrupting the protocol (which uses fds 3 and 4) or vanishing.
+In port mode the worker's fds 1 and 2 are pipes (``boot.Capture``, started by ``python -m
+erlcuda`` before any other import), so output from nvcc or the CUDA libraries reaches
+Erlang's logger as ``{'L', Level, Text}`` frames instead of corrupting the protocol (which
+uses fds 3 and 4), vanishing or going raw to the node's console.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
-import threading
 
-from . import protocol
+from . import boot, protocol
 from .framing import FrameError, FrameWriter
 
 _LEVELS = (
@@ -39,25 +37,20 @@ class FrameLogHandler(logging.Handler):
             self.handleError(record)
 
 
-def _pump(fd: int, level: str) -> None:
-    logger = logging.getLogger("erlcuda.output")
-    with open(fd, "rb", closefd=True) as pipe:
-        for raw in pipe:
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            if line:
-                logger.log(logging.WARNING if level == "warning" else logging.INFO, "%s", line)
+def _log_output(level: str, text: str) -> None:
+    logging.getLogger("erlcuda.output").log(
+        logging.WARNING if level == "warning" else logging.INFO, "%s", text)
 
 
 def capture_std_streams() -> None:
-    """Point fds 1 and 2 at pipes whose lines are logged (stdout as info, stderr as warning)."""
-    for fd, level in ((1, "info"), (2, "warning")):
-        read_end, write_end = os.pipe()
-        os.dup2(write_end, fd)
-        os.close(write_end)
-        threading.Thread(target=_pump, args=(read_end, level), name=f"erlcuda-fd{fd}",
-                         daemon=True).start()
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    """Log what is written to fds 1 and 2 (stdout as info, stderr as warning): the capture
+    ``python -m erlcuda`` started hands its lines over to logging, or one starts here (an
+    entry point of its own, such as the tests' worker, imports the worker first)."""
+    capture = boot.current()
+    if capture is None:
+        capture = boot.Capture()
+        capture.start()
+    capture.hand_over(_log_output)
 
 
 def to_erlang(writer: FrameWriter, level: int = logging.INFO) -> None:

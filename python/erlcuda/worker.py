@@ -55,6 +55,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from . import __version__, contract, etf, general, protocol
 from .backends import select
 from .backends.base import Backend, BackendError, BackendUnavailable, Device
@@ -120,7 +122,7 @@ class Worker:
             count, unavailable = 0, exc.message
         # the backend that runs, else the one asked for (cuda, when it could not start)
         self.backend_name = self.backend.name if self.backend is not None else options.backend
-        log.info("%s", self.reason)
+        # The reason is not logged here: it is in the hello, and Erlang logs the start once.
         spin_us = options.spin_us
         if spin_us < 0:
             spin_us = AUTO_SPIN_US if self.backend_name == "cuda" else 0
@@ -366,7 +368,7 @@ class Worker:
         return job
 
     def _reply_now(self, job: Job, failure: Failure) -> None:
-        encoded = results_frames([(job.job_id, failure, job.trace)], self.writer.max_frame)
+        encoded = results_frames([(job.job_id, failure, job.stamps())], self.writer.max_frame)
         self.writer.write_many(encoded.frames)
         return None
 
@@ -500,6 +502,8 @@ class Worker:
             "devices": len(self.lanes),
             "os_pid": os.getpid(),
             "python": sys.version.split()[0],
+            "python_executable": sys.executable,
+            "numpy": np.__version__,
             "batching": self.options.max_batch > 1,
             "hooks": list(self.extensions),  # the calls an entry point added
             "device_info": devices,

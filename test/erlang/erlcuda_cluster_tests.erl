@@ -269,7 +269,7 @@ routing(#{peers := [{P1, N1} | _] = Peers}) ->
     ?assertEqual({ok, <<2.0:32/float-little, 4.0:32/float-little>>}, receive_reply(Id2)),
     ?assertEqual({ok, [2.0, 4.0]}, erlcuda:launch_sync(vector_add, [Bin, Bin], [{node, N1}])),
     ?assertEqual({ok, [1, 2]}, erlcuda:launch_sync(copy, [[1, 2]], [{node, N1}, {type, i32}])),
-    ?assertMatch({ok, 3.0, #{<<"forward">> := _}},
+    ?assertMatch({ok, 3.0, #{<<"decode">> := _, <<"forward">> := _}},
                  erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{node, N1}, {trace, true}])),
     %% this node, by name
     ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{node, node()}])),

@@ -45,7 +45,7 @@ bad_values_are_bad_config_test() ->
              {ok, Old} -> ok = application:set_env(erlcuda, K, Old);
              undefined -> ok = application:unset_env(erlcuda, K)
          end,
-         ?assertEqual({error, {bad_config, K, V}}, Got)
+         ?assertMatch({error, {bad_config, K, V, <<_, _/binary>>}}, Got)
      end || {K, V} <- [{worker_module, ""}, {worker_module, "a b"}, {worker_module, "1x"},
                        {worker_module, "x."}, {python_path, "/tmp"},
                        {python_path, [""]}, {python_path, [<<>>]}, {python_path, [1]}]].

@@ -36,6 +36,49 @@ log_domain_test_() ->
          ?assertMatch(#{domain := [erlcuda]}, Started())
      end}}.
 
+%% The worker's start is logged once, by the port owner, with the backend's reason: the
+%% worker logged that reason too, before its hello, so every start read twice.
+start_logged_once_test_() ->
+    {setup,
+     fun() ->
+             _ = application:stop(erlcuda),
+             %% the worker's line was at level info, below the default primary level
+             #{level := Level} = logger:get_primary_config(),
+             ok = logger:set_primary_config(level, info),
+             Level
+     end,
+     fun(Level) ->
+             ok = logger:set_primary_config(level, Level),
+             _ = logger:remove_handler(erlcuda_start_once),
+             erlcuda_test_util:reset(?DEFAULTS, [])
+     end,
+     {timeout, 60, fun() ->
+         ok = logger:add_handler(erlcuda_start_once, erlcuda_test_util,
+                                 #{config => #{pid => self()}, level => all,
+                                   filters => [{erlcuda, {fun logger_filters:domain/2,
+                                                          {log, sub, [erlcuda]}}}],
+                                   filter_default => stop}),
+         application:load(erlcuda),
+         [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS],
+         {ok, _} = application:ensure_all_started(erlcuda),
+         %% Every event up to the "started" one: the worker's frames before its hello
+         %% answer are handled before it.
+         Upto = fun F(Acc) ->
+                        receive
+                            {logged, #{msg := {Format, Args}}} ->
+                                Text = iolist_to_binary(io_lib:format(Format, Args)),
+                                case string:find(Text, "started") of
+                                    nomatch -> F([Text | Acc]);
+                                    _ -> [Text | Acc]
+                                end;
+                            {logged, _} -> F(Acc)
+                        after 10000 -> Acc
+                        end
+                end,
+         Events = Upto([]),
+         ?assertMatch([_], [E || E <- Events, string:find(E, "cpu backend requested") =/= nomatch])
+     end}}.
+
 %% A worker whose first bytes are a frame header of 0xFFFFFFF0 and nothing after: a
 %% `{packet, 4}' port reserved the 4 GiB it names at once (and kept them after the
 %% application stopped). Now a frame takes the memory of the bytes that came.
@@ -82,7 +125,7 @@ bad_worker_args_test_() ->
          [begin
               [ok = application:set_env(erlcuda, K, V) || {K, V} <- ?DEFAULTS],
               ok = application:set_env(erlcuda, worker_args, Args),
-              ?assertMatch({error, {{bad_config, worker_args, _}, _}},
+              ?assertMatch({error, {{bad_config, worker_args, _, _}, _}},
                            application:start(erlcuda)),
               ?assertEqual(undefined, whereis(erlcuda_worker))
           end || Args <- [["--bogus-flag"], [<<"--cpu-devices">>, <<"2000">>],

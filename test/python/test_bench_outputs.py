@@ -576,3 +576,16 @@ def test_lone_job_targets_take_each_side_after_a_call_of_its_own_kind(
     assert over["measured"] == pytest.approx(70.0, abs=1.0)
     assert over["floor"] == pytest.approx(50.0, abs=1.0)
     assert "own kind" in over["target"]
+
+
+def test_stages_are_read_as_durations_by_stage(stack_bench: types.ModuleType) -> None:
+    # A traced job's stamps are nanoseconds by stage (the port owner's forward among them);
+    # the node reports those, the caller's launch_call and total, and the rest as transit.
+    cols = {"launch_call": [4000, 6000], "total": [90000, 110000], "decode": [1000, 3000],
+            "queue": [500, 500], "group": [200, 400], "backend": [50000, 70000],
+            "encode": [300, 300], "forward": [2000, 4000], "transit": [30000, 30000]}
+    (row,) = stack_bench.summarize_stages(
+        [{"kernel": "vector_add", "size": 1000, "elements": 1000, "iters": 2, "stages": cols,
+          "echo_bytes": 8000, "echo_ns": [20000, 20000]}], aligned=False)
+    assert set(row["stages_us"]) == set(cols)
+    assert row["stages_us"]["forward"]["p50"] == 3.0

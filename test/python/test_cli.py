@@ -52,8 +52,8 @@ def test_serve_with_files_on_fds_3_and_4_refuses_them() -> None:
     assert "fd 3 is not a pipe or a socket; fd 4 is not a pipe or a socket" in done.stderr
 
 
-# A parent that starts a worker as Erlang does (fds 3 and 4 pipes), waits for its first frame
-# (the worker is serving, past its start-up), prints the worker's pid and sleeps.
+# A parent that starts a worker as Erlang does (fds 3 and 4 pipes), waits for the answer to an
+# info call (the worker is serving, past its start-up), prints the worker's pid and sleeps.
 PARENT = textwrap.dedent("""
     import os, subprocess, sys, time
     to_child_r, to_child_w = os.pipe()
@@ -68,6 +68,8 @@ PARENT = textwrap.dedent("""
                               pass_fds=(3, 4), preexec_fn=remap, stdin=subprocess.DEVNULL)
     for fd in (to_child_r, from_child_w, *high):
         os.close(fd)
+    call = b"\\x83h\\x05w\\x01Ca\\x01w\\x07erlcudaw\\x04infoj"  # {'C', 1, erlcuda, info, []}
+    os.write(to_child_w, len(call).to_bytes(4, "big") + call)
     assert len(os.read(from_child_r, 4)) == 4
     print(worker.pid, flush=True)
     time.sleep(600)

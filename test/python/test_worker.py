@@ -187,13 +187,12 @@ def test_a_traced_job_carries_the_workers_stamps(worker: WorkerPipe) -> None:
     worker.launch(3, "reduce", [f32([4])])
     replies = {r.job_id: r for r in (worker.reply() for _ in range(3))}
     assert replies[1].result == ("ok", 3.0) and replies[1].tag == W.tag_scalar
-    assert set(replies[1].stamps or {}) == {b"recv", b"queued", b"take", b"run", b"done",
-                                            b"encode"}
+    # nanoseconds per stage, each on the worker's own clock
     stamps = replies[1].stamps or {}
-    order = [stamps[k] for k in (b"recv", b"queued", b"take", b"run", b"done", b"encode")]
-    assert order == sorted(order) and all(isinstance(t, int) for t in order)
+    assert set(stamps) == {b"decode", b"queue", b"group", b"backend", b"encode"}
+    assert all(isinstance(ns, int) and ns >= 0 for ns in stamps.values())
     assert replies[2].result == ("error", ("bad_device", 9))
-    assert set(replies[2].stamps or {}) == {b"recv", b"queued"}
+    assert set(replies[2].stamps or {}) == {b"decode"}
     assert replies[3].stamps is None and replies[3].result == ("ok", 4.0)
 
 
