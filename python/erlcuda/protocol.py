@@ -1021,7 +1021,33 @@ def _lone(job_id: int, res: Result, max_frame: int) -> tuple[Chunks, int] | None
         if n < SMALL_PAYLOAD:
             return [head + res.tobytes()], size
         return [head, res.data.cast("B")], size
+    if cls is Listed and len(res.items) == 1:
+        return _lone_item(job_id, res.items[0], max_frame)
     return None
+
+
+def _lone_item(job_id: int, item: Any, max_frame: int) -> tuple[Chunks, int] | None:
+    """``_lone`` of a list of one item (a program's one output): a float or an f32 vector."""
+    cls = type(item)
+    if cls is float:
+        body = _U32.pack(1) + _ITEM_HEAD.pack(_T_SCALAR, 8) + _pack_f64(item)
+        size = _LONE_HEAD.size + len(body)
+        if size > max_frame:
+            return None
+        return [_LONE_HEAD.pack(_W.results, 1, job_id, _T_LIST, len(body)) + body], size
+    if cls is not np.ndarray or item.dtype is not _F32 or item.ndim != 1 or (
+            not item.flags.c_contiguous):
+        return None
+    n = item.nbytes
+    inner = _U32.size + _ITEM_HEAD.size + n
+    size = _LONE_HEAD.size + inner
+    if size > max_frame:
+        return None
+    head = (_LONE_HEAD.pack(_W.results, 1, job_id, _T_LIST, inner) + _U32.pack(1)
+            + _ITEM_HEAD.pack(_T_VECTOR, n))
+    if n < SMALL_PAYLOAD:
+        return [head + item.tobytes()], size
+    return [head, item.data.cast("B")], size
 
 
 def encode_table(job_ids: np.ndarray, values: np.ndarray, max_frame: int) -> list[list[Any]]:

@@ -71,9 +71,10 @@ log = logging.getLogger("erlcuda.worker")
 
 _LAUNCH = contract.WIRE.launch
 _ETF = etf.VERSION
-#: Launch flags that a lone frame's fast paths leave to the decoder (all but keep and
-#: geometry: a trace, a result file).
-_NOT_LONE = 0xFF & ~(contract.WIRE.flag_keep | contract.WIRE.flag_geometry)
+#: Launch flags that a lone frame's fast paths leave to the decoder (all but keep, geometry
+#: and program: a trace, a result file).
+_NOT_LONE = 0xFF & ~(contract.WIRE.flag_keep | contract.WIRE.flag_geometry
+                     | contract.WIRE.flag_program)
 
 #: Exit status when a device's context is poisoned: Erlang restarts the worker.
 EXIT_FATAL = 70

@@ -22,6 +22,7 @@ cluster_test_() ->
                                    {"a busy node's rate is measured and published",
                                     fun rate/1},
                                    {"buffers of other nodes, transfer", fun buffers/1},
+                                   {"programs run on other nodes", fun programs/1},
                                    {"launch_sync's timeout, no stray message", fun timeouts/1},
                                    {"await of a launch on another node", fun remote_await/1},
                                    {"a record stays while its proxy runs",
@@ -411,6 +412,37 @@ rate(#{peers := [{_, N1} | _]}) ->
     ok = erlcuda_test_util:wait_until(fun() -> RateOf() > 0 end, 30),
     ?assert(RateOf() < 1),
     ?assertEqual({ok, 1.0}, receive_reply(Id)).
+
+%% A program's run is a launch: it goes to the node named, or to the node of its buffers
+%% (the caller's inputs, or those its steps name), and its kept outputs are the caller's.
+programs(#{peers := [{P1, N1}, {_, N2} | _]}) ->
+    Self = self(),
+    {ok, P} = erlcuda:program(#{inputs => [a, b], steps => [{s, vector_add, [a, b]},
+                                                            {t, reduce, [s]}],
+                                outputs => [t, s]}),
+    [J0, J1] = jobs(P1),
+    ?assertEqual({ok, [10.0, [4.0, 6.0]]},
+                 erlcuda:run_sync(P, [[1.0, 2.0], [3.0, 4.0]], [{node, N1}, {device, 1}])),
+    ?assertEqual([J0, J1 + 1], jobs(P1)),
+    ?assertMatch({ok, [10.0, _]}, erlcuda:run_sync(P, [[1.0, 2.0], [3.0, 4.0]], [{node, any}])),
+    {ok, Id} = erlcuda:run(P, [[1.0], [2.0]], [{node, N2}]),
+    ?assertEqual({ok, [3.0, [3.0]]}, receive_reply(Id)),
+    {ok, Id2} = erlcuda:run(P, [[1.0], [2.0, 3.0]], [{node, N2}]),
+    ?assertMatch({error, {step, 1, {bad_args, _}}}, receive_reply(Id2)),
+    %% a buffer of N1, as an input or named in a step: the run goes there
+    {ok, B} = erlcuda:upload([1.0, 2.0], [{node, N1}]),
+    ?assertEqual({ok, [6.0, [2.0, 4.0]]}, erlcuda:run_sync(P, [B, B])),
+    {ok, Baked} = erlcuda:program(#{inputs => [a], steps => [{s, vector_add, [a, B]}],
+                                    outputs => s}),
+    ?assertEqual({ok, [11.0, 22.0]}, erlcuda:run_sync(Baked, [[10.0, 20.0]])),
+    {ok, [_, K]} = erlcuda:run_sync(P, [B, [1.0, 1.0]], [{keep, true}]),
+    ?assertMatch({erlcuda_buffer, N1, _, 0, _, f32, 2}, K),
+    ?assertMatch(#{owner := Self}, erlcuda:buffer_info(K)),
+    ?assertEqual({ok, [2.0, 3.0]}, erlcuda:download(K)),
+    ok = erlcuda:free(K),
+    ok = erlcuda:free(B),
+    timer:sleep(100),
+    erlcuda_test_util:no_message().
 
 buffers(#{peers := [{P1, N1}, {P2, N2} | _]}) ->
     Self = self(),

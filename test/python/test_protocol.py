@@ -241,11 +241,13 @@ def test_decode_gives_typed_messages() -> None:
     assert vector.dtype == np.dtype("<f4") and vector.tolist() == a.tolist()
     assert np.shares_memory(vector, np.frombuffer(frame, np.uint8))  # a view, no copy
     assert launch.args[1].size == 0
-    # Flag bits the protocol does not define are ignored (keep and geometry add fields).
-    flags = 0xFF ^ (W.flag_trace | W.flag_keep | W.flag_geometry)
+    # Flag bits the protocol does not define are ignored (keep, geometry and program add
+    # fields).
+    flags = 0xFF ^ (W.flag_trace | W.flag_keep | W.flag_geometry | W.flag_program)
     plain = protocol.decode(memoryview(launch_frame(1, "reduce", [a], flags=flags)))
     assert isinstance(plain, Launch) and not plain.trace and plain.error is None
     assert plain.keep is None and plain.geometry is None and not plain.general
+    assert plain.program is None
     assert protocol.decode(launch_frame(1, "тест", [])).kernel == "тест"
     call = protocol.decode(etf.encode_bytes((Atom("C"), 9, Atom("erlcuda"), Atom("info"), [])))
     assert call == Call(9, "info", [])
@@ -510,7 +512,10 @@ def test_a_result_file_of_4_gib_or_more_has_a_record() -> None:
     np.array([], np.float32), np.array([1.5, -2.0, np.nan], np.float32),
     np.arange(63, dtype=np.float32), np.arange(64, dtype=np.float32),  # 252 and 256 bytes
     np.arange(100_000, dtype=np.float32),
-    protocol.Kept(2**64 - 1, "u8", 2**40), protocol.Kept(3, "f64", 2)])
+    protocol.Kept(2**64 - 1, "u8", 2**40), protocol.Kept(3, "f64", 2),
+    # a program's one output
+    protocol.Listed((1.5,)), protocol.Listed((np.arange(63, dtype=np.float32),)),
+    protocol.Listed((np.arange(100_000, dtype=np.float32),))])
 def test_a_lone_jobs_frame_is_the_general_frame(res: Any) -> None:
     job_id = 2**64 - 2
     lone = protocol.encode_results([(job_id, res, None)])
@@ -519,13 +524,15 @@ def test_a_lone_jobs_frame_is_the_general_frame(res: Any) -> None:
     (general,) = protocol._encode_records([(job_id, res, None)], contract.MAX_FRAME).frames
     assert joined(chunks) == joined(general) and lone.size == len(joined(general))
     # A large vector travels from its own memory, as the general frame's does.
+    vector = res.items[0] if isinstance(res, protocol.Listed) else res
     assert any(isinstance(c, memoryview) for c in chunks) == (
-        isinstance(res, np.ndarray) and res.nbytes >= protocol.SMALL_PAYLOAD)
+        isinstance(vector, np.ndarray) and vector.nbytes >= protocol.SMALL_PAYLOAD)
 
 
 @pytest.mark.parametrize("res", [
     protocol.TOO_LARGE, np.float32(0.5), 3, np.arange(4.0), np.ones((2, 2), np.float32),
-    np.arange(8, dtype=np.float32)[::2], "text", protocol.Kept(1, "f16", 1)], ids=repr)
+    np.arange(8, dtype=np.float32)[::2], "text", protocol.Kept(1, "f16", 1),
+    protocol.Listed((1.0, 2.0)), protocol.Listed((np.arange(4.0),))], ids=repr)
 def test_a_lone_result_the_general_encoder_must_judge_is_left_to_it(res: Any) -> None:
     assert protocol._lone(1, res, contract.MAX_FRAME) is None
     assert protocol.encode_results([(1, res, None)]).size == 0
@@ -537,3 +544,16 @@ def test_a_lone_result_over_the_frame_limit_is_left_to_the_general_encoder() -> 
     over = protocol.encode_results([(1, vector, None)], max_frame=18 + 399)
     assert over.size == 0 and over.replaced  # too_large, from the general encoder
     assert protocol._lone(1, 1.0, max_frame=18 + 7) is None
+
+
+def test_a_program_launch_carries_its_definition() -> None:
+    definition = b"\x83" + bytes(range(40))
+    a = np.ones(3, np.float32)
+    launch = protocol.decode(launch_frame(4, "chain", [a, 2], program=definition))
+    assert isinstance(launch, Launch) and launch.error is None
+    assert launch.program == definition and launch.general and launch.args[1] == 2
+    frame = launch_frame(4, "chain", [a], program=definition)
+    cut = protocol.decode(frame[:-10])
+    assert isinstance(cut, Launch) and "program of 41 bytes announced" in (cut.error or "")
+    head = protocol.decode(frame[: len(frame) - len(definition) - 2])
+    assert isinstance(head, Launch) and "before its program's length" in (head.error or "")
