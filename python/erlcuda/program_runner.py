@@ -364,11 +364,16 @@ class _Run:
     def collect(self, *, copy_kept: bool) -> list[Result]:
         """Wait for the device, then each run's outputs: downloaded, or kept (a graph's
         arrays are its own: copied into new buffers)."""
-        self.device.synchronize()
-        typed, device = self.typed, self.device
-        fetch = list(dict.fromkeys(
-            s for s in typed.outputs if typed.slots[s].scalar or self.plans[0].keep is None))
-        host = dict(zip(fetch, device.stage_out([self.arrays[s] for s in fetch]), strict=True))
+        device = self.device
+        device.synchronize()
+        typed, arrays = self.typed, self.arrays
+        keeps = self.plans[0].keep is not None
+        fetch = typed.fetch_kept if keeps else typed.fetch
+        host = dict(zip(fetch, device.stage_out([arrays[s] for s in fetch]), strict=True))
+        if self.count == 1 and not keeps:  # a lone run: every output downloaded
+            slots = typed.slots
+            return [Listed(tuple(float(host[s][0]) if slots[s].scalar else host[s]
+                                 for s in typed.outputs))]
         kept: list[tuple[int, Any, str]] = []
         results: list[Result] = []
         for r, plan in enumerate(self.plans):

@@ -212,6 +212,10 @@ class ProgramPlan:
     steps: tuple[StepPlan, ...]
     outputs: tuple[int, ...]
     batchable: bool
+    #: The outputs a run downloads, each once: all of them, or the scalars where vectors
+    #: are kept.
+    fetch: tuple[int, ...] = ()
+    fetch_kept: tuple[int, ...] = ()
     ident: tuple[Any, ...] = ()  # names this plan in the runners' caches
     fusion: list[Any] | None = None  # ``fusion.Group``s, found by the first runner to ask
 
@@ -336,8 +340,10 @@ class _Typing:
         steps = tuple(self._step(j, s) for j, s in enumerate(self.defn.steps))
         outputs = tuple(self._result(s, k, f"output {n + 1}")
                         for n, (s, k) in enumerate(self.defn.outputs))
+        fetch = tuple(dict.fromkeys(outputs))
         return ProgramPlan(self.defn, tuple(self.slots), steps, outputs,
-                           all(s.batchable for s in steps))
+                           all(s.batchable for s in steps), fetch,
+                           tuple(o for o in fetch if self.slots[o].scalar))
 
     def _result(self, step: int, k: int, what: str) -> int:
         made = self.results[step]

@@ -24,6 +24,8 @@ gpu_test_() ->
               {"device out of memory: an error, then service", {timeout, 300, fun oom/0}},
               {"a raw user kernel and an elementwise one", {timeout, 300, fun user_kernels/0}},
               {"a compile error carries nvcc's log", {timeout, 300, fun compile_error/0}},
+              {"programs: replayed as graphs, fused, and a faulting step",
+               {timeout, 300, fun programs/0}},
               {"a faulting user kernel: cuda error, restart, modules loaded again",
                {timeout, 300, fun user_fault/0}}]};
         _ ->
@@ -306,6 +308,47 @@ compile_error() ->
                                            [{broken, []}], ?T),
     ?debugFmt("nvcc said: ~ts", [Log]),
     ?assertNotEqual(nomatch, binary:match(Log, <<"nope">>)).
+
+%% A program on buffers run again and again: right every time; replayed as a CUDA graph
+%% where the worker's Python has cuda-bindings; its elementwise steps fused once nvcc has
+%% built their kernel. A step that faults answers as a faulting launch does: the worker
+%% restarts, and the program runs again.
+programs() ->
+    ok = erlcuda:elementwise(gpu_axpy, [{a, {scalar, f32}}, {x, f32}, {y, f32}], [{z, f32}],
+                             <<"z = a * x + y">>, ?T),
+    N = 1000,
+    Xs = [float(I rem 13) || I <- lists:seq(1, N)],
+    Ys = [float(I rem 7) || I <- lists:seq(1, N)],
+    {ok, X} = erlcuda:upload(Xs, ?T),
+    {ok, Y} = erlcuda:upload(Ys, ?T),
+    {ok, P} = erlcuda:program(#{inputs => [x, y],
+                                steps => [{s1, vector_add, [x, y]}, {s2, gpu_axpy, [2.0, s1, y]},
+                                          {s3, vector_add, [s2, x]}, {t, reduce, [s3]}],
+                                outputs => [t, s3]}),
+    S3 = [2 * (A + B) + B + A || {A, B} <- lists:zip(Xs, Ys)],
+    Want = {ok, [lists:sum(S3), S3]},
+    Run = fun() -> erlcuda:run_sync(P, [X, Y], ?T) end,
+    [?assertEqual(Want, Run()) || _ <- lists:seq(1, 20)],
+    ok = erlcuda_test_util:wait_until(fun() -> Run() =:= Want andalso
+                                               program_counter(fused_runs) > 0 end, 1200),
+    case os:cmd("python3 -c 'import cuda.bindings' 2>&1") of
+        "" -> ?assert(program_counter(graph_runs) > 0 andalso program_counter(captures) > 0);
+        Why -> ?debugFmt("no cuda-bindings, no graphs: ~ts", [Why])
+    end,
+    #{worker_os_pid := Pid} = erlcuda:info(),
+    {ok, Fault} = erlcuda:program(#{inputs => [v], steps => [{f, gpu_fault, [v]}],
+                                    outputs => f}),
+    ?assertMatch({error, {cuda, _, _}}, erlcuda:run_sync(Fault, [[0, 0]], [{type, i32} | ?T])),
+    erlcuda_test_util:wait_restarted(Pid, 300),
+    {ok, X2} = erlcuda:upload(Xs, ?T),
+    {ok, Y2} = erlcuda:upload(Ys, ?T),
+    ?assertEqual(Want, erlcuda:run_sync(P, [X2, Y2], ?T)),
+    ?assertEqual(Want, erlcuda:run_sync(P, [Xs, Ys], ?T)),
+    [ok = erlcuda:free(B) || B <- [X2, Y2]].
+
+program_counter(Key) ->
+    #{device_info := [#{programs := Counters} | _]} = erlcuda:info(),
+    maps:get(Key, Counters).
 
 user_fault() ->
     #{worker_os_pid := Pid} = erlcuda:info(),
