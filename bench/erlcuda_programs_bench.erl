@@ -88,12 +88,13 @@ warm_fused(Run, Want) ->
 warm_fused(Run, Want, Fuses, Deadline) ->
     check(Run(), Want),
     case not Fuses orelse fused_runs() > 0 of
-        true -> [check(Run(), Want) || _ <- lists:seq(1, 5)], ok;
-        false when Deadline < 0 -> error(never_fused);
+        true ->
+            [check(Run(), Want) || _ <- lists:seq(1, 5)],
+            ok;
         false ->
+            erlang:monotonic_time(millisecond) < Deadline orelse error(never_fused),
             timer:sleep(20),
-            Left = Deadline - erlang:monotonic_time(millisecond),
-            warm_fused(Run, Want, Fuses, if Left > 0 -> Deadline; true -> -1 end)
+            warm_fused(Run, Want, Fuses, Deadline)
     end.
 
 fused_runs() ->

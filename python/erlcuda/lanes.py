@@ -319,21 +319,26 @@ class Lane(threading.Thread):
     def _program_slice(self, job_ids: np.ndarray, rows: ProgramRows,
                        device: Device | None) -> None:
         """Runs of one program template, as one batch (``programs.Runner``)."""
-        values: list[Result] | None = None
+        columns: list[np.ndarray] | None = None
         fatal: str | None = None
         if device is None:
             failure: Failure = protocol.backend_unavailable(self.unavailable or "")
         else:
             try:
-                values = self.programs.run_rows(rows, device)
+                columns = self.programs.run_rows(rows, device)
                 self.stats.launches += 1
                 self.stats.max_batch = max(self.stats.max_batch, rows.count)
             except Exception as exc:
                 failure, fatal = self._failure(exc, rows.plan.kernel)
         self.stats.jobs += rows.count
         self.stats.table_jobs += rows.count
-        self._reply([(int(job_id), failure if values is None else values[i], None)
-                     for i, job_id in enumerate(job_ids)])
+        frames = [] if columns is None else protocol.encode_list_table(
+            job_ids, columns, self.writer.max_frame)
+        if frames:
+            self._write(frames)
+        else:  # a failure, or outputs the table does not encode: run by run
+            self._reply([(int(job_id), failure if columns is None else _listed(columns, i),
+                          None) for i, job_id in enumerate(job_ids)])
         if fatal is not None:
             self.on_fatal(fatal)
 
@@ -743,6 +748,11 @@ class Lane(threading.Thread):
                     raise
                 log.warning("device %d: freeing buffer %d: %s", self.index, buffer_id,
                             exc.message)
+
+
+def _listed(columns: list[np.ndarray], i: int) -> Listed:
+    """Run ``i``'s outputs out of a batch's columns."""
+    return Listed(tuple(float(c[i]) if c.ndim == 1 else c[i] for c in columns))
 
 
 def _row(values: np.ndarray | None, i: int) -> Result:

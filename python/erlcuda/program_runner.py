@@ -55,10 +55,18 @@ HostOf = Callable[[Operand], np.ndarray]
 
 @dataclass(slots=True)
 class _Graph:
+    """A captured run: its arrays by slot (its own, and the key's buffers and numbers), the
+    host memory it copies the data inputs from and the fetched outputs to (the copies are
+    in the graph), and where each lies there."""
+
     handle: Any
-    arrays: dict[int, Any]  # its own arrays, by slot (buffers and numbers are the key's)
+    arrays: dict[int, Any]
     owned: list[Any]
     nbytes: int
+    host_in: Any
+    host_out: Any
+    inputs: tuple[tuple[int, int], ...]  # data input slot, byte offset in host_in
+    outputs: tuple[tuple[int, int], ...]  # fetched output slot, byte offset in host_out
 
 
 class Runner:
@@ -98,9 +106,11 @@ class Runner:
         """The graphs kept, by key (read by ``info``)."""
         return self._graphs
 
-    def run_rows(self, rows: Any, device: Device) -> list[Result]:
-        """The results of a batch frame's runs of one program template
-        (``templates.ProgramRows``): each data input a block of rows, run as one batch."""
+    def run_rows(self, rows: Any, device: Device) -> list[np.ndarray]:
+        """The outputs of a batch frame's runs of one program template
+        (``templates.ProgramRows``), each data input a block of rows, run as one batch: a
+        column per output, row ``r`` run ``r``'s (``count x n`` for a vector, ``count``
+        values for a scalar)."""
         self._fresh(device)
         plan = rows.plan
         typed = plan.program.plan
@@ -110,7 +120,7 @@ class Runner:
         schedule = self._schedule(typed, device)
         if len(schedule) < len(typed.steps):
             self.stats["fused_runs"] += rows.count
-        return run.results(schedule)
+        return run.columns(schedule)
 
     def close(self, device: Device | None) -> None:
         """Release the graphs and their arrays (on the lane's thread)."""
@@ -188,12 +198,18 @@ class Runner:
             self._graphs[key] = graph
             self._bound_graphs(device)
         self._graphs.move_to_end(key)
-        run = _Run(self, [plan], typed, device, host_of, arrays=graph.arrays)
-        data = [slot for slot, op in enumerate(plan.operands) if op.source in ("data", "file")]
-        device.stage_into([graph.arrays[s] for s in data],
-                          [host_of(plan.operands[s]) for s in data])
+        typed_slots = typed.slots
+        for slot, at in graph.inputs:
+            host = host_of(plan.operands[slot])
+            np.copyto(_host_view(graph.host_in, at, host.dtype, host.size), host)
         device.graphs.launch(graph.handle)
-        return run.collect(copy_kept=True)[0]
+        device.synchronize()
+        fetched = {slot: _host_view(graph.host_out, at, DTYPES[typed_slots[slot].type or "f32"],
+                                    1 if typed_slots[slot].scalar
+                                    else typed_slots[slot].elements).copy()
+                   for slot, at in graph.outputs}
+        return _Run(self, [plan], typed, device, host_of, arrays=graph.arrays).answer(
+            fetched, copy_kept=True)[0]
 
     def _key(self, plan: Plan, typed: ProgramPlan, schedule: list[StepPlan]) -> tuple[Any, ...]:
         inputs = []
@@ -204,31 +220,60 @@ class Runner:
             elif op.source == "value":
                 inputs.append(("number", repr(op.value)))
         fused = tuple(s.plan.kernel for s in schedule if s.plan.user is not None)
-        return (typed.ident, fused, tuple(inputs))
+        return (typed.ident, fused, tuple(inputs), plan.keep is None)
 
     def _capture(self, plan: Plan, typed: ProgramPlan, schedule: list[StepPlan],
                  device: Device) -> _Graph | None:
         slots = _used(typed, schedule)
-        nbytes = sum(typed.slots[s].nbytes for s in slots if s >= len(plan.operands)
-                     or plan.operands[s].source in ("data", "file"))
+        inputs = [s for s, op in enumerate(plan.operands) if op.source in ("data", "file")]
+        outputs = list(typed.fetch if plan.keep is None else typed.fetch_kept)
+        at_in, bytes_in = _layout([typed.slots[s].nbytes for s in inputs])
+        at_out, bytes_out = _layout([typed.slots[s].nbytes for s in outputs])
+        nbytes = bytes_in + bytes_out + sum(
+            typed.slots[s].nbytes for s in slots
+            if s >= len(plan.operands) or plan.operands[s].source in ("data", "file"))
         if nbytes + sum(g.nbytes for g in self._graphs.values()) > self.graph_bytes:
             self._bound_graphs(device, room=nbytes)
             if nbytes > self.graph_bytes:
                 return None
         arrays: dict[int, Any] = {}
         owned: list[Any] = []
+        hosts: list[Any] = []
         try:
             for slot in sorted(slots):
                 arrays[slot] = self._workspace(plan, typed, slot, device, owned)
+            hosts = [device.host_buffer(bytes_in), device.host_buffer(bytes_out)]
             run = _Run(self, [plan], typed, device, lambda op: op.value, arrays=arrays)
-            handle = device.graphs.capture(lambda: run.queue(schedule))
+            copies_in = [(arrays[s], self._view(hosts[0], at, typed, s))
+                         for s, at in zip(inputs, at_in, strict=True)]
+            copies_out = [(self._view(hosts[1], at, typed, s), arrays[s])
+                          for s, at in zip(outputs, at_out, strict=True)]
+
+            def queue() -> None:
+                for array, host in copies_in:
+                    device.copy_in(array, host)
+                run.queue(schedule)
+                for host, array in copies_out:
+                    device.copy_out(host, array)
+
+            handle = device.graphs.capture(queue)
         except Exception as exc:
             log.warning("device %d: no graph for program %s: %s", self.index, plan.kernel, exc)
             for array in owned:
                 device.free(array)
+            for host in hosts:
+                device.release_host(host)
             return None
         self.stats["captures"] += 1
-        return _Graph(handle, arrays, owned, nbytes)
+        return _Graph(handle, arrays, owned, nbytes, hosts[0], hosts[1],
+                      tuple(zip(inputs, at_in, strict=True)),
+                      tuple(zip(outputs, at_out, strict=True)))
+
+    @staticmethod
+    def _view(host: Any, at: int, typed: ProgramPlan, slot: int) -> np.ndarray:
+        held = typed.slots[slot]
+        return _host_view(host, at, DTYPES[held.type or "f32"],
+                          1 if held.scalar else held.elements)
 
     def _workspace(self, plan: Plan, typed: ProgramPlan, slot: int, device: Device,
                    owned: list[Any]) -> Any:
@@ -262,6 +307,25 @@ class Runner:
             log.warning("releasing a graph failed: %s", exc)
         for array in graph.owned:
             device.free(array)
+        device.release_host(graph.host_in)
+        device.release_host(graph.host_out)
+
+
+#: Where each array starts in a graph's host memory: aligned as cudaMalloc aligns.
+HOST_ALIGN = 256
+
+
+def _layout(sizes: Sequence[int]) -> tuple[list[int], int]:
+    """Each array's byte offset in a buffer that holds them all, and its size."""
+    at, total = [], 0
+    for size in sizes:
+        at.append(total)
+        total += -(-size // HOST_ALIGN) * HOST_ALIGN
+    return at, total
+
+
+def _host_view(host: Any, at: int, dtype: Any, count: int) -> np.ndarray:
+    return host[at : at + count * dtype.itemsize].view(dtype)
 
 
 def _used(typed: ProgramPlan, schedule: Sequence[StepPlan]) -> set[int]:
@@ -292,6 +356,20 @@ class _Run:
         self.fixed = arrays is not None  # a graph's: nothing is allocated or freed here
         self.arrays: dict[int, Any] = dict(arrays) if arrays is not None else {}
         self.temps: list[Any] = []
+
+    def columns(self, schedule: Sequence[StepPlan]) -> list[np.ndarray]:
+        """Run a batch that keeps nothing: each output of every run, as a column."""
+        try:
+            self._inputs()
+            self.queue(schedule)
+            typed, count = self.typed, self.count
+            host = dict(zip(typed.fetch, self.device.stage_out(
+                [self.arrays[s] for s in typed.fetch]), strict=True))
+            return [host[s] if typed.slots[s].scalar else host[s].reshape(count, -1)
+                    for s in typed.outputs]
+        finally:
+            for array in self.temps:
+                self.device.free(array)
 
     def results(self, schedule: Sequence[StepPlan]) -> list[Result]:
         try:
@@ -362,14 +440,23 @@ class _Run:
         return array
 
     def collect(self, *, copy_kept: bool) -> list[Result]:
-        """Wait for the device, then each run's outputs: downloaded, or kept (a graph's
-        arrays are its own: copied into new buffers)."""
-        device = self.device
-        device.synchronize()
+        """Wait for the device, then each run's outputs: downloaded, or kept."""
         typed, arrays = self.typed, self.arrays
+        fetch = typed.fetch_kept if self.plans[0].keep is not None else typed.fetch
+        if fetch:  # the download waits for the device
+            host = dict(zip(fetch, self.device.stage_out([arrays[s] for s in fetch]),
+                            strict=True))
+        else:
+            self.device.synchronize()
+            host = {}
+        return self.answer(host, copy_kept=copy_kept)
+
+    def answer(self, host: dict[int, Any], *, copy_kept: bool) -> list[Result]:
+        """Each run's outputs, the fetched ones being ``host``'s: downloaded, or kept (a
+        graph's arrays are its own: copied into new buffers)."""
+        device = self.device
+        typed = self.typed
         keeps = self.plans[0].keep is not None
-        fetch = typed.fetch_kept if keeps else typed.fetch
-        host = dict(zip(fetch, device.stage_out([arrays[s] for s in fetch]), strict=True))
         if self.count == 1 and not keeps:  # a lone run: every output downloaded
             slots = typed.slots
             return [Listed(tuple(float(host[s][0]) if slots[s].scalar else host[s]

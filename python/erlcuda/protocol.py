@@ -1081,6 +1081,44 @@ def encode_table(job_ids: np.ndarray, values: np.ndarray, max_frame: int) -> lis
     return frames
 
 
+def encode_list_table(job_ids: np.ndarray, columns: Sequence[np.ndarray],
+                      max_frame: int) -> list[list[Any]]:
+    """The results frames of runs of one program (``templates.ProgramRows``), each answered
+    by the list of its outputs: ``columns[k]`` holds output ``k`` of every run, ``count x
+    n`` f32 (vectors) or ``count`` floats (scalars, sent as f64); byte for byte what
+    ``encode_results`` makes of each run's ``Listed``. ``[]`` where a column is of another
+    kind (the caller then answers each run through ``encode_results``), or one record alone
+    would be over ``max_frame``."""
+    fields: list[tuple[Any, ...]] = [("id", ">u8"), ("tag", "u1"), ("len", ">u4"),
+                                     ("count", ">u4")]
+    heads: list[tuple[int, int]] = []
+    for k, column in enumerate(columns):
+        if column.ndim == 2 and column.dtype == _F32 and column.shape[1]:
+            data: tuple[Any, ...] = (f"d{k}", "<f4", (column.shape[1],))
+            heads.append((_T_VECTOR, 4 * column.shape[1]))
+        elif column.ndim == 1 and column.dtype.kind == "f":
+            data = (f"d{k}", "<f8")
+            heads.append((_T_SCALAR, 8))
+        else:
+            return []
+        fields += [(f"t{k}", "u1"), (f"l{k}", ">u4"), data]
+    dtype = np.dtype(fields)
+    per_frame = (max_frame - _RESULTS_HEAD.size) // dtype.itemsize
+    if per_frame < 1:
+        return []
+    records = np.empty(int(job_ids.size), dtype)
+    records["id"] = job_ids
+    records["tag"] = _T_LIST
+    records["len"] = dtype.itemsize - _RECORD_HEAD.size
+    records["count"] = len(columns)
+    for k, (column, (tag, nbytes)) in enumerate(zip(columns, heads, strict=True)):
+        records[f"t{k}"] = tag
+        records[f"l{k}"] = nbytes
+        records[f"d{k}"] = column
+    return [[_RESULTS_HEAD.pack(_W.results, part.size), part.data.cast("B")]
+            for part in (records[i : i + per_frame] for i in range(0, records.size, per_frame))]
+
+
 # -- worker -> Erlang: ETF frames ------------------------------------------------------------
 
 

@@ -557,3 +557,21 @@ def test_a_program_launch_carries_its_definition() -> None:
     assert isinstance(cut, Launch) and "program of 41 bytes announced" in (cut.error or "")
     head = protocol.decode(frame[: len(frame) - len(definition) - 2])
     assert isinstance(head, Launch) and "before its program's length" in (head.error or "")
+
+
+def test_a_table_of_program_runs_is_their_lists_byte_for_byte() -> None:
+    ids = np.array([5, 2**64 - 1, 7], dtype=np.uint64)
+    columns = [np.array([1.5, 2.5, 3.5], np.float32),
+               np.arange(12, dtype=np.float32).reshape(3, 4),
+               np.array([1e300, -0.0, 2.0])]
+    records = [(int(job), protocol.Listed(tuple(
+        float(c[r]) if c.ndim == 1 else c[r] for c in columns)), None)
+        for r, job in enumerate(ids)]
+    general = protocol._encode_records(records, contract.MAX_FRAME).frames
+    table = protocol.encode_list_table(ids, columns, contract.MAX_FRAME)
+    assert b"".join(joined(f) for f in table) == b"".join(joined(f) for f in general)
+    # a frame limit splits it by records; a column of another type is the caller's
+    record = len(joined(general[0])[5:]) // 3
+    assert len(protocol.encode_list_table(ids, columns, 5 + 2 * record)) == 2
+    assert protocol.encode_list_table(ids, [np.zeros((3, 2), np.float64)], 1 << 20) == []
+    assert protocol.encode_list_table(ids, columns, 5 + record - 1) == []

@@ -152,6 +152,24 @@ class Device(ABC):
         """Host copies of ``arrays``, after the work queued before (one wait for all)."""
         return [self.download(array) for array in arrays]
 
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of host memory (``uint8``) the device copies from and to at its best
+        (pinned, on a GPU), for ``copy_in`` and ``copy_out``; given back by
+        ``release_host`` on this device's thread."""
+        return np.empty(nbytes, np.uint8)
+
+    def release_host(self, host: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """Give back what ``host_buffer`` made."""
+
+    def copy_in(self, array: Any, host: np.ndarray) -> None:
+        """Queue the copy of ``host`` (a view of a ``host_buffer``, of ``array``'s dtype and
+        size) into ``array``."""
+        raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
+
+    def copy_out(self, host: np.ndarray, array: Any) -> None:
+        """Queue the copy of ``array`` into ``host`` (a view of a ``host_buffer``)."""
+        raise BackendUnavailable(f"{type(self).__name__} has no device arrays")
+
     def copy_into(self, array: Any, source: Any) -> None:
         """Queue a copy of device array ``source`` into ``array`` (same dtype and size)."""
         raise BackendUnavailable(f"{type(self).__name__} has no device arrays")

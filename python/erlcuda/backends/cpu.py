@@ -180,6 +180,12 @@ class CpuDevice(Device):
         for array, host in zip(arrays, hosts, strict=True):
             array[:] = host
 
+    def copy_in(self, array: Any, host: np.ndarray) -> None:
+        array[:] = host
+
+    def copy_out(self, host: np.ndarray, array: Any) -> None:
+        host[:] = array
+
     def stage_out(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         return [array.copy() for array in arrays]  # a graph's arrays are written again
 

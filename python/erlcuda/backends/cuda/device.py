@@ -159,6 +159,8 @@ class CudaDevice(Device):
         self._dev_in = DeviceBuffer("input staging", reclaim=reclaim)
         self._dev_out = DeviceBuffer("output staging", reclaim=reclaim)
         self._dev_offsets = DeviceBuffer("segment offsets", np.int64, reclaim=reclaim)
+        # The equal segments whose offsets the device holds (count, size), if any.
+        self._offsets_of: tuple[int, int] | None = None
         self._host_in = HostBuffer("input staging")
         self._host_out = HostBuffer("output staging")
         self._host_offsets = HostBuffer("segment offsets", np.int64)
@@ -452,12 +454,14 @@ class CudaDevice(Device):
         size = a.size // count
         item = a.dtype.itemsize
         if a.dtype == F32 and 0 < size <= SEGMENT_MAX:
-            self._stream.synchronize()  # the offsets' staging may still be read by a copy
-            host = self._host_offsets.ensure(count + 1)[: count + 1]
-            host[:] = np.arange(count + 1, dtype=np.int64) * size
-            offsets = self._dev_offsets.ensure(count + 1)
-            cuda.memcpy_htod_async(offsets, host, self._stream)
-            self.launch_segments(a.ptr, y.ptr, offsets, count, target, dot=dot)
+            if self._offsets_of != (count, size):  # else the device holds these already
+                self._stream.synchronize()  # the offsets' staging may still be read
+                host = self._host_offsets.ensure(count + 1)[: count + 1]
+                host[:] = np.arange(count + 1, dtype=np.int64) * size
+                self._dev_offsets.ensure(count + 1)
+                cuda.memcpy_htod_async(self._dev_offsets.ptr, host, self._stream)
+                self._offsets_of = (count, size)
+            self.launch_segments(a.ptr, y.ptr, self._dev_offsets.ptr, count, target, dot=dot)
             return
         for r in range(count):
             at = r * size * item
@@ -540,6 +544,31 @@ class CudaDevice(Device):
             self._stream.synchronize()
         return [staged[start : start + a.nbytes].view(a.dtype).copy()
                 for a, start in zip(found, at, strict=True)]
+
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        self._check_open()
+        with cuda_errors():
+            return cuda.pagelocked_empty(max(1, nbytes), np.uint8)
+
+    def release_host(self, host: np.ndarray) -> None:
+        try:
+            host.base.free()  # type: ignore[union-attr]
+        except (AttributeError, cuda.Error):
+            pass
+
+    def copy_in(self, array: Any, host: np.ndarray) -> None:
+        self._check_open()
+        array = _vector(array, "copy")
+        if array.nbytes:
+            with cuda_errors():
+                cuda.memcpy_htod_async(array.ptr, host, self._stream)
+
+    def copy_out(self, host: np.ndarray, array: Any) -> None:
+        self._check_open()
+        array = _vector(array, "copy")
+        if array.nbytes:
+            with cuda_errors():
+                cuda.memcpy_dtoh_async(host, array.ptr, self._stream)
 
     def copy_into(self, array: Any, source: Any) -> None:
         self._check_open()
@@ -814,6 +843,7 @@ class CudaDevice(Device):
         d_out = self._dev_out.ptr
         cuda.memcpy_htod_async(d_x, host_in[:in_elements], self._stream)
         if segmented:
+            self._offsets_of = None
             host_offsets = self._host_offsets.array[: count + 1]
             host_offsets[:] = offsets
             d_offsets = self._dev_offsets.ptr
