@@ -20,7 +20,6 @@ Whatever breaks a rule is refused with ``Refused``, carrying the job's ``{error,
 from __future__ import annotations
 
 import functools
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -349,22 +348,13 @@ def _check_builtin(launch: Launch, spec: contract.KernelSpec, held: Held) -> Pla
     etype = chosen[0] if chosen is not None else spec.types[0]
     if etype not in spec.types:
         raise _bad(f"{kernel} takes {' or '.join(spec.types)}, not {etype}")
-    for param in spec.params:
-        if param.length:
-            want = math.prod(sizes[n] for n in param.length)
-            if sizes[param.name] != want:
-                if len(param.length) == 1 and spec.params[0].name == param.length[0]:
-                    raise _bad(f"length mismatch: {param.length[0]} has "
-                               f"{sizes[param.length[0]]} elements, {param.name} has "
-                               f"{sizes[param.name]}")
-                raise _bad(f"{param.name} has {sizes[param.name]} elements, "
-                           f"{'*'.join(param.length)} = {want}")
+    try:
+        out = kernels.check_lengths(spec, sizes)
+    except kernels.BadArgs as exc:
+        raise _bad(str(exc)) from None
     if spec.result.kind != "vector":
         _keep(launch, 0)
         return Plan(kernel, "builtin", operands, launch.keep, scalar=True)
-    out = math.prod(sizes[n] for n in spec.result.length)
-    if out > MAX_ELEMENTS:
-        raise _bad(f"result {'*'.join(spec.result.length)} = {out} is too large")
     _keep(launch, 1)
     if kernel == "copy":
         action = "copy"

@@ -263,6 +263,23 @@ def _dim(value: Any, what: str) -> int:
     return value
 
 
+def check_lengths(spec: contract.KernelSpec, sizes: dict[str, int]) -> int:
+    """The length rules of ``spec``'s params on their sizes by name (a vector's length, a
+    dim's value), and its vector result's length (1 for a scalar one): the one statement of
+    them, which ``parse``'s loop repeats on its precomputed indexes. ``BadArgs`` where one
+    is broken, or the result is too large."""
+    vectors = {p.name for p in spec.params if p.kind == "vector"}
+    for p in spec.params:
+        if p.length and sizes[p.name] != _product(p.length, sizes):
+            raise _length_error(p.name, sizes[p.name], p.length, sizes, vectors)
+    if spec.result.kind != "vector":
+        return 1
+    out = _product(spec.result.length, sizes)
+    if out > MAX_ELEMENTS:
+        raise BadArgs(f"result {'*'.join(spec.result.length)} = {out} is too large")
+    return out
+
+
 def _length_error(name: str, size: int, length: tuple[str, ...], sizes: dict[str, int],
                   vectors: set[str]) -> BadArgs:
     if len(length) == 1 and length[0] in vectors:
@@ -344,17 +361,14 @@ def parse(kernel: str, args: Sequence[Any]) -> Plan:
         want = 1
         for j in length:
             want *= sizes[j]
-        if sizes[i] != want:
-            named = {p.name: sizes[j] for j, p in enumerate(spec.params)}
-            vectors = {name for _, name, _ in plan.vectors}
-            raise _length_error(spec.params[i].name, sizes[i], spec.params[i].length, named,
-                                vectors)
+        if sizes[i] != want:  # the reason, from the rules' one statement
+            check_lengths(spec, {p.name: sizes[j] for j, p in enumerate(spec.params)})
     out = 1
     if plan.result is not None:
         for j in plan.result:
             out *= sizes[j]
         if out > limit:
-            raise BadArgs(f"result {'*'.join(spec.result.length)} = {out} is too large")
+            check_lengths(spec, {p.name: sizes[j] for j, p in enumerate(spec.params)})
     a, b, m, n, k = (None if j is None else values[j] for j in plan.fields)
     # (positional: the fields of ``Plan`` in order)
     return Plan(kernel, "batched", (), None, "f32", out, plan.result is None, None, None, (),
