@@ -84,8 +84,9 @@ test-python:
 test-erlang:
 	$(REBAR) eunit
 
-test-elixir:
-	elixir -pa _build/default/lib/erlcuda/ebin test/elixir/erlcuda_test.exs
+test-elixir: setup-elixir compile
+	elixir -pa _build/default/lib/erlcuda/ebin -r test/elixir/test_helper.exs \
+	  -r "test/elixir/*_test.exs"
 
 # rebar3 and mix releases of small apps that depend on erlcuda, run without the sources.
 test-release:
