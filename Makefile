@@ -71,12 +71,26 @@ apt_install = { echo "installing $(1) from the OS packages"; \
 compile:
 	$(REBAR) compile
 
+# Where Elixir is installed, the application's ebin holds the Elixir modules too (built by
+# erlang/erlcuda_elixir.escript): xref, the cycle check and dialyzer read them with Elixir's
+# libraries on the code path (ERL_LIBS: the lib folder beside the bin folder its `elixir`
+# script runs from, as that script finds it), dialyzer with the elixir application in its
+# PLT (rebar3's `elixir` profile), elixirc compiles them again with warnings as errors,
+# and `mix format` checks the Elixir sources' layout (.formatter.exs).
+ELIXIR_LIBS = $(shell e=$$(command -v elixir) && cd "$$(dirname "$$(readlink -f "$$e")")/../lib" && pwd)
+ELIXIR_SOURCES = $(shell find erlang/elixir -name '*.ex' | sort)
+
 lint:
 	$(PY) -m ruff check python test/python bench
-	$(REBAR) as test xref
-	escript test/lint/cycles.escript _build/default/lib/erlcuda/ebin
+	ERL_LIBS="$(ELIXIR_LIBS)" $(REBAR) as test xref
+	$(REBAR) compile
+	ERL_LIBS="$(ELIXIR_LIBS)" escript test/lint/cycles.escript _build/default/lib/erlcuda/ebin
 	escript test/lint/port_writers.escript erlang
-	$(REBAR) dialyzer
+	ERL_LIBS="$(ELIXIR_LIBS)" $(REBAR) $(if $(ELIXIR_LIBS),as elixir) dialyzer
+	$(if $(ELIXIR_LIBS),out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && \
+	  elixirc --warnings-as-errors --ignore-module-conflict -o "$$out" \
+	    -pa _build/default/lib/erlcuda/ebin $(ELIXIR_SOURCES))
+	$(if $(ELIXIR_LIBS),mix format --check-formatted)
 
 test-python:
 	$(PY) -m pytest -q test/python
