@@ -27,6 +27,8 @@
 
 -define(CHAIN, 10).
 -define(BLOCK, 250).
+%% A call's time at most: a reply that never came ends the run as an error, not a hang.
+-define(CALL_MS, 120000).
 
 -spec main(file:filename()) -> no_return().
 main(ConfigFile) ->
@@ -60,8 +62,8 @@ chain_spec() ->
 sizes(N, Reps0) ->
     Reps = max(20, Reps0 div max(1, N div 1000000)),
     A = vec(N, 1), B = vec(N, 2),
-    {ok, HA} = erlcuda:upload(A, [{timeout, infinity}]),
-    {ok, HB} = erlcuda:upload(B, [{timeout, infinity}]),
+    {ok, HA} = erlcuda:upload(A, [{timeout, ?CALL_MS}]),
+    {ok, HB} = erlcuda:upload(B, [{timeout, ?CALL_MS}]),
     Want = expected(N),
     {ok, Fused} = erlcuda:program(chain_spec()),
     {ok, Plain} = erlcuda:program(chain_spec(), [{fuse, false}, {graph, false}]),
@@ -77,7 +79,7 @@ sizes(N, Reps0) ->
     port_cases(N, Reps, Fused, A, B, Want).
 
 runner(Program, Inputs) ->
-    fun() -> {ok, S} = erlcuda:run_sync(Program, Inputs, [{timeout, infinity}]), S end.
+    fun() -> {ok, S} = erlcuda:run_sync(Program, Inputs, [{timeout, ?CALL_MS}]), S end.
 
 %% The fused kernel is compiled in the background (on a GPU): runs until the worker says it
 %% ran fused, then a few more (the graph of the fused steps is captured on its second run).
@@ -109,12 +111,12 @@ chain_launches(HA, HB) ->
                                ok = erlcuda:free(Prev),
                                Next
                        end, First, lists:seq(2, ?CHAIN)),
-    {ok, Sum} = erlcuda:launch_sync(reduce, [Last], [{timeout, infinity}]),
+    {ok, Sum} = erlcuda:launch_sync(reduce, [Last], [{timeout, ?CALL_MS}]),
     ok = erlcuda:free(Last),
     Sum.
 
 port_cases(N, Reps, Program, BA, BB, Want) ->
-    Opts = [{timeout, infinity}, {format, binary}],
+    Opts = [{timeout, ?CALL_MS}, {format, binary}],
     Prog = fun() -> {ok, S} = erlcuda:run_sync(Program, [BA, BB], Opts), S end,
     Add = fun() -> {ok, _} = erlcuda:launch_sync(vector_add, [BA, BB], Opts) end,
     check(Prog(), Want),
@@ -151,9 +153,9 @@ callers(Callers, Seconds) ->
                                 steps => [{s, vector_add, [a, b]}, {t, vector_add, [s, b]},
                                           {u, reduce, [t]}], outputs => u}),
     A = vec(1000, 1), B = vec(1000, 2),
-    Prog = fun() -> {ok, _} = erlcuda:run_sync(P, [A, B], [{timeout, infinity}]) end,
+    Prog = fun() -> {ok, _} = erlcuda:run_sync(P, [A, B], [{timeout, ?CALL_MS}]) end,
     Three = fun() ->
-                    Opts = [{timeout, infinity}, {format, binary}],
+                    Opts = [{timeout, ?CALL_MS}, {format, binary}],
                     {ok, S} = erlcuda:launch_sync(vector_add, [A, B], Opts),
                     {ok, T} = erlcuda:launch_sync(vector_add, [S, B], Opts),
                     {ok, _} = erlcuda:launch_sync(reduce, [T], Opts)
@@ -204,11 +206,11 @@ soak_loop(I, Stop, N) ->
             case N rem 2 of
                 0 ->
                     {ok, [_, Buf]} = erlcuda:run_sync(P, [A, B], [{keep, true},
-                                                                  {timeout, infinity}]),
+                                                                  {timeout, ?CALL_MS}]),
                     ok = erlcuda:free(Buf);
                 1 ->
                     {ok, HA} = erlcuda:upload(A),
-                    {ok, [_, _]} = erlcuda:run_sync(P, [HA, B], [{timeout, infinity}]),
+                    {ok, [_, _]} = erlcuda:run_sync(P, [HA, B], [{timeout, ?CALL_MS}]),
                     ok = erlcuda:free(HA)
             end,
             soak_loop(I, Stop, N + 1)
