@@ -11,8 +11,19 @@ import numpy as np
 import pycuda.driver as cuda
 
 from ...compile import arch_of
+from ...hostmem import Pinning
 from ...kernels import F32, Plan, UniformPlans
 from ..base import BackendError, BackendUnavailable, Device, Result
+from ..pipeline import (
+    CALIBRATION_SIZES,
+    NEVER,
+    PIPELINE_MIN,
+    Chunks,
+    Download,
+    Pipeline,
+    Timing,
+    Upload,
+)
 from ..pool import DevicePool, default_limit, size_class
 from .context import (
     cuda_errors,
@@ -41,6 +52,7 @@ from .kernels import (
 )
 from .transfers import (
     CudaArray,
+    CudaPinner,
     DeviceBuffer,
     Fill,
     HostBuffer,
@@ -48,6 +60,7 @@ from .transfers import (
     ceil_div,
     fill_blocks,
     pack,
+    pack_chunk,
     round_up,
 )
 
@@ -117,6 +130,9 @@ class CudaDevice(Device):
     Every method must be called from the thread that created the device.
     """
 
+    calibration: list[Timing] = []  # noqa: RUF012 - replaced per device, never mutated
+    calibration_error: str | None = None
+
     def __init__(self, index: int, cubins: Mapping[str, bytes]) -> None:
         """Make the context (pushed on this thread's stack) and load the kernels."""
         self.index = index
@@ -176,6 +192,30 @@ class CudaDevice(Device):
         major, minor = self._dev.compute_capability()
         self.arch = arch_of((int(major), int(minor)))
         self.graphs = graphs_for(self._stream)
+        # Large lone jobs: chunked copies on two streams, straight from and into the host
+        # memory registered here (backends/pipeline.py), staged through pinned chunks otherwise.
+        self.pinning = Pinning(CudaPinner())
+        self._stream2 = cuda.Stream()
+        self._pipeline_chunks = Chunks(lambda n: cuda.pagelocked_empty(n, np.uint8))
+        self._pipeline = Pipeline(cuda, (self._stream, self._stream2), self._pipeline_chunks,
+                                  self.pinning, pack_chunk)
+        self._calibrate()
+
+    def _calibrate(self) -> None:
+        """Time registering a fresh mapping for one copy against staging it, once: the
+        pipeline registers a job's own operand files from the size where that paid."""
+        try:
+            scratch = cuda.mem_alloc(max(CALIBRATION_SIZES))
+        except cuda.Error:
+            return  # no room now: fresh mappings are staged
+        try:
+            self.calibration = self._pipeline.calibrate(int(scratch))
+        except (cuda.Error, OSError) as exc:
+            self.calibration = []
+            self._pipeline.register_min = NEVER
+            self.calibration_error = str(exc)
+        finally:
+            scratch.free()
 
     # -- Device API ------------------------------------------------------------------------
 
@@ -189,14 +229,36 @@ class CudaDevice(Device):
                 raise BackendError("invalid_value", "a batch mixes kernels or matmul shapes")
         with cuda_errors():
             if kernel == "vector_add":
+                if self._lone(requests):
+                    return [self._vector_add_lone(requests[0], None)]
                 return self._vector_add(requests)
-            if kernel == "reduce":
-                return self._reduce(requests, dot=False)
-            if kernel == "dot_product":
-                return self._reduce(requests, dot=True)
+            if kernel in ("reduce", "dot_product"):
+                dot = kernel == "dot_product"
+                if self._lone(requests):
+                    return [self._sum_lone(requests[0], dot=dot)]
+                return self._reduce(requests, dot=dot)
             if kernel == "matmul":
                 return self._matmul(requests)
         raise BackendError("not_supported", f"unknown kernel {kernel!r}")
+
+    def _run_batch_into(self, kernel: str, requests: Sequence[Plan],
+                        into: Sequence[np.ndarray | None]) -> list[Result]:
+        target = into[0] if len(requests) == 1 else None
+        if (kernel == "vector_add" and target is not None and not self._closed
+                and target.size == requests[0].a.size):
+            with cuda_errors():
+                return [self._vector_add_lone(requests[0], target)]
+        return super()._run_batch_into(kernel, requests, into)
+
+    def _lone(self, requests: Sequence[Plan]) -> bool:
+        """Whether a batch is one job that the pipeline runs: large, or with an operand in
+        registered host memory."""
+        if len(requests) != 1:
+            return False
+        r = requests[0]
+        operands = [x for x in (r.a, r.b) if x is not None]
+        return (sum(x.nbytes for x in operands) >= PIPELINE_MIN
+                or any(self.pinning.covers(x) for x in operands if x.nbytes))
 
     def info(self) -> dict[str, Any]:
         with cuda_errors():
@@ -209,6 +271,10 @@ class CudaDevice(Device):
                 "compute_capability": (int(major), int(minor)),
                 # Device memory the pool keeps for reuse: neither free nor leaked.
                 "pool_bytes": self._pool.cached_bytes,
+                # Host memory registered now (operand slots, result buffers), and the size
+                # from which a job's own operand file is registered for its copy.
+                "pinned_bytes": self.pinning.bytes,
+                "register_min": self._pipeline.register_min,
             }
 
     def close(self) -> None:
@@ -216,6 +282,8 @@ class CudaDevice(Device):
         if self._closed:
             return
         self._closed = True
+        self.pinning.close()  # before the context: registrations belong to it
+        self._pipeline_chunks.close(lambda buffer: buffer.base.free())
         self._pool.close()  # cached blocks and those of arrays never freed
         for buffer in (self._dev_in, self._dev_out, self._dev_offsets):
             buffer.free()
@@ -231,6 +299,8 @@ class CudaDevice(Device):
         self._fn.clear()
         self._modules.clear()
         del self._chunk_copied
+        del self._pipeline
+        del self._stream2
         del self._stream
         self._release_context()
 
@@ -683,9 +753,10 @@ class CudaDevice(Device):
     def sm_count(self) -> int:
         return self._sm_count
 
-    def launch_vector_add(self, a: int, b: int, c: int, n: int, *, f64: bool = False) -> None:
-        """Enqueue c[i] = a[i] + b[i] for i < n on the device's stream (device addresses of
-        f32 elements, or f64 ones if ``f64``)."""
+    def launch_vector_add(self, a: int, b: int, c: int, n: int, *, f64: bool = False,
+                          stream: cuda.Stream | None = None) -> None:
+        """Enqueue c[i] = a[i] + b[i] for i < n on ``stream`` (the device's by default;
+        device addresses of f32 elements, or f64 ones if ``f64``)."""
         if n <= 0:
             return
         per_thread = 2 if f64 else 4  # a double2 or a float4 per loop step
@@ -694,7 +765,8 @@ class CudaDevice(Device):
             self._sm_count * VECTOR_ADD_BLOCKS_PER_SM,
         )
         self._fn["vector_add_f64" if f64 else "vector_add"].prepared_async_call(
-            (blocks, 1, 1), (BLOCK_1D, 1, 1), self._stream, a, b, c, n
+            (blocks, 1, 1), (BLOCK_1D, 1, 1), self._stream if stream is None else stream,
+            a, b, c, n
         )
 
     def launch_reduce(self, x: int, y: int, n: int, out: int, *, dot: bool,
@@ -800,6 +872,41 @@ class CudaDevice(Device):
 
         out = self._add(sum(sizes), fill)
         return [out[start : start + size] for start, size in zip(starts, sizes, strict=True)]
+
+    def _vector_add_lone(self, r: Plan, into: np.ndarray | None) -> np.ndarray:
+        """One large vector_add through the pipeline: its result in ``into`` (a result
+        buffer) where given, else in the output staging."""
+        n = int(r.a.size)
+        if n == 0:
+            return np.empty(0, F32) if into is None else into
+        b_at = round_up(n, PACK_ALIGN)
+        d_in = self._dev_in.ensure(b_at + n)
+        d_out = self._dev_out.ensure(n)
+        out = self._host_out.ensure(n)[:n] if into is None else into
+
+        def compute(start: int, count: int, stream: cuda.Stream) -> None:
+            self.launch_vector_add(d_in + 4 * start, d_in + 4 * (b_at + start),
+                                   d_out + 4 * start, count, stream=stream)
+
+        self._pipeline.run(n, [Upload(d_in, r.a), Upload(d_in + 4 * b_at, _b(r))], compute,
+                           Download(d_out, out, pinned=True if into is None else None))
+        return out
+
+    def _sum_lone(self, r: Plan, *, dot: bool) -> float:
+        """One large reduce (dot: dot_product): its operands copied in through the
+        pipeline, then the two-pass reduction."""
+        n = int(r.a.size)
+        if n == 0:
+            return 0.0
+        y_at = round_up(n, PACK_ALIGN)
+        d_x = self._dev_in.ensure(y_at + n if dot else n)
+        d_y = d_x + 4 * y_at if dot else d_x
+        d_out = self._dev_out.ensure(1)
+        self._host_out.ensure(1)
+        uploads = [Upload(d_x, r.a)] + ([Upload(d_y, _b(r))] if dot else [])
+        self._pipeline.run(n, uploads, None, None)
+        self.launch_reduce(d_x, d_y, n, d_out, dot=dot)
+        return float(self._fetch(1)[0])
 
     def _add(self, total: int, fill: Fill) -> np.ndarray:
         if total == 0:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pycuda.driver as cuda
 
+from ...hostmem import PinError
 from ...kernels import F32
 from ..base import BackendError
 from ..pool import Block
@@ -194,11 +195,15 @@ _PACK_THREADS = min(8, os.cpu_count() or 1)
 _packers: ThreadPoolExecutor | None = None
 
 
-def pack(dst: np.ndarray, src: np.ndarray) -> None:
+#: A chunk of a pipelined copy (``backends/pipeline.py``) at least this large is packed in parallel.
+PARALLEL_CHUNK_MIN = 2 << 20
+
+
+def pack(dst: np.ndarray, src: np.ndarray, parallel_min: int = PARALLEL_PACK_MIN) -> None:
     """``np.copyto(dst, src)``, in parallel slices for a large one (numpy lets go of the GIL
     while it copies)."""
     global _packers
-    if src.nbytes < PARALLEL_PACK_MIN or src.ndim != 1:
+    if src.nbytes < parallel_min or src.ndim != 1:
         np.copyto(dst, src)
         return
     if _packers is None:
@@ -208,6 +213,27 @@ def pack(dst: np.ndarray, src: np.ndarray) -> None:
             for i in range(0, src.size, step)]
     for job in jobs:
         job.result()
+
+
+def pack_chunk(dst: np.ndarray, src: np.ndarray) -> None:
+    """``pack`` for one chunk of a pipelined copy: in parallel from ``PARALLEL_CHUNK_MIN``."""
+    pack(dst, src, PARALLEL_CHUNK_MIN)
+
+
+class CudaPinner:
+    """Registers host memory with the driver (``cuMemHostRegister``), read-only where the
+    memory is mapped read-only (``hostmem.Pinner``)."""
+
+    #: CU_MEMHOSTREGISTER_READ_ONLY: PyCUDA names only PORTABLE and DEVICEMAP.
+    READ_ONLY = 0x08
+
+    def pin(self, view: np.ndarray) -> Callable[[], None]:
+        flags = 0 if view.flags.writeable else self.READ_ONLY
+        try:
+            registered = cuda.register_host_memory(view, flags)
+        except (cuda.Error, ValueError, TypeError) as exc:
+            raise PinError(str(exc)) from exc
+        return registered.base.unregister  # type: ignore[no-any-return]
 
 
 #: Packs a batch's operands into the input staging: ``fill(host_in, second_at)``, the
