@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import __version__, contract, kernels, logs, portenv
+from . import __version__, contract, hostmem, kernels, logs, portenv
 from .backends import select
 from .backends.base import BackendError, BackendUnavailable
 from .framing import FrameReader, FrameWriter
@@ -65,6 +65,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--shm-dir", metavar="DIR",
                        help="the worker's shared-memory folder (an erlcuda-* folder that "
                             "Erlang made): large operands and results travel through it")
+    serve.add_argument("--shm-keep-ms", type=_int_in(1, 86_400_000), default=10_000,
+                       metavar="MS",
+                       help="shared-memory files kept from job to job (operand slots, result "
+                            "buffers) go once unused this long")
+    serve.add_argument("--pin-limit", type=_bytes, default=None, metavar="BYTES",
+                       help="most bytes of host memory registered with the GPU at once "
+                            f"(default: an eighth of the memory, at most "
+                            f"{hostmem.MAX_DEFAULT_LIMIT >> 30} GiB; 0: none)")
     serve.add_argument("--buffer-limit", type=_bytes, default=0, metavar="BYTES",
                        help="most bytes of buffers kept on each device (0: no limit but the "
                             "device's memory); past it a launch that keeps a vector gets "
@@ -171,9 +179,12 @@ def _serve(args: argparse.Namespace, extensions: Mapping[str, Extension]) -> int
     logs.capture_std_streams()
     if args.switch_interval_us:
         sys.setswitchinterval(args.switch_interval_us / 1e6)
+    if args.pin_limit is not None:
+        hostmem.BUDGET.limit = args.pin_limit
     options = Options(backend=args.backend, cpu_devices=args.cpu_devices,
                       max_batch=args.max_batch, spin_us=args.spin_us,
-                      device_thread=args.device_thread, buffer_limit=args.buffer_limit)
+                      device_thread=args.device_thread, buffer_limit=args.buffer_limit,
+                      shm_keep_s=args.shm_keep_ms / 1000)
     shm = None
     if args.shm_dir:
         try:

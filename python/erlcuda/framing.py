@@ -92,6 +92,16 @@ class FrameReader:
         except OSError as e:
             raise FrameError(f"poll failed: {e}") from e
 
+    def wait(self, timeout: float | None) -> bool:
+        """Whether there are bytes to read (or the end of the input), waiting up to
+        ``timeout`` seconds for them (``None``: as long as it takes; 0: not at all)."""
+        if self._hi > self._lo:
+            return True
+        try:
+            return bool(self._poll.poll(None if timeout is None else int(timeout * 1000)))
+        except OSError as e:
+            raise FrameError(f"poll failed: {e}") from e
+
     def read(self) -> bytearray | memoryview | None:
         """Return the next frame's body, or ``None`` on end of file between frames."""
         if self._hi == self._lo:

@@ -36,7 +36,8 @@ from .general import Registry
 from .kernels import DTYPES, Operand, Plan, UniformPlans
 from .program_runner import Runner
 from .protocol import Failure, Kept, Launch, Listed, Result
-from .shm import FileArg, SharedFolder, ShmError
+from .shm import FileArg, FileResult, SharedFolder, ShmError
+from .slots import IDLE_S, SWEEP_S, OperandSlots, ResultBuffers, ResultTarget
 from .templates import ProgramRows
 
 log = logging.getLogger("erlcuda.lane")
@@ -190,6 +191,7 @@ class Lane(threading.Thread):
         buffer_limit: int = 0,
         registry: Registry | None = None,
         compiler: Executor | None = None,
+        shm_keep_s: float = IDLE_S,
     ) -> None:
         super().__init__(name=f"erlcuda-device-{index}", daemon=True)
         self.index = index
@@ -211,6 +213,12 @@ class Lane(threading.Thread):
         self._queue: queue.SimpleQueue[Job | UniformJobs | Control | object] = (
             queue.SimpleQueue())
         self._held: Job | UniformJobs | Control | object | None = None
+        # Shared-memory files kept from job to job (``slots.py``), made once the device is
+        # open (they may be pinned through it), and swept on this thread.
+        self.slots: OperandSlots | None = None
+        self.results: ResultBuffers | None = None
+        self._keep_s = shm_keep_s
+        self._sweep_at = 0.0
 
     # -- called from other threads ---------------------------------------------------------
     def submit(self, item: Job | UniformJobs | Control) -> None:
@@ -236,8 +244,34 @@ class Lane(threading.Thread):
                     self.run_uniform(items, device)
                 else:
                     self.run_jobs(items, device)
+                self.housekeep()
         finally:
             self.close_here(device)
+
+    def housekeep(self, now: float | None = None) -> None:
+        """Sweep the shared-memory files kept from job to job, at most every ``SWEEP_S``:
+        on the thread that owns the device, between jobs and when idle."""
+        if self.slots is None and self.results is None:
+            return
+        now = time.monotonic() if now is None else now
+        if now < self._sweep_at:
+            return
+        self._sweep_at = now + SWEEP_S
+        for kept in (self.slots, self.results):
+            if kept is not None:
+                try:
+                    kept.sweep(now)
+                except Exception:
+                    log.exception("device %d: sweeping shared-memory files failed",
+                                  self.index)
+
+    def idle_wait(self) -> float | None:
+        """How long this lane may sleep before its next sweep (``None``: nothing to
+        sweep)."""
+        if (self.slots is None or not len(self.slots)) and (
+                self.results is None or not len(self.results)):
+            return None
+        return min(SWEEP_S, self._keep_s)
 
     # -- a lane run by the port's reading thread (one device: no hand-off) ------------------
     def open_here(self) -> Device | None:
@@ -247,6 +281,14 @@ class Lane(threading.Thread):
         return device
 
     def close_here(self, device: Device | None) -> None:
+        for kept in (self.slots, self.results):
+            if kept is not None:
+                try:
+                    kept.close()
+                except Exception:
+                    log.exception("device %d: releasing shared-memory files failed",
+                                  self.index)
+        self.slots = self.results = None
         if device is not None:
             try:
                 self.programs.close(device)
@@ -369,13 +411,17 @@ class Lane(threading.Thread):
         if fatal is not None:
             self.on_fatal(fatal)
 
-    def _run(self, plans: list[Plan], device: Device) -> (
+    def _run(self, plans: list[Plan], device: Device,
+             into: list[np.ndarray | None] | None = None) -> (
             tuple[list[Result] | None, Failure | None, str | None]):
         """One backend call for ``plans`` (one batch key): its values, else the failure
-        every one of them gets; and why the device is lost, where it is."""
+        every one of them gets; and why the device is lost, where it is. ``into``: where
+        each plan's vector result is to be written, where given (``Device.execute``)."""
         try:
             if plans[0].program is not None:
                 values = self.programs.run(plans, device, self._host)
+            elif into is not None:
+                values = device.execute(plans, into=into)
             else:
                 values = device.execute(plans)
         except Exception as exc:
@@ -447,6 +493,10 @@ class Lane(threading.Thread):
             device = self.backend.open(self.index)
             self.device_info = device.info()
             self.memory = int(self.device_info.get("total_memory", self.memory))
+            if self.shm is not None:
+                self.slots = OperandSlots(self.shm, device.pinning, idle_s=self._keep_s)
+                self.results = ResultBuffers(self.shm, self.index, device.pinning,
+                                             idle_s=self._keep_s)
             return device
         except BackendError as exc:
             self.unavailable = f"device {self.index}: {exc.message}"
@@ -499,7 +549,11 @@ class Lane(threading.Thread):
                     return self._queue.get_nowait()
                 except queue.Empty:
                     pass
-        return self._queue.get()
+        while True:
+            try:
+                return self._queue.get(timeout=self.idle_wait())
+            except queue.Empty:
+                self.housekeep()
 
     def _control(self, item: Control, device: Device | None) -> None:
         try:
@@ -517,9 +571,7 @@ class Lane(threading.Thread):
             return
         job.unmapped = None
         try:
-            if self.shm is None:
-                raise ShmError("shared memory: this worker was started without --shm-dir")
-            mapped = [self.shm.open_input(a) if type(a) is FileArg else a for a in launch.args]
+            mapped = [self._map(a) if type(a) is FileArg else a for a in launch.args]
             job.plan = general.check(replace(launch, args=mapped), self.registry)
         except ShmError as exc:
             job.error = protocol.bad_args(str(exc))
@@ -531,6 +583,28 @@ class Lane(threading.Thread):
         for job in batch:
             self.prepare(job)
         t_take = now()
+        groups, results = self._group(batch, device)
+        t_run = now()
+        fatal = self._run_groups(batch, groups, results, device)
+        t_done = now()
+        self.stats.jobs += len(batch)
+        t_encode = now()
+        records: list[protocol.Record] = []
+        for job, result in zip(batch, results, strict=True):
+            assert result is not None  # every job was answered above
+            if job.trace is not None:
+                job.trace.update(take=t_take, run=t_run, done=t_done, encode=t_encode)
+            elif job.result_file and self.shm is not None and type(result) is np.ndarray:
+                result = self._write_result(job.job_id, result)
+            records.append((job.job_id, result, job.stamps()))
+        self._reply(records)
+        if fatal is not None:
+            self.on_fatal(fatal)
+
+    def _group(self, batch: list[Job], device: Device | None) -> (
+            tuple[dict[tuple[Any, ...], list[int]], list[Result | None]]):
+        """The batch's runnable jobs by plan key (indexes into ``batch``), and the answers
+        of those that cannot run."""
         groups: dict[tuple[Any, ...], list[int]] = {}
         results: list[Result | None] = [None] * len(batch)
         for i, job in enumerate(batch):
@@ -544,41 +618,58 @@ class Lane(threading.Thread):
                     results[i] = protocol.TOO_LARGE
                 else:
                     groups.setdefault(job.plan.key, []).append(i)
+        return groups, results
+
+    def _run_groups(self, batch: list[Job], groups: dict[tuple[Any, ...], list[int]],
+                    results: list[Result | None], device: Device | None) -> str | None:
+        """One backend call a group, each answer in ``results``; why the device is lost,
+        where it is. A result that goes to a file is written straight into a result buffer
+        where one is free (``into``)."""
         fatal: str | None = None
-        t_run = now()
         last = len(groups) - 1
         for g, indices in enumerate(groups.values()):
             plans: list[Plan] = [batch[i].plan for i in indices]  # type: ignore[misc]
-            values, failure, why = self._run(plans, device)  # type: ignore[arg-type]
+            targets = [self._result_target(batch[i]) for i in indices]
+            into = ([t.view(kernels.F32) if t is not None else None for t in targets]
+                    if any(t is not None for t in targets) else None)
+            values, failure, why = self._run(plans, device, into)  # type: ignore[arg-type]
             fatal = why or fatal
-            if values is None:
-                for i in indices:
+            for n, i in enumerate(indices):
+                target = targets[n]
+                if values is None:
                     results[i] = failure
-                continue
-            for i, value in zip(indices, values, strict=True):
-                # A backend's arrays may live in its staging memory, valid only until its
-                # next run: keep a copy where another group runs before the write.
-                if g < last and isinstance(value, np.ndarray):
-                    value = value.copy()
-                results[i] = value
-        t_done = now()
-        self.stats.jobs += len(batch)
-        t_encode = now()
-        records: list[protocol.Record] = []
-        for job, result in zip(batch, results, strict=True):
-            assert result is not None  # every job was answered above
-            if job.trace is not None:
-                job.trace.update(take=t_take, run=t_run, done=t_done, encode=t_encode)
-            elif job.result_file and self.shm is not None and type(result) is np.ndarray:
-                try:
-                    result = self.shm.write_result(job.job_id, result)
-                except ShmError as exc:
-                    log.warning("job %d: the result goes through the pipe: %s", job.job_id,
-                                exc)
-            records.append((job.job_id, result, job.stamps()))
-        self._reply(records)
-        if fatal is not None:
-            self.on_fatal(fatal)
+                elif target is not None and into is not None and values[n] is into[n]:
+                    results[i] = self._commit(batch[i].job_id, target)
+                    target = None
+                else:
+                    value = values[n]
+                    # A backend's arrays may live in its staging memory, valid only until
+                    # its next run: keep a copy where another group runs before the write.
+                    if g < last and isinstance(value, np.ndarray):
+                        value = value.copy()
+                    results[i] = value
+                if target is not None:
+                    target.release()
+        return fatal
+
+    def _result_target(self, job: Job) -> ResultTarget | None:
+        """A result buffer for the job's vector result, where it goes to a file and one is
+        free."""
+        plan = job.plan
+        if (not job.result_file or job.trace is not None or self.results is None
+                or plan is None or plan.action != "batched" or plan.scalar
+                or plan.out_elements <= 0):
+            return None
+        return self.results.take(plan.out_elements * kernels.F32.itemsize)
+
+    def _commit(self, job_id: int, target: ResultTarget) -> Result:
+        """The record of a result written into ``target``; the result itself (a copy:
+        the buffer is given back) where the file cannot be named."""
+        try:
+            return target.commit(job_id)
+        except ShmError as exc:
+            log.warning("job %d: the result goes through the pipe: %s", job_id, exc)
+            return target.view(kernels.F32).copy()
 
     # -- the general path ------------------------------------------------------------------
     def _general(self, job: Job, device: Device | None) -> None:
@@ -631,10 +722,7 @@ class Lane(threading.Thread):
         elif (job.result_file and self.shm is not None and type(result) is np.ndarray
               and result.dtype == kernels.F32):
             # shared memory carries f32 results only (the record names no type)
-            try:
-                result = self.shm.write_result(job.job_id, result)
-            except ShmError as exc:
-                log.warning("job %d: the result goes through the pipe: %s", job.job_id, exc)
+            result = self._write_result(job.job_id, result)
         self._reply([(job.job_id, result, job.stamps())])
         if fatal is not None:
             self.on_fatal(fatal)
@@ -730,9 +818,30 @@ class Lane(threading.Thread):
         """A data operand's elements on the host: the frame's, or shared memory mapped."""
         if op.source == "data":
             return op.value  # type: ignore[no-any-return]
+        return self._map(op.value)
+
+    def _map(self, arg: FileArg) -> np.ndarray:
+        """A file operand's elements: an operand slot's (kept mapped), or a job's own files
+        (mapped and unlinked)."""
         if self.shm is None:
             raise ShmError("shared memory: this worker was started without --shm-dir")
-        return self.shm.open_input(op.value)
+        if self.slots is not None and self.slots.owns(arg.name):
+            return self.slots.open(arg)
+        return self.shm.open_input(arg)
+
+    def _write_result(self, job_id: int, result: np.ndarray) -> np.ndarray | FileResult:
+        """A vector result in a result file: a buffer kept from job to job where there is
+        one, else a new file; the result itself (through the pipe) where neither works."""
+        assert self.shm is not None
+        try:
+            target = self.results.take(result.nbytes) if self.results is not None else None
+            if target is not None:
+                np.copyto(target.view(result.dtype), result.reshape(-1))
+                return target.commit(job_id)
+            return self.shm.write_result(job_id, result)
+        except ShmError as exc:
+            log.warning("job %d: the result goes through the pipe: %s", job_id, exc)
+            return result
 
     def free_buffers(self, device: Device | None, ids: Sequence[int]) -> None:
         """Free the buffers ``ids`` (those held: others are ignored), on the lane's thread.

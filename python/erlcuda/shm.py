@@ -115,7 +115,7 @@ def _stale(path: str) -> bool:
             or time.time() - info.st_mtime < STALE_AFTER_S):
         return False
     try:
-        fd, _ = _open_regular(os.path.join(path, LOCK), os.O_RDONLY)
+        fd, _ = open_regular(os.path.join(path, LOCK), os.O_RDONLY)
     except FileNotFoundError:
         return True  # its worker never took it
     except (OSError, ShmError):
@@ -133,6 +133,19 @@ def _plain_name(name: str) -> bool:
     return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
 
 
+def check_arg(arg: FileArg) -> None:
+    """``ShmError`` where a launch's file operand could not be Erlang's: a name that is no
+    plain file name, parts that are not whole pages, or more parts than Erlang cuts."""
+    if not _plain_name(arg.name):
+        raise ShmError(f"shared memory: {arg.name!r:.80} is not a file name")
+    if arg.part_bytes <= 0 or arg.part_bytes % mmap.ALLOCATIONGRANULARITY:
+        raise ShmError(f"shared memory: {arg.name:.80}: parts of {arg.part_bytes} bytes "
+                       f"are not whole pages")
+    if arg.nbytes > arg.part_bytes * MAX_PARTS:
+        raise ShmError(f"shared memory: {arg.name:.80}: {arg.nbytes} bytes in parts of "
+                       f"{arg.part_bytes} is over {MAX_PARTS} parts")
+
+
 class SharedFolder:
     """The worker's folder: inputs are mapped from it, results written to it."""
 
@@ -146,7 +159,7 @@ class SharedFolder:
         self._reaper: subprocess.Popen[bytes] | None = None
         try:
             os.chmod(real, 0o700)  # operands are the callers' data: nobody else reads them
-            self._lock, _ = _open_regular(os.path.join(real, LOCK), os.O_RDWR | os.O_CREAT)
+            self._lock, _ = open_regular(os.path.join(real, LOCK), os.O_RDWR | os.O_CREAT)
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (OSError, ShmError) as exc:
             raise ShmError(f"{path}: cannot take the folder's lock: {exc}") from exc
@@ -176,14 +189,7 @@ class SharedFolder:
 
     def open_input(self, arg: FileArg) -> np.ndarray:
         """The vector's elements, mapped read-only; its files are unlinked once mapped."""
-        if not _plain_name(arg.name):
-            raise ShmError(f"shared memory: {arg.name!r:.80} is not a file name")
-        if arg.part_bytes <= 0 or arg.part_bytes % mmap.ALLOCATIONGRANULARITY:
-            raise ShmError(f"shared memory: {arg.name:.80}: parts of {arg.part_bytes} bytes "
-                           f"are not whole pages")
-        if arg.nbytes > arg.part_bytes * MAX_PARTS:
-            raise ShmError(f"shared memory: {arg.name:.80}: {arg.nbytes} bytes in parts of "
-                           f"{arg.part_bytes} is over {MAX_PARTS} parts")
+        check_arg(arg)
         sizes = part_sizes(arg.nbytes, arg.part_bytes)
         paths = [os.path.join(self.path, f"{arg.name}.{k}") for k in range(len(sizes))]
         try:
@@ -197,7 +203,7 @@ class SharedFolder:
                 finally:
                     os.close(fd)
             # One part open at a time: a vector of many parts takes one descriptor, not many.
-            span = _Span(arg.nbytes)
+            span = Span(arg.nbytes)
             for k, (path, size) in enumerate(zip(paths, sizes, strict=True)):
                 fd = _open_part(path, size)
                 try:
@@ -233,7 +239,7 @@ def _unlink(path: str) -> None:
         pass
 
 
-def _open_regular(path: str, flags: int) -> tuple[int, os.stat_result]:
+def open_regular(path: str, flags: int) -> tuple[int, os.stat_result]:
     """``path`` opened with ``flags`` and its status, where it is a regular file
     (``ShmError`` where it is anything else, ``OSError`` where it cannot be opened).
 
@@ -257,7 +263,7 @@ def _open_part(path: str, size: int) -> int:
     """A part file, opened for reading and checked to hold ``size`` bytes."""
     name = os.path.basename(path)
     try:
-        fd, info = _open_regular(path, os.O_RDONLY)
+        fd, info = open_regular(path, os.O_RDONLY)
     except OSError as exc:
         raise ShmError(f"shared memory: {name:.80}: {exc.strerror}") from exc
     held = info.st_size
@@ -295,7 +301,7 @@ _MAP_FIXED = 0x10  # the same on Linux and the BSDs; Python's mmap module has no
 _PROT_NONE = 0
 
 
-class _Span:
+class Span:
     """Part files mapped side by side into one reserved span of address space: one
     contiguous array over all of them, and no copy. The span is unmapped when the last
     view of it goes, and never at the interpreter's exit, where a thread may still read it
@@ -312,13 +318,14 @@ class _Span:
         self._memory = (ctypes.c_char * nbytes).from_address(base)
         weakref.finalize(self._memory, _libc.munmap, base, self._size).atexit = False
 
-    def map(self, offset: int, fd: int, size: int) -> None:
+    def map(self, offset: int, fd: int, size: int, *, writable: bool = False) -> None:
         """Map ``size`` bytes of ``fd`` at ``offset`` (a whole number of pages) in the
-        span."""
+        span, shared; readable, and writable where ``writable``."""
         at = self._base + offset
         if offset % mmap.PAGESIZE or offset + size > self._size:
             raise OSError(0, f"a part at {offset} of {size} bytes is outside the span")
-        got = _libc.mmap(at, size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        got = _libc.mmap(at, size, prot, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
         if got != at:
             errno = ctypes.get_errno()
             # A failed MAP_FIXED may have unmapped the range: reserve it again, or another
@@ -327,7 +334,16 @@ class _Span:
                        mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1, 0)
             raise OSError(errno, f"cannot map the part at {offset}")
 
-    def array(self, dtype: np.dtype[Any]) -> np.ndarray:
-        # Over a read-only view: the pages are mapped read-only, and a write would fault, so
-        # the array must not be made writable either.
-        return np.frombuffer(memoryview(self._memory).cast("B").toreadonly(), dtype)
+    def array(self, dtype: np.dtype[Any], nbytes: int | None = None) -> np.ndarray:
+        """The first ``nbytes`` (all by default) as a read-only array of ``dtype``.
+
+        Over a read-only view: the pages may be mapped read-only, where a write would
+        fault, so the array must not be made writable either."""
+        view = memoryview(self._memory).cast("B")
+        if nbytes is not None:
+            view = view[:nbytes]
+        return np.frombuffer(view.toreadonly(), dtype)
+
+    def bytes(self, start: int, stop: int) -> np.ndarray:
+        """Bytes ``start`` to ``stop`` as a writable byte array (of parts mapped writable)."""
+        return np.frombuffer(memoryview(self._memory).cast("B")[start:stop], np.uint8)

@@ -97,6 +97,7 @@ class Options:
     spin_us: int = -1  # -1: AUTO_SPIN_US on a GPU, none on the CPU backend
     device_thread: bool = False  # a lone device on a thread of its own, not the reader's
     buffer_limit: int = 0  # bytes of buffers per device (0: no bound but the device's)
+    shm_keep_s: float = 10.0  # shared-memory files kept from job to job go once idle so long
 
 
 class Worker:
@@ -130,12 +131,13 @@ class Worker:
         self.registry = Registry()  # user kernels, shared with every lane
         # Programs' fused kernels are compiled here, off the device threads.
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="erlcuda-compile")
+        self._spin_ns = spin_us * 1000
         self.lanes = [
             Lane(i, self.backend, writer, max_batch=options.max_batch,
                  max_elements=options.max_batch_elements, on_fatal=self._fatal,
                  unavailable=unavailable, spin_us=spin_us, shm=shm,
                  buffer_limit=options.buffer_limit, registry=self.registry,
-                 compiler=self._compiler)
+                 compiler=self._compiler, shm_keep_s=options.shm_keep_s)
             for i in range(count)
         ]
         self.extensions = dict(extensions or {})
@@ -161,7 +163,11 @@ class Worker:
                 lane.start()
             self._control.start()
         try:
-            while (frame := self.reader.read()) is not None:
+            while True:
+                self._await_input()
+                frame = self.reader.read()
+                if frame is None:
+                    break
                 self._take(frame)
                 if not self.reader.pending():
                     self._flush()
@@ -170,6 +176,27 @@ class Worker:
         except FrameError as exc:
             log.error("port closed: %s", exc)
             return self.shutdown(1)
+
+    def _await_input(self) -> None:
+        """Return once the next frame has begun to arrive (or the input ended). Right after
+        work, the reading thread polls for ``spin_us`` before it sleeps: a thread woken
+        from a sleep costs more than a small job. While it sleeps, the device it owns (one
+        device) sweeps the shared-memory files it keeps from job to job."""
+        reader = self.reader
+        if self._spin_ns:
+            clock = time.perf_counter_ns
+            deadline = clock() + self._spin_ns
+            while not reader.wait(0):
+                if clock() >= deadline:
+                    break
+            else:
+                return
+        lane = self.lanes[0] if self.inline else None
+        while lane is not None:
+            lane.housekeep()
+            wait = lane.idle_wait()
+            if wait is None or reader.wait(wait):
+                return
 
     def _take(self, frame: bytearray | memoryview) -> None:
         """Route what ``frame`` holds: Erlang's ``free`` (read with a few slices,

@@ -647,7 +647,8 @@ def test_typed_operands_in_shared_memory_and_an_f32_result_in_a_file(tmp_path: A
         pipe.launch(5, "vector_add", [Buffer(6), Buffer(6)], result_file=True)
         assert pipe.result() == (4, ("ok", ("buffer", 6, "f32", b.size)))
         assert pipe.result() == (5, ("file", (b.nbytes, result_part_bytes(b.nbytes))))
-        assert (folder / "r5.0").read_bytes() == (b + b).tobytes()
+        # as Erlang reads it: the result's bytes from the start of a buffer of whole MiBs
+        assert (folder / "r5.0").read_bytes()[: b.nbytes] == (b + b).tobytes()
         pipe.launch(6, "copy", [FileVector("missing", 8, etype=ETYPE["f64"])])
         assert "missing" in bad_args(pipe.result()[1])
     finally:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract
+from ..hostmem import Pinning
 from ..kernels import Plan, UniformPlans
 
 Result = np.ndarray | float
@@ -53,14 +54,25 @@ class BackendUnavailable(BackendError):
 class Device(ABC):
     """One compute device, owned by one thread."""
 
+    #: The host memory this device copies straight from and into (``hostmem.Pinning``):
+    #: ``None`` where it makes no copies (the CPU backend computes on host memory).
+    pinning: Pinning | None = None
+
     def execute(self, plans: Sequence[Plan], bound: Sequence[Any] | None = None,
-                out: Any | None = None) -> list[Result | None]:
+                out: Any | None = None,
+                into: Sequence[np.ndarray | None] | None = None) -> list[Result | None]:
         """Run ``plans``: without ``bound``, batched plans of one key, on their host
         operands, as one call, answering a result per plan; with it, one plan on the device
         arrays (and dims, scalars) its lane bound to its operands, in order: a built-in's
         vector result is written into ``out`` (``[None]``), a scalar one answered
-        (``[float]``); a user kernel is launched in the plan's geometry (``[None]``)."""
+        (``[float]``); a user kernel is launched in the plan's geometry (``[None]``).
+
+        ``into`` (batched plans only): for each plan, a writable host array of its vector
+        result's length and type (a result file's mapping) or ``None``; a result with one
+        is written there, and that very array answered."""
         if bound is None:
+            if into is not None:
+                return self._run_batch_into(plans[0].kernel, plans, into)  # type: ignore
             return self._run_batch(plans[0].kernel, plans)  # type: ignore[return-value]
         (plan,) = plans
         user = plan.user
@@ -73,6 +85,13 @@ class Device(ABC):
     @abstractmethod
     def _run_batch(self, kernel: str, plans: Sequence[Plan]) -> list[Result]:
         """Run batched plans of one kernel and one key."""
+
+    def _run_batch_into(self, kernel: str, plans: Sequence[Plan],
+                        into: Sequence[np.ndarray | None]) -> list[Result]:
+        """``_run_batch``, each vector result that has an ``into`` array copied there and
+        that array answered. A backend may write there directly instead."""
+        values = self._run_batch(kernel, plans)
+        return [_written(value, target) for value, target in zip(values, into, strict=True)]
 
     def execute_uniform(self, batch: UniformPlans) -> np.ndarray:
         """Run a table of batched plans: ``count x out_elements`` f32 for vector
@@ -205,6 +224,14 @@ class Device(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the device's resources; called once, from its thread."""
+
+
+def _written(value: Result, target: np.ndarray | None) -> Result:
+    """``value`` copied into ``target`` (where there is one and it fits), and ``target``."""
+    if target is None or not isinstance(value, np.ndarray) or value.size != target.size:
+        return value
+    np.copyto(target, value.reshape(-1), casting="same_kind")
+    return target
 
 
 class Backend(ABC):
