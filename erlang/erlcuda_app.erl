@@ -31,6 +31,7 @@ start(_Type, _Args) ->
             %% any restart of the port owner.
             ok = erlcuda_jobs:create(),
             ok = erlcuda_status:create(),
+            ok = erlcuda_shm_slots:create(),
             ok = erlcuda_buffers:create(),
             ok = erlcuda_cluster:create(),
             %% Loaded modules belong to one start of the application.

@@ -28,7 +28,8 @@
                     spin_us := auto | non_neg_integer(),
                     worker_args := [string()],
                     shm_dir := auto | none | string(),
-                    shm_threshold := pos_integer(),
+                    shm_threshold := auto | pos_integer(),
+                    shm_keep_ms := pos_integer(),
                     worker_module := string(),
                     python_path := [string()],
                     buffer_limit := pos_integer() | infinity,
@@ -41,7 +42,8 @@
 keys() ->
     [{backend, auto}, {cpu_devices, 1}, {python, default}, {batching, true},
      {max_batch, 256}, {max_queue, 10000}, {start_timeout, 120000}, {watchdog_ms, 30000},
-     {spin_us, auto}, {worker_args, []}, {shm_dir, auto}, {shm_threshold, 1048576},
+     {spin_us, auto}, {worker_args, []}, {shm_dir, auto}, {shm_threshold, auto},
+     {shm_keep_ms, 10000},
      {worker_module, "erlcuda"}, {python_path, []},
      {buffer_limit, infinity}, {cluster_exclude, []}, {cluster_prefer, []},
      {on_bad_python, retry}].
@@ -126,6 +128,7 @@ valid(python, V) -> is_text(V) andalso V =/= [] andalso V =/= <<>>;
 valid(watchdog_ms, infinity) -> true;
 valid(buffer_limit, infinity) -> true;
 valid(spin_us, auto) -> true;
+valid(shm_threshold, auto) -> true;
 valid(spin_us, V) -> is_integer(V) andalso V >= 0;
 valid(shm_dir, V) when V =:= auto; V =:= none -> true;
 valid(shm_dir, V) -> is_text(V) andalso V =/= [] andalso V =/= <<>>;
@@ -140,7 +143,8 @@ valid(python_path, V) ->
 valid(worker_module, V) -> is_module_name(V);
 valid(batching, V) -> is_boolean(V);
 valid(cpu_devices, V) -> is_integer(V) andalso V > 0 andalso V =< erlcuda_status:max_devices();
-valid(K, V) when K =:= start_timeout; K =:= watchdog_ms -> is_integer(V) andalso V > 0 andalso V =< ?MAX_MS;
+valid(K, V) when K =:= start_timeout; K =:= watchdog_ms; K =:= shm_keep_ms ->
+    is_integer(V) andalso V > 0 andalso V =< ?MAX_MS;
 valid(_, V) -> is_integer(V) andalso V > 0.
 
 %% A Python module's dotted name (`-m' runs it): identifiers of ASCII letters, digits and

@@ -29,7 +29,11 @@
                  %% how long a launch waits for room in a full queue (erlcuda_room)
                  wait => pos_integer() | infinity,
                  %% a user kernel's result bytes (telemetry; others have `expect')
-                 bytes_out => non_neg_integer()}.
+                 bytes_out => non_neg_integer(),
+                 %% erlcuda_transports': its vectors through this transport whatever their size,
+                 %% and the job neither counted nor sent as telemetry
+                 transport => pipe | shm,
+                 quiet => true}.
 %% A launch's argument as the wire takes it: an f32 vector (a binary), a dim, or one of
 %% the general path's kinds.
 -type arg() :: binary() | non_neg_integer()

@@ -33,7 +33,8 @@
               %% a proxy, await), which runs the stop event itself
               span = none :: erlcuda_telemetry:span(),
               waiter = false :: boolean(),
-              files = [] :: [file:filename()],
+              quiet = false :: boolean(),
+              files = [] :: erlcuda_shm:kept(),
               shm :: file:filename() | undefined,
               ctx = none :: erlcuda_protocol:ctx(),
               expect = any :: erlcuda_protocol:expect()}).
@@ -46,7 +47,8 @@
 -type entry() :: #{id := erlcuda:job_id(), reply_to := reply_to(), caller := pid(),
                    device := non_neg_integer(), queues := erlcuda_status:queues(),
                    kernel := atom(), format := erlcuda:format(), trace := boolean(),
-                   files => [file:filename()], shm => file:filename() | undefined,
+                   quiet => boolean(),
+                   files => erlcuda_shm:kept(), shm => file:filename() | undefined,
                    ctx => erlcuda_protocol:ctx(), expect => erlcuda_protocol:expect(),
                    span => erlcuda_telemetry:span()}.
 
@@ -91,13 +93,15 @@ register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
                                  device = Device, queues = Queues, kernel = Kernel,
                                  format = Format, trace = Trace,
                                  span = maps:get(span, Entry, none),
+                                 quiet = maps:get(quiet, Entry, false),
                                  %% an alias is waited on (launch_sync, a proxy)
                                  waiter = is_reference(To),
                                  files = maps:get(files, Entry, []),
                                  shm = maps:get(shm, Entry, undefined),
                                  ctx = maps:get(ctx, Entry, none),
                                  expect = maps:get(expect, Entry, any)}),
-    counters:add(counters_ref(), ?SUBMITTED, 1).
+    maps:get(quiet, Entry, false) orelse counters:add(counters_ref(), ?SUBMITTED, 1),
+    ok.
 
 %% @doc Who owns the buffers a job keeps: its caller, or a remote job's caller.
 -spec owner(reply_to()) -> pid().
@@ -129,7 +133,8 @@ complete(Id, Reply) ->
 deliver(Taken, Reply) ->
     case Taken of
         [#job{id = Id, files = Files} = Job] ->
-            erlcuda_shm:delete(Files),
+            %% Answered: the worker has done with its operands.
+            erlcuda_shm:done(Files),
             case erlcuda_protocol:file_result(Reply) of
                 {file, Bytes, PartBytes} when Job#job.shm =/= undefined ->
                     %% Read by a deliverer: this process serves every job. Later replies
@@ -271,12 +276,12 @@ drop(Id) ->
     end.
 
 %% A job taken out without a reply: its place in the queue given back, and counted.
-discard([#job{queues = Queues, device = Device, files = Files, ctx = Ctx, span = Span}],
-        Counter, Delta, Why) ->
+discard([#job{queues = Queues, device = Device, files = Files, ctx = Ctx, span = Span,
+              quiet = Quiet}], Counter, Delta, Why) ->
     erlcuda_shm:delete(Files),
     kept(Ctx, {error, Why}),
     erlcuda_status:dequeue(Queues, Device),
-    counters:add(counters_ref(), Counter, Delta),
+    Quiet orelse counters:add(counters_ref(), Counter, Delta),
     {true, Span};
 discard([], _, _, _) ->
     false.
@@ -292,10 +297,11 @@ kept(#{keep := [_ | _]}, {deferred, Raw}) ->
 kept(_, _) ->
     ok.
 
-count(#job{queues = Queues, device = Device}, Result, Dequeue) ->
+count(#job{queues = Queues, device = Device, quiet = Quiet}, Result, Dequeue) ->
     _ = [erlcuda_status:dequeue(Queues, Device) || Dequeue],
     Outcome = case Result of {error, _} -> ?ERROR; _ -> ?OK end,
-    counters:add(counters_ref(), Outcome, 1).
+    Quiet orelse counters:add(counters_ref(), Outcome, 1),
+    ok.
 
 %% A match pattern for #job{}: the record's fields typed for dialyzer cannot hold '_'.
 pattern(Fields) ->

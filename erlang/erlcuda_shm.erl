@@ -6,9 +6,11 @@
 %% and removes it when that worker ends; the worker's reaper process removes it too, even
 %% when the node itself dies; and a worker removes, as it starts, the folders whose worker
 %% and reaper both died (python/erlcuda/shm.py says how it tells them). A caller
-%% writes its operands over the threshold to `i<JobId>-<Arg>.<K>' (after the job is
-%% registered, so that every path that ends the job deletes them) and the worker unlinks
-%% them once mapped. A result over the threshold comes back in `r<JobId>.0', which a deliverer
+%% writes its operands over the threshold into an operand slot (erlcuda_shm_slots: part
+%% files kept from job to job, given back when the job's reply comes and deleted when the
+%% job ends otherwise), or, where the slots have no room, to files of the job's own,
+%% `i<JobId>-<Arg>.<K>' (after the job is registered, so that every path that ends the job
+%% deletes them), which the worker unlinks once mapped. A result over the threshold comes back in `r<JobId>.0', which a deliverer
 %% (erlcuda_delivery) reads, deletes and sends, so that the shared port owner never copies it.
 %%
 %% An operand is written as parts: the files `<Name>.0', `<Name>.1', ... of `part_bytes/1'
@@ -30,10 +32,10 @@
 %% spawned or any of its bytes allocated.
 -module(erlcuda_shm).
 
--export([folder/1, remove/1, plan/3, stage/1, delete/1, result_files/3, take_result/4,
-         read_parts/2, part_bytes/1]).
+-export([folder/1, remove/1, plan/3, stage/1, kept/1, release/1, done/1, delete/1,
+         result_files/3, take_result/4, read_parts/2, part_bytes/1]).
 
--export_type([folder/0, plan/0]).
+-export_type([folder/0, plan/0, kept/0]).
 
 -include_lib("kernel/include/file.hrl").
 
@@ -42,10 +44,13 @@
 %% may map parts with.
 -define(PART_UNIT, (1 bsl 20)).
 
-%% A worker's folder and the size from which a vector travels through it.
--type folder() :: #{dir := file:filename(), threshold := pos_integer()}.
-%% The parts to write: `{File, Binary}'.
--type plan() :: [{file:filename(), binary()}].
+%% A worker's folder, the size from which a vector travels through it, and the keeper of its
+%% operand slots (erlcuda_shm_slots).
+-type folder() :: #{dir := file:filename(), threshold := pos_integer(), keeper => pid()}.
+%% What to write: `{File, Binary}' (a job's own part file), or a slot and its parts.
+-type plan() :: [{file:filename(), binary()} | {slot, erlcuda_shm_slots:slot(), [binary()]}].
+%% What a job holds until it ends: its own files and its slots.
+-type kept() :: [file:filename() | {slot, erlcuda_shm_slots:slot()}].
 
 %% @doc A new, empty folder for one worker under `Base'.
 -spec folder(file:filename()) -> {ok, file:filename()} | {error, term()}.
@@ -79,31 +84,40 @@ remove(Dir) ->
     {[erlcuda_protocol:launch_arg()], plan()}.
 plan(none, _, Args) ->
     {Args, []};
-plan(#{dir := Dir, threshold := Threshold}, JobId, Args) ->
-    plan(Args, 1, Dir, Threshold, JobId, [], []).
+plan(#{threshold := Threshold} = Folder, JobId, Args) ->
+    plan(Args, 1, Folder, Threshold, JobId, [], []).
 
 plan([], _, _, _, _, Acc, Files) ->
     {lists:reverse(Acc), lists:append(lists:reverse(Files))};
-plan([Bin | Rest], I, Dir, Threshold, JobId, Acc, Files)
+plan([Bin | Rest], I, Folder, Threshold, JobId, Acc, Files)
   when is_binary(Bin), byte_size(Bin) >= Threshold ->
-    {Name, Size, PartBytes, Parts} = parts_of(Bin, I, Dir, JobId),
-    plan(Rest, I + 1, Dir, Threshold, JobId, [{file, Name, Size, PartBytes} | Acc],
+    {Name, Size, PartBytes, Parts} = parts_of(Bin, I, Folder, JobId),
+    plan(Rest, I + 1, Folder, Threshold, JobId, [{file, Name, Size, PartBytes} | Acc],
          [Parts | Files]);
-plan([{vector, Type, Bin} | Rest], I, Dir, Threshold, JobId, Acc, Files)
+plan([{vector, Type, Bin} | Rest], I, Folder, Threshold, JobId, Acc, Files)
   when byte_size(Bin) >= Threshold ->
-    {Name, Size, PartBytes, Parts} = parts_of(Bin, I, Dir, JobId),
-    plan(Rest, I + 1, Dir, Threshold, JobId, [{file, Type, Name, Size, PartBytes} | Acc],
+    {Name, Size, PartBytes, Parts} = parts_of(Bin, I, Folder, JobId),
+    plan(Rest, I + 1, Folder, Threshold, JobId, [{file, Type, Name, Size, PartBytes} | Acc],
          [Parts | Files]);
-plan([A | Rest], I, Dir, Threshold, JobId, Acc, Files) ->
-    plan(Rest, I + 1, Dir, Threshold, JobId, [A | Acc], Files).
+plan([A | Rest], I, Folder, Threshold, JobId, Acc, Files) ->
+    plan(Rest, I + 1, Folder, Threshold, JobId, [A | Acc], Files).
 
-parts_of(Bin, I, Dir, JobId) ->
-    Name = iolist_to_binary(["i", integer_to_list(JobId), "-", integer_to_list(I)]),
+%% An operand's name and what to write: a slot where one is free or can be made, else files
+%% of the job's own.
+parts_of(Bin, I, #{dir := Dir} = Folder, JobId) ->
     Size = byte_size(Bin),
     PartBytes = part_bytes(Size),
-    Parts = [{Path, binary_part(Bin, At, Len)}
-             || {Path, At, Len} <- parts(filename:join(Dir, Name), Size, PartBytes)],
-    {Name, Size, PartBytes, Parts}.
+    Cuts = parts(Dir, Size, PartBytes),
+    case erlcuda_shm_slots:claim(Folder, PartBytes, length(Cuts)) of
+        {ok, #{name := Slot} = S} ->
+            {Slot, Size, PartBytes,
+             [{slot, S, [binary_part(Bin, At, Len) || {_, At, Len} <- Cuts]}]};
+        none ->
+            Name = iolist_to_binary(["i", integer_to_list(JobId), "-", integer_to_list(I)]),
+            Parts = [{Path, binary_part(Bin, At, Len)}
+                     || {Path, At, Len} <- parts(filename:join(Dir, Name), Size, PartBytes)],
+            {Name, Size, PartBytes, Parts}
+    end.
 
 %% @doc The bytes per part file of an operand of `Size' bytes.
 -spec part_bytes(non_neg_integer()) -> pos_integer().
@@ -124,15 +138,39 @@ ceil_div(A, B) ->
     (A + B - 1) div B.
 
 %% @doc Write the planned parts, all at once (each write runs on a dirty I/O scheduler);
-%% on failure, delete them all. Each part is a new file: one whose path is taken already
-%% (by a symlink, a FIFO, a directory, any file) is an error, never written through.
+%% on failure, delete them all, and the slots. A job's own part is a new file: one whose
+%% path is taken already (by a symlink, a FIFO, a directory, any file) is an error, never
+%% written through; a slot's parts are written by the processes that made them so.
 -spec stage(plan()) -> ok | {error, binary()}.
 stage(Plan) ->
+    Own = [{F, B} || {F, B} <- Plan],
     %% Exclusive is O_CREAT | O_EXCL: any existing path fails with eexist, a symlink
     %% without being followed and a FIFO without being waited on.
-    Results = in_parallel(fun({F, B}) -> {F, file:write_file(F, B, [raw, exclusive])} end,
-                          Plan),
-    checked(Results, [F || {F, _} <- Plan]).
+    Written = in_parallel(fun({F, B}) -> {F, file:write_file(F, B, [raw, exclusive])} end,
+                          Own),
+    InSlots = [{Name, erlcuda_shm_slots:write(S, Bins)}
+               || {slot, #{name := Name} = S, Bins} <- Plan],
+    case checked(Written ++ InSlots, [F || {F, _} <- Own]) of
+        ok -> ok;
+        {error, _} = Error -> delete(kept(Plan)), Error
+    end.
+
+%% @doc What a job keeps until it ends, of what was planned for it.
+-spec kept(plan()) -> kept().
+kept(Plan) ->
+    [case Item of {slot, S, _} -> {slot, S}; {F, _} -> F end || Item <- Plan].
+
+%% @doc A job that was never registered gives back what was planned for it.
+-spec release(plan()) -> ok.
+release(Plan) ->
+    lists:foreach(fun({slot, S, _}) -> erlcuda_shm_slots:release(S); (_) -> ok end, Plan).
+
+%% @doc A job is answered: its slots are free for the next job, its own files deleted.
+-spec done(kept()) -> ok.
+done(Kept) ->
+    lists:foreach(fun({slot, S}) -> erlcuda_shm_slots:release(S);
+                     (F) -> _ = file:delete(F, [raw])
+                  end, Kept).
 
 %% Fun on each element, each in a process of its own (one alone runs here); the results in
 %% order. Linked: they die with a caller that dies. Unlinked once done, and any 'EXIT' of a
@@ -159,10 +197,13 @@ checked(Results, Files) ->
                                                    [File, Why]))}
     end.
 
-%% @doc Delete files (the parts of a job's operands or result); missing ones are fine.
--spec delete([file:filename()]) -> ok.
+%% @doc Delete files (the parts of a job's operands or result) and slots (of a job that
+%% ended while the worker may still read them); missing ones are fine.
+-spec delete(kept()) -> ok.
 delete(Files) ->
-    lists:foreach(fun(F) -> _ = file:delete(F, [raw]) end, Files).
+    lists:foreach(fun({slot, S}) -> erlcuda_shm_slots:discard(S);
+                     (F) -> _ = file:delete(F, [raw])
+                  end, Files).
 
 %% @doc The part files of job `JobId''s result, as its record describes it: those a worker
 %% may have written, so at most as many as a vector is ever cut into.
@@ -207,11 +248,12 @@ part_count(Bytes, PartBytes) ->
     max(1, ceil_div(Bytes, PartBytes)).
 
 %% @doc A vector of `Bytes' bytes read from its parts (`{Path, Offset, Length}', several at
-%% once), each checked to be a regular file (not a symlink) of exactly its length before
-%% anything is opened or allocated. Errors: `{Path, Why}' (from file:read_link_info/2 or
-%% file:open/2), `{Path, not_regular, Type}', `{Path, holds, Size, expected, Length}',
-%% `{Path, holds, more_than, Length}', `{Path, replaced}' (not the file checked once
-%% opened), `{size, Read, Bytes}'.
+%% once): each part's `Length' bytes from the start of a regular file (not a symlink) that
+%% holds at least that many, checked before anything is opened or allocated (the worker
+%% writes a result into a buffer of whole MiBs, reused from job to job, and links it under
+%% the result's name). Errors: `{Path, Why}' (from file:read_link_info/2 or file:open/2),
+%% `{Path, not_regular, Type}', `{Path, holds, Size, expected, Length}', `{Path, replaced}'
+%% (not the file checked once opened), `{size, Read, Bytes}'.
 -spec read_parts([{file:filename(), non_neg_integer(), non_neg_integer()}],
                  non_neg_integer()) -> {ok, binary()} | {error, term()}.
 read_parts(Parts, Bytes) ->
@@ -238,16 +280,14 @@ read_all(Found, Bytes) ->
     end.
 
 %% Each part as it is in the folder, `{Path, Length, Info}': the entry itself, not what a
-%% symlink names, and only a regular file of exactly its length (a FIFO opened for reading
-%% would block until someone writes to it).
+%% symlink names, and only a regular file of at least its length (a FIFO opened for
+%% reading would block until someone writes to it).
 found([], Acc) ->
     {ok, lists:reverse(Acc)};
 found([{Path, _, Len} | Rest], Acc) ->
     case file:read_link_info(Path, [raw]) of
-        {ok, #file_info{type = regular, size = Len} = Info} ->
+        {ok, #file_info{type = regular, size = Size} = Info} when Size >= Len ->
             found(Rest, [{Path, Len, Info} | Acc]);
-        {ok, #file_info{type = regular, size = Size}} when Size > Len ->
-            {error, {Path, holds, more_than, Len}};
         {ok, #file_info{type = regular, size = Size}} ->
             {error, {Path, holds, Size, expected, Len}};
         {ok, #file_info{type = Type}} ->
@@ -274,15 +314,12 @@ read(File, Bytes, Checked) ->
     end.
 
 %% Exactly `Bytes' into one binary (a longer read that came back short would shrink the
-%% binary, which may copy it), then one more byte, which must not be there: the file may
-%% have grown or shrunk since it was checked.
+%% binary, which may copy it): the file may have shrunk since it was checked.
 read_open(File, Fd, Bytes) ->
-    case {read_exactly(Fd, Bytes), file:read(Fd, 1)} of
-        {{ok, Bin}, eof} when byte_size(Bin) =:= Bytes -> {ok, Bin};
-        {{ok, Bin}, eof} -> {error, {File, holds, byte_size(Bin), expected, Bytes}};
-        {{ok, _}, {ok, _}} -> {error, {File, holds, more_than, Bytes}};
-        {{error, _} = Error, _} -> Error;
-        {_, {error, _} = Error} -> Error
+    case read_exactly(Fd, Bytes) of
+        {ok, Bin} when byte_size(Bin) =:= Bytes -> {ok, Bin};
+        {ok, Bin} -> {error, {File, holds, byte_size(Bin), expected, Bytes}};
+        {error, _} = Error -> Error
     end.
 
 same_file({ok, #file_info{type = regular, major_device = Dev, inode = Inode}},

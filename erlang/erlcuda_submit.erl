@@ -29,7 +29,7 @@ route(Job, ReplyTo, Status) ->
 route1(#{device := Want, kernel := Kernel, args := Args, trace := Trace,
          result_bytes := ResultBytes} = Job, ReplyTo, Status) ->
     JobId = erlcuda_jobs:next_id(),
-    Shm = maps:get(shm, Status, none),
+    Shm = transport(Job, maps:get(shm, Status, none)),
     %% Operands and results over the threshold go through shared memory (traced jobs'
     %% results through the pipe: their records carry the worker's stamps).
     {LaunchArgs, Plan} = erlcuda_shm:plan(Shm, JobId, Args),
@@ -47,15 +47,26 @@ route1(#{device := Want, kernel := Kernel, args := Args, trace := Trace,
                                                     flags => Flags, ctx => Ctx, plan => Plan},
                             Frame);
                 {error, _} = Error ->
-                    Error
+                    unplanned(Plan, Error)
             end;
         {error, _} = Error ->
-            Error
+            unplanned(Plan, Error)
     end.
+
+%% The folder a job's vectors may take: the worker's, with the threshold it has, unless the
+%% job says which transport (erlcuda_transports' jobs).
+transport(#{transport := pipe}, _) -> none;
+transport(#{transport := shm}, #{} = Shm) -> Shm#{threshold := 1};
+transport(_, Shm) -> Shm.
+
+%% A job refused before it was registered gives back the slots planned for it.
+unplanned(Plan, Error) ->
+    ok = erlcuda_shm:release(Plan),
+    Error.
 
 %% Counted into its device's queue (at once, or once there is room for a launch that
 %% waits for it), registered, its files written, then its frame.
-enqueue(Job, ReplyTo, Status, #{device := Device} = Launch, Frame) ->
+enqueue(Job, ReplyTo, Status, #{device := Device, plan := Plan} = Launch, Frame) ->
     Counted = case Job of
                   #{wait := Ms} -> erlcuda_room:enqueue(Status, Device, wait_until(Ms, Job));
                   #{} -> erlcuda_status:enqueue(Status, Device)
@@ -68,7 +79,7 @@ enqueue(Job, ReplyTo, Status, #{device := Device} = Launch, Frame) ->
                 {error, _} = Error -> Error
             end;
         overloaded ->
-            {error, overloaded}
+            unplanned(Plan, {error, overloaded})
     end.
 
 %% A wait for room ends with the launch_sync that waits for its result.
@@ -82,11 +93,16 @@ register_job(#{kernel := Kernel, format := Format, trace := Trace} = Job, ReplyT
              #{queues := Queues} = Status,
              #{id := JobId, device := Device, ctx := Ctx, plan := Plan}) ->
     ok = keep(Ctx, Device, ReplyTo),
-    Span = erlcuda_telemetry:job_start(JobId, Job, Device),
+    %% a quiet job (erlcuda_transports') is neither counted nor sent as telemetry
+    Quiet = maps:get(quiet, Job, false),
+    Span = case Quiet of
+               true -> none;
+               false -> erlcuda_telemetry:job_start(JobId, Job, Device)
+           end,
     ok = erlcuda_jobs:register(#{id => JobId, reply_to => ReplyTo, caller => self(),
                                  device => Device, queues => Queues, kernel => Kernel,
-                                 format => Format, trace => Trace,
-                                 files => [F || {F, _} <- Plan],
+                                 format => Format, trace => Trace, quiet => Quiet,
+                                 files => erlcuda_shm:kept(Plan),
                                  shm => folder(maps:get(shm, Status, none)), ctx => Ctx,
                                  expect => expect(Job, Ctx), span => Span}),
     Span.

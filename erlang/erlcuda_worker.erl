@@ -21,7 +21,10 @@
 %% Each start takes a new epoch (erlcuda_status:next_epoch/0): buffers of earlier workers
 %% are gone. When user modules were loaded (erlcuda_catalogue), the new worker loads them
 %% again before it takes jobs: the port is published only once every replayed load has
-%% answered (`replaying'); with none, it is published as soon as it exists.
+%% answered (`replaying'); with none, it is published as soon as it exists. On the first
+%% start of the application, with `shm_threshold' `auto', the transports are measured
+%% (`measuring', erlcuda_probe) before the application is ready; later workers keep the
+%% figure, or the default where the measurement failed.
 %%
 %% Launches never pass through this process (see `erlcuda_submit'). It forwards each
 %% result to its caller (a port's output goes to its owner), answers control calls, and when
@@ -50,8 +53,14 @@
 -define(SWEEP_MS, 1000).
 %% How long a worker may take to exit once its input is closed, before it is killed.
 -define(REAP_MS, 2000).
+%% The size from which vectors go through shared memory until the transports are measured.
+-define(DEFAULT_THRESHOLD, 1048576).
+%% How long measuring the transports may take before the application is ready without it:
+%% well within the margin the application's start gives the first worker beyond its
+%% start_timeout.
+-define(MEASURE_MS, 4000).
 
--type state() :: starting | replaying | ready | backing_off | probing.
+-type state() :: starting | replaying | measuring | ready | backing_off | probing.
 %% Why the probe runs: to explain a worker's exit before its hello (`Why', its OS pid), or
 %% to see whether a bad Python is fixed.
 -type purpose() :: {explain, term(), integer() | undefined} | recheck.
@@ -82,6 +91,11 @@
                %% the probe of the interpreter while it runs: its port, its OS pid, the
                %% output so far, and why it runs
                probe :: {port(), integer() | undefined, binary(), purpose()} | undefined,
+               %% the measurement of the transports while it runs (its reference), and its
+               %% threshold and figures, or why it failed: measured once a start
+               measuring :: reference() | undefined,
+               measured :: {pos_integer(), [erlcuda_probe:figure()]} | {failed, term()}
+                         | undefined,
                %% the bad_python detail last logged (each is logged once)
                python_bad :: binary() | undefined,
                %% whether the last worker answered its hello
@@ -160,6 +174,10 @@ handle_event(state_timeout, hello_timeout, starting, #data{os_pid = OsPid} = D) 
     ?LOG_ERROR("erlcuda: the worker ~p did not answer its hello in time; killing it",
                [OsPid]),
     kill_worker(start_timeout, D);
+handle_event(state_timeout, measure_timeout, measuring, D) ->
+    measured({error, timeout}, D#data{measuring = undefined});
+handle_event(info, {erlcuda_probe, Ref, Result}, measuring, #data{measuring = Ref} = D) ->
+    measured(Result, D#data{measuring = undefined});
 handle_event(state_timeout, replay_timeout, replaying, #data{os_pid = OsPid} = D) ->
     ?LOG_ERROR("erlcuda: the worker ~p did not load the user modules again in time; "
                "killing it", [OsPid]),
@@ -189,8 +207,10 @@ handle_event(info, {'EXIT', Writer, Why}, _, #data{writer = {Writer, _}} = D) ->
 handle_event(info, {erlcuda_delivery, retire, To, Pid, Done}, _, _) ->
     ok = erlcuda_delivery:retire(To, Pid, Done),
     keep_state_and_data;
-handle_event(info, tick, State, D) ->
+handle_event(info, tick, State, #data{config = Config} = D) ->
     _ = erlcuda_jobs:sweep_dead_callers(),
+    %% After the jobs of dead callers: a slot such a caller holds now has no job.
+    ok = erlcuda_shm_slots:sweep(maps:get(shm_keep_ms, Config)),
     _ = erlang:send_after(tick_ms(D), self(), tick),
     watchdog(State, D);
 handle_event(info, {info_timeout, Id}, State, #data{calls = Calls} = D) ->
@@ -206,7 +226,7 @@ handle_event(_, _, _, _) ->
 
 %% Callers: the calls of the API, answered in every state.
 request(await_ready, From, State, D) when State =:= starting; State =:= replaying;
-                                          State =:= probing ->
+                                          State =:= measuring; State =:= probing ->
     {keep_state, D#data{waiting = [From | D#data.waiting]}};
 request(await_ready, From, _, D) ->
     {keep_state_and_data, [{reply, From, start_result(D)}]};
@@ -386,11 +406,35 @@ replayed(Module, Reply, D) ->
 replaying(#data{calls = Calls}) ->
     lists:any(fun({replay, _}) -> true; (_) -> false end, maps:values(Calls)).
 
-%% The worker takes jobs from now on.
-up(#data{port = Port, config = Config, hello = Info} = D) ->
-    ok = erlcuda_status:set_up(Port, D#data.writer, maps:get(devices, Info),
-                               maps:get(max_queue, Config), D#data.shm, D#data.epoch),
-    ready(D).
+%% The worker takes jobs from now on; on the application's first start, the transports are
+%% measured before it is ready.
+up(D) ->
+    ok = publish(D),
+    case D of
+        #data{shm = #{}, measured = undefined, config = #{shm_threshold := auto}} ->
+            {next_state, measuring, D#data{measuring = erlcuda_probe:start(self())},
+             [{state_timeout, ?MEASURE_MS, measure_timeout}]};
+        _ ->
+            ready(D)
+    end.
+
+publish(#data{port = Port, config = Config, hello = Info} = D) ->
+    erlcuda_status:set_up(Port, D#data.writer, maps:get(devices, Info),
+                          maps:get(max_queue, Config), D#data.shm, D#data.epoch).
+
+measured({ok, Threshold, Figures}, #data{shm = Shm} = D) ->
+    ?LOG_NOTICE("erlcuda: vectors of ~b bytes or more go through shared memory (measured: "
+                "~0p)", [Threshold, Figures]),
+    D1 = D#data{measured = {Threshold, Figures}, shm = Shm#{threshold := Threshold}},
+    ok = publish(D1),
+    ready(D1);
+measured({error, Why}, D) ->
+    ?LOG_WARNING("erlcuda: measuring the transports failed (~0p); vectors of ~b bytes or "
+                 "more go through shared memory", [Why, threshold(D)]),
+    ready(D#data{measured = {failed, Why}}).
+
+threshold(#data{shm = #{threshold := T}}) -> T;
+threshold(_) -> ?DEFAULT_THRESHOLD.
 
 ready(#data{waiting = Waiting} = D) ->
     ok = erlcuda_events:worker(start, #{duration => life(D)},
@@ -420,8 +464,8 @@ start_worker(D0) ->
     #data{config = Config} = Loaded = reload(D0),
     Epoch = erlcuda_status:next_epoch(),
     ok = erlcuda_buffers:new_epoch(Epoch),
-    D = Loaded#data{started = now_ms(), shm = shm_folder(Config), epoch = Epoch,
-                reader = erlcuda_protocol:reader(), answered = false},
+    D = Loaded#data{started = now_ms(), shm = shm_folder(Config, Loaded#data.measured),
+                epoch = Epoch, reader = erlcuda_protocol:reader(), answered = false},
     #{python := Python, args := Args, env := Env} =
         erlcuda_worker_start:worker_command(Config, D#data.shm),
     try open_port({spawn_executable, Python},
@@ -505,11 +549,16 @@ stop_probe(Port, OsPid) ->
     kill(OsPid).
 
 %% A folder for this worker's shared memory; none (everything through the pipe) where the
-%% configured place cannot hold one.
-shm_folder(#{shm_threshold := Threshold} = Config) ->
+%% configured place cannot hold one. Its threshold: the one configured, else the measured.
+shm_folder(#{shm_threshold := Configured} = Config, Measured) ->
+    Threshold = case {Configured, Measured} of
+                    {auto, {T, _}} when is_integer(T) -> T;
+                    {auto, _} -> ?DEFAULT_THRESHOLD;
+                    {Fixed, _} -> Fixed
+                end,
     case shm_base(Config) of
         none -> none;
-        Base -> shm_folder(Base, Threshold)
+        Base -> make_folder(Base, Threshold)
     end.
 
 %% auto: /dev/shm where the system has one (Linux), else none.
@@ -521,10 +570,10 @@ shm_base(#{shm_dir := auto}) ->
 shm_base(#{shm_dir := Base}) ->
     Base.
 
-shm_folder(Base, Threshold) ->
+make_folder(Base, Threshold) ->
     case erlcuda_shm:folder(Base) of
         {ok, Dir} ->
-            #{dir => Dir, threshold => Threshold};
+            #{dir => Dir, threshold => Threshold, keeper => erlcuda_shm_slots:keeper()};
         {error, Why} ->
             ?LOG_WARNING("erlcuda: no shared memory, large data goes through the port: ~0p",
                          [Why]),
@@ -532,7 +581,16 @@ shm_folder(Base, Threshold) ->
     end.
 
 remove_folder(#data{shm = Shm} = D) ->
-    ok = erlcuda_shm:remove(case Shm of #{dir := Dir} -> Dir; none -> undefined end),
+    case Shm of
+        #{dir := Dir, keeper := Keeper} ->
+            %% The slots' part processes go with their keeper, closing their files.
+            unlink(Keeper),
+            exit(Keeper, kill),
+            ok = erlcuda_shm:remove(Dir),
+            ok = erlcuda_shm_slots:forget(Dir);
+        none ->
+            ok
+    end,
     D#data{shm = none}.
 
 provisional_devices(#{backend := cpu, cpu_devices := N}) -> N;
@@ -666,6 +724,7 @@ merge_info(Worker, State, #data{os_pid = OsPid, restarts = Restarts, down_reason
     WorkerStatus = case {State, maps:get(status, Status)} of
                        {starting, _} -> starting;
                        {replaying, _} -> starting;
+                       {measuring, _} -> starting;
                        {_, S} -> S
                    end,
     %% No worker runs: the status an earlier one reported is not this one's.
@@ -686,7 +745,13 @@ merge_info(Worker, State, #data{os_pid = OsPid, restarts = Restarts, down_reason
         epoch => D#data.epoch,
         owned_buffers => erlcuda_buffers:count(),
         backoff_ms => D#data.backoff,
-        writer => erlcuda_writer:stats(writer_counters(Writer))}.
+        writer => erlcuda_writer:stats(writer_counters(Writer)),
+        shm_threshold => case D#data.shm of #{threshold := T} -> T; none -> none end,
+        shm_figures => case D#data.measured of
+                           {T, Figures} when is_integer(T) -> Figures;
+                           _ -> []
+                       end,
+        shm_slots => erlcuda_shm_slots:stats()}.
 
 writer_counters({_, Counters}) -> Counters;
 writer_counters(undefined) -> undefined.

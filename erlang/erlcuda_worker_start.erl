@@ -23,7 +23,13 @@ worker_command(Config, Shm) ->
             "--max-batch", integer_to_list(case Batching of true -> MaxBatch; false -> 1 end),
             "--spin-us", case SpinUs of auto -> "-1"; Us -> integer_to_list(Us) end]
         ++ case BufferLimit of infinity -> []; _ -> ["--buffer-limit", integer_to_list(BufferLimit)] end
-        ++ case Shm of #{dir := Dir} -> ["--shm-dir", Dir]; none -> [] end ++ Extra,
+        ++ case Shm of
+               #{dir := Dir} ->
+                   ["--shm-dir", Dir,
+                    "--shm-keep-ms", integer_to_list(maps:get(shm_keep_ms, Config, 10000))];
+               none ->
+                   []
+           end ++ Extra,
     #{python => erlcuda_paths:python(Python),
       args => Args,
       env => [{"PYTHONPATH", python_path(PythonPath ++ [erlcuda_paths:python_dir()])},

@@ -26,7 +26,9 @@ bad_config_test_() ->
          Bad = [{backend, gpu}, {cpu_devices, 0}, {max_queue, -1}, {python, 42},
                 {watchdog_ms, soon}, {spin_us, -5}, {batching, yes}, {worker_args, "-x"},
                 {start_timeout, infinity}, {worker_module, "-m os"}, {worker_module, "a..b"},
-                {worker_module, 'erlcuda'}, {python_path, "/tmp"}, {python_path, [42]}],
+                {worker_module, 'erlcuda'}, {python_path, "/tmp"}, {python_path, [42]},
+                {shm_threshold, 0}, {shm_threshold, manual}, {shm_keep_ms, 0},
+                {shm_keep_ms, infinity}],
          lists:foreach(
            fun({K, V}) ->
                    Saved = application:get_env(erlcuda, K),

@@ -1,6 +1,8 @@
 %% Large operands and results through shared memory, and that every way a job, a worker or
 %% a node ends leaves no file behind. The folders go under a base of the test's own (the
 %% `shm_dir' setting), with a threshold of 4 KiB so that 10,000-element vectors use it.
+%% Operand slots and result buffers are kept from job to job for `shm_keep_ms' (300 ms
+%% here): a job leaves none of its own files, and nothing at all is left once that passed.
 -module(erlcuda_shm_tests).
 
 -include_lib("eunit/include/eunit.hrl").
@@ -19,7 +21,7 @@ with_app(Test) ->
     _ = file:del_dir_r(Base),
     ok = file:make_dir(Base),
     erlcuda_test_util:with_app(?DEFAULTS, [{worker_module, "erlcuda_testworker"}, {python_path, erlcuda_test_util:test_worker_path()}, {shm_dir, Base},
-                                           {shm_threshold, 4096}], Test).
+                                           {shm_threshold, 4096}, {shm_keep_ms, 300}], Test).
 
 shm_test_() ->
     %% The base goes afterwards: each run makes one of its own.
@@ -27,6 +29,7 @@ shm_test_() ->
      with_app([{timeout, 60, fun results_through_files/0},
                {timeout, 60, fun operands_wait_in_files_until_mapped/0},
                {timeout, 60, fun vectors_in_several_parts/0},
+               {timeout, 60, fun slots_are_written_again/0},
                {timeout, 60, fun killed_worker_leaves_no_file/0},
                {timeout, 60, fun killed_caller_leaves_no_file/0},
                {timeout, 60, fun timed_out_caller_leaves_no_file/0},
@@ -42,6 +45,17 @@ vec(N, Scale) ->
 files() ->
     lists:append([[filename:join(F, N) || N <- element(2, file:list_dir(F)), N =/= ".lock"]
                   || F <- folders()]).
+
+%% The files of the slots taken by jobs now, sorted; and the slots' part counts.
+claimed_files() ->
+    [Folder] = folders(),
+    lists:sort([filename:join(Folder, binary_to_list(Name) ++ "." ++ integer_to_list(K))
+                || {_, _, #{name := Name, parts := Parts}} <- ets:tab2list(erlcuda_shm_claimed),
+                   K <- lists:seq(0, length(Parts) - 1)]).
+
+%% Files of jobs (their own operand files `i*', results `r*'): none once they are answered.
+job_files() ->
+    [F || F <- files(), lists:member(hd(filename:basename(F)), "ir")].
 
 folders() ->
     filelib:wildcard(filename:join(base(), "erlcuda-*")).
@@ -70,16 +84,36 @@ results_through_files() ->
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
     erlcuda_test_util:no_message().
 
-%% While the device is busy the operands wait as files; once run, nothing is left.
+%% While the device is busy the operands wait in the two slots their job took; once it is
+%% answered the slots are free for the next job, and once idle, nothing is left.
 operands_wait_in_files_until_mapped() ->
     erlcuda_test_util:stall(0, 600),
     {ok, Id} = erlcuda:launch(vector_add, [vec(?N, 1), vec(?N, 1)], [{format, binary}]),
-    Names = [filename:basename(F) || F <- files()],
-    Prefix = "i" ++ integer_to_list(Id) ++ "-",
-    ?assertEqual([Prefix ++ "1.0", Prefix ++ "2.0"], lists:sort(Names)),
+    Taken = claimed_files(),
+    ?assertMatch([_, _], Taken),
+    ?assertEqual(Taken, [F || F <- Taken, filelib:is_regular(F)]),
     receive {erlcuda, Id, R} -> ?assertEqual({ok, vec(?N, 2)}, R) after 10000 -> error(timeout)
     end,
     receive {stalled, _} -> ok after 5000 -> error(no_stall) end,
+    ?assertMatch(#{claimed := 0}, erlcuda_shm_slots:stats()),
+    ?assertEqual([], job_files()),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
+
+%% Jobs one after another take the same slot (and the worker writes their results into the
+%% same buffer): no new file for a job of a size seen before; an operand of more parts than
+%% its slot has grows it.
+slots_are_written_again() ->
+    N = 2 * erlcuda_shm:part_bytes(0) div 4 + 1000,  % three parts
+    A = vec(N, 1), B = vec(N, 2),
+    ?assertEqual({ok, vec(N, 3)}, erlcuda:launch_sync(vector_add, [A, B], [{format, binary}])),
+    After1 = lists:sort(files()),
+    #{made := Made} = erlcuda_shm_slots:stats(),
+    [?assertEqual({ok, vec(N, K + 2)},
+                  erlcuda:launch_sync(vector_add, [A, vec(N, K + 1)], [{format, binary}]))
+     || K <- lists:seq(1, 5)],
+    ?assertMatch(#{made := Made, claimed := 0, free := 2}, erlcuda_shm_slots:stats()),
+    ?assertEqual(After1, lists:sort(files())),
+    ?assertEqual([], job_files()),
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
 
 %% Vectors over a part's size travel as several part files, written and read at once: the
@@ -100,10 +134,10 @@ vectors_in_several_parts() ->
                            Self ! {launched, Id},
                            timer:sleep(infinity)
                    end),
-    Id = receive {launched, I} -> I after 5000 -> error(not_launched) end,
-    Prefix = "i" ++ integer_to_list(Id) ++ "-",
-    ?assertEqual([Prefix ++ P || P <- ["1.0", "1.1", "1.2", "2.0", "2.1", "2.2"]],
-                 lists:sort([filename:basename(F) || F <- files()])),
+    receive {launched, _} -> ok after 5000 -> error(not_launched) end,
+    Taken = claimed_files(),
+    ?assertEqual(6, length(Taken)),  % two slots of three parts
+    ?assertEqual(Taken, [F || F <- Taken, filelib:is_regular(F)]),
     exit(Caller, kill),
     receive {stalled, _} -> ok after 5000 -> error(no_stall) end,
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
@@ -147,7 +181,7 @@ killed_worker_leaves_no_file() ->
     erlcuda_test_util:stall(0, 3000),
     Ids = [element(2, {ok, _} = erlcuda:launch(vector_add, [vec(?N, 1), vec(?N, 1)]))
            || _ <- lists:seq(1, 5)],
-    ?assertEqual(10, length(files())),
+    ?assertEqual(10, length(claimed_files())),
     os:cmd("kill -9 " ++ integer_to_list(Old)),
     [receive {erlcuda, Id, R} -> ?assertMatch({error, {worker_down, _}}, R)
      after 10000 -> error({no_reply, Id}) end || Id <- Ids],
@@ -173,14 +207,19 @@ killed_caller_leaves_no_file() ->
                            timer:sleep(infinity)
                    end),
     receive launched -> ok after 5000 -> error(not_launched) end,
-    ?assertEqual(2, length(files())),
+    Taken = claimed_files(),
+    ?assertEqual(2, length(Taken)),
     exit(Caller, kill),
     receive {stalled, _} -> ok after 5000 -> error(no_stall) end,
+    %% its slots were deleted (not given back: the worker may still have been reading them)
     ?assertEqual(ok, erlcuda_test_util:wait_until(
-                       fun() -> files() =:= [] andalso erlcuda_jobs:size() =:= 0 end, 50)),
+                       fun() -> [F || F <- Taken, filelib:is_regular(F)] =:= []
+                                    andalso erlcuda_jobs:size() =:= 0 end, 50)),
+    ?assertMatch(#{claimed := 0}, erlcuda_shm_slots:stats()),
     %% and the job that ran after the sweep left its result file nowhere
     timer:sleep(300),
-    ?assertEqual([], files()).
+    ?assertEqual([], job_files()),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
 
 %% launch_sync that gives up: its job still runs and its result file is deleted unread.
 timed_out_caller_leaves_no_file() ->
@@ -218,16 +257,16 @@ without_room_the_pipe_carries_it() ->
     ?assertEqual([], folders()),
     erlcuda_test_util:no_message().
 
-%% Whatever stands at an operand's path before it is written (a symlink, a FIFO, a
-%% directory) is never written through nor waited on: the operands go through the pipe and
-%% the job gets its result, well within its timeout.
+%% Whatever stands at a new slot's path before it is made (a symlink, a FIFO, a directory)
+%% is never written through nor waited on: the operands go through the pipe and the job
+%% gets its result, well within its timeout.
 planted_operand_files_are_never_followed() ->
     A = vec(?N, 1), B = vec(?N, 2),
     [Folder] = folders(),
     Target = filename:join(base(), "target"),
     ok = file:write_file(Target, <<"keep">>),
     [begin
-         Path = filename:join(Folder, "i" ++ integer_to_list(next_job_id()) ++ "-1.0"),
+         Path = filename:join(Folder, next_slot() ++ ".0"),
          plant(Kind, Path, Target),
          Got = unblocked(fun() -> erlcuda:launch_sync(vector_add, [A, B],
                                                       [{format, binary}, {timeout, 3000}])
@@ -241,10 +280,12 @@ planted_operand_files_are_never_followed() ->
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
     erlcuda_test_util:no_message().
 
-%% The id the next launch will get: one more than a launch's now.
-next_job_id() ->
-    {ok, Id} = erlcuda:launch(reduce, [[1.0]]),
-    receive {erlcuda, Id, {ok, 1.0}} -> Id + 1 after 10000 -> error(timeout) end.
+%% The name of the slot the next large operand takes: a new one, once no slot is free.
+next_slot() ->
+    ok = erlcuda_test_util:wait_until(
+           fun() -> maps:get(free, erlcuda_shm_slots:stats()) =:= 0 end, 50),
+    #{made := Made} = erlcuda_shm_slots:stats(),
+    "s" ++ integer_to_list(Made + 1).
 
 plant(symlink, Path, Target) -> ok = file:make_symlink(Target, Path);
 plant(fifo, Path, _) -> "" = os:cmd("mkfifo " ++ Path);
@@ -305,7 +346,8 @@ node_halt_leaves_no_folder() ->
                                  || _ <- lists:seq(1, 3)],
                                 ok
                         end, []]),
-        ?assertEqual({ok, 7}, {ok, length(element(2, file:list_dir(Folder)))}),  % and .lock
+        {ok, Names} = file:list_dir(Folder),
+        ?assertEqual(6, length([N || N <- Names, hd(N) =:= $s])),  % two slots a job
         catch peer:call(Peer, erlang, halt, [], 1000),
         ?assertEqual(ok, erlcuda_test_util:wait_until(
                            fun() -> filelib:wildcard(filename:join(Base, "*")) =:= [] end,
@@ -315,8 +357,9 @@ node_halt_leaves_no_folder() ->
         _ = file:del_dir_r(Base)
     end.
 
-%% A part must hold exactly its length: longer, shorter or missing is an error, not a
-%% truncated or padded vector; several parts are read in order.
+%% A part's length is read from the start of a file that holds at least that much (a
+%% result buffer holds whole MiBs): shorter or missing is an error, not a padded vector;
+%% several parts are read in order.
 read_parts_test() ->
     Dir = filename:join("/tmp", "erlcuda-read-parts-" ++ os:getpid()),
     ok = filelib:ensure_path(Dir),
@@ -329,10 +372,12 @@ read_parts_test() ->
         ?assertEqual({ok, <<1, 2, 3, 4, 5, 6>>},
                      erlcuda_shm:read_parts([{P(0), 0, 4}, {P(1), 4, 2}], 6)),
         ?assertEqual({ok, <<>>}, erlcuda_shm:read_parts([{P(2), 0, 0}], 0)),
-        ?assertMatch({error, {_, holds, more_than, 3}}, erlcuda_shm:read_parts([{P(0), 0, 3}], 3)),
+        ?assertEqual({ok, <<1, 2, 3>>}, erlcuda_shm:read_parts([{P(0), 0, 3}], 3)),
+        ?assertEqual({ok, <<1, 2, 3, 5>>},
+                     erlcuda_shm:read_parts([{P(0), 0, 3}, {P(1), 3, 1}], 4)),
         ?assertMatch({error, {_, holds, 4, expected, 5}},
                      erlcuda_shm:read_parts([{P(0), 0, 5}], 5)),
-        ?assertMatch({error, {_, holds, more_than, 0}}, erlcuda_shm:read_parts([{P(1), 0, 0}], 0)),
+        ?assertEqual({ok, <<>>}, erlcuda_shm:read_parts([{P(1), 0, 0}], 0)),
         ?assertMatch({error, {_, enoent}}, erlcuda_shm:read_parts([{P(0), 0, 4}, {P(9), 4, 2}], 6))
     after
         file:del_dir_r(Dir)

@@ -1,0 +1,108 @@
+%% @private
+%% The size from which shared memory beats the pipe, measured on this machine.
+%%
+%% Which transport is faster for a vector of a given size depends on the machine: on some,
+%% the files' fixed costs (each file operation is a call on a dirty I/O scheduler, each new
+%% mapping page faults) outweigh the pipe's copies well past a megabyte; on others shared
+%% memory wins from a few hundred KiB. With `shm_threshold' `auto' (the default), the port
+%% owner runs this probe once the application's first worker is up and before the
+%% application is ready: `copy' jobs of sizes from ?MIN_SIZE to ?MAX_SIZE (a job's operand
+%% and its result, the same bytes each way), each through the pipe and through shared
+%% memory, a few of each, alternately, after one of each unmeasured. The threshold is the
+%% smallest size from which shared memory was as fast at every larger size measured; where
+%% the pipe won at every size, twice the largest (vectors of that size still go through
+%% shared memory: a long frame in the pipe holds up every other job's). Later workers of the
+%% same start keep the figure. The jobs are quiet: neither counted nor sent as telemetry.
+-module(erlcuda_probe).
+
+-export([start/1, run/0, choose/1]).
+
+-export_type([figure/0]).
+
+%% A size and the median microseconds of a copy job of it through the pipe and through
+%% shared memory.
+-type figure() :: {pos_integer(), non_neg_integer(), non_neg_integer()}.
+
+-define(MIN_SIZE, 65536).
+-define(MAX_SIZE, 16777216).
+%% The sizes go up by this factor.
+-define(STEP, 4).
+-define(REPS, 3).
+%% Once shared memory has won at this many sizes in a row, larger ones are not measured.
+-define(WINS, 2).
+%% The probe stops measuring after this long, and chooses from what it has.
+-define(BUDGET_MS, 3000).
+-define(JOB_TIMEOUT, 30000).
+
+%% @doc Run the probe in a process of its own, which sends the port owner (`To')
+%% `{erlcuda_probe, Ref, {ok, Threshold, Figures} | {error, Why}}'; the reference.
+-spec start(pid()) -> reference().
+start(To) ->
+    Ref = make_ref(),
+    _ = spawn(fun() -> To ! {erlcuda_probe, Ref, run()} end),
+    Ref.
+
+%% @doc Measure both transports at each size (see the module doc): the threshold and the
+%% figures, or why it could not.
+-spec run() -> {ok, pos_integer(), [figure()]} | {error, term()}.
+run() ->
+    Data = binary:copy(<<1.0:32/float-little>>, ?MAX_SIZE div 4),
+    Deadline = erlang:monotonic_time(millisecond) + ?BUDGET_MS,
+    try sizes(Data, ?MIN_SIZE, Deadline, 0, []) of
+        [] -> {error, no_figures};
+        Figures -> {ok, choose(Figures), Figures}
+    catch
+        throw:{failed, Why} -> {error, Why}
+    end.
+
+sizes(_, Size, _, _, Acc) when Size > ?MAX_SIZE ->
+    lists:reverse(Acc);
+sizes(_, _, _, ?WINS, Acc) ->
+    lists:reverse(Acc);
+sizes(Data, Size, Deadline, Wins, Acc) ->
+    case erlang:monotonic_time(millisecond) > Deadline of
+        true ->
+            lists:reverse(Acc);
+        false ->
+            Bin = binary:part(Data, 0, Size),
+            {Pipe, Shm} = measure(Bin),
+            Won = case Shm =< Pipe of true -> Wins + 1; false -> 0 end,
+            sizes(Data, Size * ?STEP, Deadline, Won, [{Size, Pipe, Shm} | Acc])
+    end.
+
+%% Median microseconds through each transport, alternately, after one of each unmeasured.
+measure(Bin) ->
+    _ = [copy(Bin, T) || T <- [pipe, shm]],
+    Times = [{copy(Bin, pipe), copy(Bin, shm)} || _ <- lists:seq(1, ?REPS)],
+    {median([P || {P, _} <- Times]), median([S || {_, S} <- Times])}.
+
+%% @doc The threshold from the figures (see the module doc).
+-spec choose([figure()]) -> pos_integer().
+choose(Figures) ->
+    Sorted = lists:keysort(1, Figures),
+    {Largest, _, _} = lists:last(Sorted),
+    Wins = lists:takewhile(fun({_, Pipe, Shm}) -> Shm =< Pipe end, lists:reverse(Sorted)),
+    case Wins of
+        [] -> Largest * 2;
+        _ -> element(1, lists:last(Wins))
+    end.
+
+%% One quiet copy job through `Transport': its microseconds.
+copy(Bin, Transport) ->
+    {ok, Job} = erlcuda_job:validate(copy, [Bin], [{format, binary},
+                                                   {timeout, ?JOB_TIMEOUT}]),
+    Alias = alias([explicit_unalias]),
+    T0 = erlang:monotonic_time(microsecond),
+    Got = case erlcuda_submit:submit(Job#{transport => Transport, quiet => true}, Alias) of
+              {ok, _, _} -> erlcuda_await:reply(Alias, erlcuda_await:deadline(?JOB_TIMEOUT), none);
+              {error, _} = Error -> Error
+          end,
+    T = erlang:monotonic_time(microsecond) - T0,
+    unalias(Alias),
+    case Got of
+        {ok, {ok, Back}} when byte_size(Back) =:= byte_size(Bin) -> T;
+        Other -> throw({failed, Other})
+    end.
+
+median(Values) ->
+    lists:nth(length(Values) div 2 + 1, lists:sort(Values)).

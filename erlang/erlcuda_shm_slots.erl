@@ -1,0 +1,274 @@
+%% @private
+%% Operand slots: part files in the worker's shared-memory folder, kept from job to job.
+%%
+%% A new tmpfs file costs its pages as they are first written (allocated and zeroed): a
+%% caller writes a fresh file at a fraction of the speed it writes pages that exist, and the
+%% worker can only copy a fresh mapping to a GPU through pinned staging. A slot is written
+%% again by each job that takes it: its pages stay, and the worker keeps it mapped and, from
+%% its second use, registered for the GPU's copies (python/erlcuda/slots.py).
+%%
+%% A slot `s<N>' holds an operand of up to the contract's part count of parts, each part in
+%% a file `s<N>.<K>' of the slot's part size, made that long (sparse) when the part is first
+%% needed. Each part file belongs to a process of its own that holds it open and writes
+%% each job's bytes at its start on request (`write/2'): the parts of an operand are written
+%% at once, each under its own inode's lock, and a write is one call to the file driver
+%% rather than an open, a check and a close. A slot is taken by one job at a time
+%% (`claim/3'), from the free slots of its part size, or made new while the slots' bytes stay
+%% within ?POOL_BYTES; none: the job's operand goes in files of its own, as before.
+%%
+%% Who holds a slot: the claimed table says (one entry a slot taken, with the process that
+%% took it), and taking that entry out is what gives the slot back, once. When a job's reply
+%% comes the worker has done with its operands: the slot is free again (`release/1'). When
+%% a job ends otherwise (its caller died or stopped waiting, its frame was never written)
+%% the worker may still be reading it: the slot is deleted (`discard/1'), its files unlinked,
+%% and the worker drops its mapping once it sees them gone. Free slots idle for `shm_keep_ms' and
+%% slots taken by callers that died before their job was registered go at the port owner's
+%% sweep (`sweep/1'). A worker's part processes are linked to a keeper process of its own:
+%% the port owner kills the keeper when the worker goes, and the folder is removed with
+%% everything in it.
+-module(erlcuda_shm_slots).
+
+-export([create/0, keeper/0, claim/3, write/2, release/1, discard/1, sweep/1, forget/1,
+         stats/0]).
+
+-export_type([slot/0]).
+
+-include_lib("kernel/include/file.hrl").
+
+-define(FREE, erlcuda_shm_free).
+-define(CLAIMED, erlcuda_shm_claimed).
+-define(COUNTERS, {?MODULE, counters}).
+%% counters: slots made; bytes of the part files of live slots
+-define(SEQ, 1).
+-define(BYTES, 2).
+%% The most bytes of slots' part files, taken or free.
+-define(POOL_BYTES, (1 bsl 30)).
+%% Tries to take a free slot another caller may take first.
+-define(TRIES, 3).
+
+-type slot() :: #{seq := pos_integer(), dir := file:filename(), part_bytes := pos_integer(),
+                  name := binary(), parts := [pid()], keeper := pid()}.
+
+%% @doc The tables and counters; made by the application's process, so that they outlive
+%% the port owner.
+-spec create() -> ok.
+create() ->
+    ?FREE = ets:new(?FREE, [ordered_set, public, named_table]),
+    ?CLAIMED = ets:new(?CLAIMED, [set, public, named_table, {write_concurrency, true}]),
+    case persistent_term:get(?COUNTERS, undefined) of
+        undefined -> persistent_term:put(?COUNTERS, atomics:new(2, [{signed, true}]));
+        Counters -> atomics:put(Counters, ?BYTES, 0)
+    end,
+    ok.
+
+%% @doc A keeper for one worker's slots: their part processes are linked to it. Linked to
+%% the caller (the port owner), which kills it when the worker's folder goes.
+-spec keeper() -> pid().
+keeper() ->
+    spawn_link(fun() -> receive stop -> ok end end).
+
+%% @doc A slot of `PartBytes' parts with at least `Parts' of them, for the caller's job in
+%% `Folder': a free one, or a new one within the pool's bytes; `none' otherwise.
+-spec claim(erlcuda_shm:folder(), pos_integer(), pos_integer()) -> {ok, slot()} | none.
+claim(#{dir := Dir, keeper := Keeper}, PartBytes, Parts) ->
+    Slot = case take_free(Dir, PartBytes, ?TRIES) of
+               {ok, Free} -> grow(Free, Parts);
+               none -> new(Dir, Keeper, PartBytes, Parts)
+           end,
+    case Slot of
+        #{seq := Seq} ->
+            true = ets:insert(?CLAIMED, {Seq, self(), Slot}),
+            {ok, Slot};
+        none ->
+            none
+    end;
+claim(_, _, _) ->
+    none.
+
+take_free(_, _, 0) ->
+    none;
+take_free(Dir, PartBytes, Tries) ->
+    case ets:next(?FREE, {Dir, PartBytes, 0}) of
+        {Dir, PartBytes, _} = Key ->
+            case ets:take(?FREE, Key) of
+                [{_, Slot, _}] -> {ok, Slot};
+                [] -> take_free(Dir, PartBytes, Tries - 1)  % another caller took it first
+            end;
+        _ ->
+            none
+    end.
+
+new(Dir, Keeper, PartBytes, Parts) ->
+    Seq = atomics:add_get(counters(), ?SEQ, 1),
+    Slot = #{seq => Seq, dir => Dir, part_bytes => PartBytes, keeper => Keeper,
+             name => <<"s", (integer_to_binary(Seq))/binary>>, parts => []},
+    grow(Slot, Parts).
+
+%% The slot with `Parts' part processes at least, or `none' (the slot deleted) where the
+%% pool has no room for the parts it lacks.
+grow(#{parts := Pids} = Slot, Parts) when length(Pids) >= Parts ->
+    Slot;
+grow(#{parts := Pids, part_bytes := PartBytes} = Slot, Parts) ->
+    More = (Parts - length(Pids)) * PartBytes,
+    case atomics:add_get(counters(), ?BYTES, More) =< ?POOL_BYTES of
+        true ->
+            New = [spawn_part(Slot, K) || K <- lists:seq(length(Pids), Parts - 1)],
+            Slot#{parts := Pids ++ New};
+        false ->
+            atomics:sub(counters(), ?BYTES, More),
+            delete_slot(Slot),
+            none
+    end.
+
+spawn_part(#{dir := Dir, name := Name, part_bytes := PartBytes, keeper := Keeper}, K) ->
+    Path = filename:join(Dir, <<Name/binary, ".", (integer_to_binary(K))/binary>>),
+    spawn(fun() -> part(Keeper, Path, PartBytes) end).
+
+%% @doc Write an operand's parts into the slot, each by its part's process, all at once.
+-spec write(slot(), [binary()]) -> ok | {error, term()}.
+write(#{parts := Pids}, Bins) ->
+    Refs = [begin
+                Ref = monitor(process, Pid),
+                Pid ! {write, self(), Ref, Bin},
+                Ref
+            end || {Pid, Bin} <- lists:zip(lists:sublist(Pids, length(Bins)), Bins)],
+    case [R || R <- [written(Ref) || Ref <- Refs], R =/= ok] of
+        [] -> ok;
+        [Error | _] -> Error
+    end.
+
+written(Ref) ->
+    receive
+        {Ref, Result} ->
+            demonitor(Ref, [flush]),
+            Result;
+        {'DOWN', Ref, process, _, Why} ->
+            {error, {slot_gone, Why}}
+    end.
+
+%% @doc The job that took the slot is answered: the slot is free for the next one. Only the
+%% first of release/1 and discard/1 does anything.
+-spec release(slot()) -> ok.
+release(#{seq := Seq, keeper := Keeper} = Slot) ->
+    case ets:take(?CLAIMED, Seq) of
+        [_] ->
+            case is_process_alive(Keeper) of
+                true -> free(Slot, now_ms());
+                false -> uncount(Slot)
+            end;
+        [] ->
+            ok
+    end.
+
+free(#{seq := Seq, dir := Dir, part_bytes := PartBytes} = Slot, Since) ->
+    true = ets:insert(?FREE, {{Dir, PartBytes, Seq}, Slot, Since}),
+    ok.
+
+%% @doc The job that took the slot ended while the worker may still read it: the slot is
+%% deleted (its files unlinked; the worker's mapping keeps their pages while it reads).
+-spec discard(slot()) -> ok.
+discard(#{seq := Seq} = Slot) ->
+    case ets:take(?CLAIMED, Seq) of
+        [_] -> delete_slot(Slot), uncount(Slot);
+        [] -> ok
+    end.
+
+delete_slot(#{parts := Pids}) ->
+    _ = [Pid ! stop || Pid <- Pids],
+    ok.
+
+uncount(#{parts := Pids, part_bytes := PartBytes}) ->
+    atomics:sub(counters(), ?BYTES, length(Pids) * PartBytes),
+    ok.
+
+%% @doc The port owner's sweep: free slots idle for `KeepMs' or of a worker gone, and slots
+%% taken by callers that died before their job held them, are deleted.
+-spec sweep(pos_integer()) -> ok.
+sweep(KeepMs) ->
+    Idle = now_ms() - KeepMs,
+    Stale = ets:select(?FREE, [{{'$1', '$2', '$3'}, [{'<', '$3', Idle}], [{{'$1', '$2'}}]}])
+        ++ [{Key, Slot} || {Key, #{keeper := K} = Slot, _} <- ets:tab2list(?FREE),
+                           not is_process_alive(K)],
+    _ = [begin delete_slot(Slot), uncount(Slot) end
+         || {Key, Slot} <- Stale, ets:take(?FREE, Key) =/= []],
+    Orphans = [Slot || {_, Claimer, Slot} <- ets:tab2list(?CLAIMED),
+                       not is_process_alive(Claimer)],
+    _ = [discard(Slot) || Slot <- Orphans],
+    ok.
+
+%% @doc A worker's folder is gone (its keeper with it): its free slots are forgotten.
+-spec forget(file:filename()) -> ok.
+forget(Dir) ->
+    Keys = ets:select(?FREE, [{{{Dir, '_', '_'}, '_', '_'}, [], ['$_']}]),
+    _ = [uncount(Slot) || {Key, Slot, _} <- Keys, ets:take(?FREE, Key) =/= []],
+    ok.
+
+%% @doc Slots free and taken, the bytes of their files, and how many were ever made (the
+%% last one is `s<Made>').
+-spec stats() -> #{free := non_neg_integer(), claimed := non_neg_integer(),
+                   bytes := integer(), made := non_neg_integer()}.
+stats() ->
+    #{free => ets:info(?FREE, size), claimed => ets:info(?CLAIMED, size),
+      bytes => atomics:get(counters(), ?BYTES), made => atomics:get(counters(), ?SEQ)}.
+
+%% A part file's process: it makes the file (new, never through what stands at its path),
+%% as long as a part, and writes each job's bytes at its start until told to stop, when it
+%% deletes it. A file deleted under it (its folder removed, say) fails the write, and
+%% the process ends: the worker could not map it. It dies with the worker's keeper.
+part(Keeper, Path, PartBytes) ->
+    link(Keeper),
+    Opened = case file:open(Path, [raw, read, write, binary, exclusive]) of
+                 {ok, Fd} ->
+                     case sized(Fd, PartBytes) of
+                         ok -> {ok, Fd};
+                         {error, _} = Error -> _ = file:close(Fd), Error
+                     end;
+                 {error, _} = Error ->
+                     Error
+             end,
+    part_loop(Opened, Path).
+
+written({ok, Fd}, Path, Bin) ->
+    case file:pwrite(Fd, 0, Bin) of
+        ok ->
+            case file:read_file_info(Fd, [raw]) of
+                {ok, #file_info{links = 0}} -> {error, {Path, deleted}};
+                {ok, _} -> ok;
+                {error, Why} -> {error, {Path, Why}}
+            end;
+        {error, Why} ->
+            {error, {Path, Why}}
+    end;
+written({error, Why}, Path, _) ->
+    {error, {Path, Why}}.
+
+sized(Fd, PartBytes) ->
+    case file:position(Fd, PartBytes) of
+        {ok, _} -> file:truncate(Fd);
+        {error, _} = Error -> Error
+    end.
+
+part_loop(Opened, Path) ->
+    receive
+        {write, From, Ref, Bin} ->
+            case written(Opened, Path, Bin) of
+                ok ->
+                    From ! {Ref, ok},
+                    part_loop(Opened, Path);
+                {error, _} = Error ->
+                    From ! {Ref, Error},
+                    part_loop(Opened, Path)
+            end;
+        stop ->
+            %% What stands at its path goes too where the file could not be made there: a
+            %% name in the worker's folder is erlcuda's (file:delete/2 follows no symlink).
+            _ = case Opened of {ok, Fd} -> file:close(Fd); {error, _} -> ok end,
+            _ = file:delete(Path, [raw]),
+            ok
+    end.
+
+counters() ->
+    persistent_term:get(?COUNTERS).
+
+now_ms() ->
+    erlang:monotonic_time(millisecond).

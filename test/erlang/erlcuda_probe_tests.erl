@@ -1,0 +1,45 @@
+%% The transports' probe (erlcuda_probe): the threshold it chooses from its figures, and the
+%% probe run by the application's first start with `shm_threshold' auto: quiet jobs (not
+%% counted), a threshold in effect from then on, kept by later workers; none with a
+%% threshold set, or without shared memory.
+-module(erlcuda_probe_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+-define(DEFAULTS, [{backend, cpu}, {cpu_devices, 1}, {worker_module, "erlcuda"},
+                   {python_path, []}, {shm_dir, auto}, {shm_threshold, 1048576}]).
+
+%% Shared memory from the smallest size where it was as fast at every larger size; twice
+%% the largest where the pipe always won.
+choose_test() ->
+    K = 1024,
+    ?assertEqual(256 * K, erlcuda_probe:choose([{64 * K, 10, 20}, {256 * K, 30, 30},
+                                                 {1024 * K, 90, 50}])),
+    ?assertEqual(1024 * K, erlcuda_probe:choose([{1024 * K, 90, 50}, {64 * K, 10, 5},
+                                                  {256 * K, 30, 40}])),
+    ?assertEqual(64 * K, erlcuda_probe:choose([{64 * K, 10, 5}, {256 * K, 30, 20}])),
+    ?assertEqual(2048 * K, erlcuda_probe:choose([{64 * K, 10, 50}, {1024 * K, 90, 91}])).
+
+probed_at_start_test_() ->
+    erlcuda_test_util:with_app(?DEFAULTS, [{shm_threshold, auto}], {timeout, 120, fun() ->
+        #{shm_threshold := T, shm_probe := Figures, jobs := Jobs,
+          worker_os_pid := Old} = erlcuda:info(),
+        ?assertNotEqual([], Figures),
+        Sizes = [S || {S, _, _} <- Figures],
+        ?assert(lists:member(T, Sizes) orelse T =:= 2 * lists:max(Sizes)),
+        ?assertEqual(T, erlcuda_probe:choose(Figures)),
+        ?assertMatch(#{submitted := 0, ok := 0, error := 0}, Jobs),  % quiet
+        ?assertMatch(#{status := up, shm := #{threshold := T}}, erlcuda_status:status()),
+        %% a later worker keeps the figure, measured once
+        erlcuda_test_util:kill9(Old),
+        erlcuda_test_util:wait_restarted(Old, 100),
+        ?assertMatch(#{shm_threshold := T, shm_probe := Figures}, erlcuda:info())
+    end}).
+
+not_probed_test_() ->
+    [erlcuda_test_util:with_app(?DEFAULTS, Env, {timeout, 60, fun() ->
+         #{shm_threshold := T, shm_probe := Figures} = erlcuda:info(),
+         ?assertEqual([], Figures),
+         ?assertEqual(Want, T)
+     end}) || {Env, Want} <- [{[{shm_threshold, 4096}], 4096},
+                              {[{shm_threshold, auto}, {shm_dir, none}], none}]].

@@ -1,0 +1,124 @@
+%% Operand slots (erlcuda_shm_slots) without a worker: a slot is taken by one job at a time,
+%% given back or deleted once (whichever comes first), written again by the next job that
+%% takes it, kept within the pool's bytes, and deleted when idle, when the process that took
+%% it died before its job held it, and with its worker's keeper.
+-module(erlcuda_shm_slots_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+-define(MIB, 1048576).
+
+%% A folder and a keeper of its own, the tables made afresh, for each test.
+slots_test_() ->
+    {foreach,
+     fun() ->
+             _ = application:stop(erlcuda),
+             Dir = filename:join("/tmp", "erlcuda-slots-tests-" ++ os:getpid()),
+             _ = file:del_dir_r(Dir),
+             ok = file:make_dir(Dir),
+             Owner = spawn(fun() -> ok = erlcuda_shm_slots:create(), receive stop -> ok end end),
+             ok = erlcuda_test_util:wait_until(
+                    fun() -> ets:info(erlcuda_shm_free) =/= undefined end, 50),
+             Keeper = erlcuda_shm_slots:keeper(),
+             unlink(Keeper),  % its death must not take the test along
+             {#{dir => Dir, threshold => 1, keeper => Keeper}, Owner}
+     end,
+     fun({#{dir := Dir, keeper := Keeper}, Owner}) ->
+             exit(Keeper, kill),
+             Owner ! stop,
+             _ = file:del_dir_r(Dir)
+     end,
+     [fun(Setup) -> {Name, fun() -> Test(element(1, Setup)) end} end
+      || {Name, Test} <- [{"taken once, written again", fun written_again/1},
+                          {"given back or deleted once", fun once/1},
+                          {"grown by larger operands", fun grown/1},
+                          {"within the pool's bytes", fun bounded/1},
+                          {"swept when idle or orphaned", fun swept/1},
+                          {"gone with the keeper", fun keeper_gone/1}]]}.
+
+part(#{dir := Dir}, #{name := Name}, K) ->
+    filename:join(Dir, binary_to_list(Name) ++ "." ++ integer_to_list(K)).
+
+written_again(Folder) ->
+    {ok, Slot} = erlcuda_shm_slots:claim(Folder, ?MIB, 2),
+    ?assertEqual(ok, erlcuda_shm_slots:write(Slot, [<<1, 2, 3>>, <<4>>])),
+    {ok, Part0} = file:read_file(part(Folder, Slot, 0)),
+    ?assertEqual(?MIB, byte_size(Part0)),  % a part's size: the worker maps it whole
+    ?assertEqual(<<1, 2, 3>>, binary:part(Part0, 0, 3)),
+    ?assertMatch(#{claimed := 1, free := 0}, erlcuda_shm_slots:stats()),
+    %% taken by one job at a time: another job gets another slot
+    {ok, Other} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
+    ?assertNotEqual(maps:get(name, Slot), maps:get(name, Other)),
+    ok = erlcuda_shm_slots:release(Slot),
+    {ok, Again} = erlcuda_shm_slots:claim(Folder, ?MIB, 2),
+    ?assertEqual(maps:get(name, Slot), maps:get(name, Again)),
+    ?assertEqual(ok, erlcuda_shm_slots:write(Again, [<<9>>])),
+    {ok, <<9, 2, 3, _/binary>>} = file:read_file(part(Folder, Slot, 0)),
+    ?assertMatch(#{made := 2}, erlcuda_shm_slots:stats()).
+
+once(Folder) ->
+    {ok, Slot} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
+    ok = erlcuda_shm_slots:write(Slot, [<<1>>]),
+    ok = erlcuda_shm_slots:discard(Slot),
+    ok = erlcuda_shm_slots:release(Slot),  % too late: the slot was deleted
+    ?assertEqual(ok, erlcuda_test_util:wait_until(
+                       fun() -> not filelib:is_regular(part(Folder, Slot, 0)) end, 50)),
+    ?assertMatch(#{claimed := 0, free := 0, bytes := 0}, erlcuda_shm_slots:stats()),
+    {ok, Kept} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
+    ok = erlcuda_shm_slots:release(Kept),
+    ok = erlcuda_shm_slots:discard(Kept),  % too late: given back, free for the next job
+    ?assertMatch(#{claimed := 0, free := 1, bytes := ?MIB}, erlcuda_shm_slots:stats()).
+
+grown(Folder) ->
+    {ok, Slot} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
+    ok = erlcuda_shm_slots:release(Slot),
+    {ok, Grown} = erlcuda_shm_slots:claim(Folder, ?MIB, 3),
+    ?assertEqual(maps:get(name, Slot), maps:get(name, Grown)),
+    ?assertEqual(ok, erlcuda_shm_slots:write(Grown, [<<1>>, <<2>>, <<3>>])),
+    ?assertEqual({ok, 3}, {ok, length(maps:get(parts, Grown))}),
+    ?assertMatch(#{bytes := 3 * ?MIB}, erlcuda_shm_slots:stats()).
+
+bounded(Folder) ->
+    {ok, Big} = erlcuda_shm_slots:claim(Folder, 128 * ?MIB, 8),  % the pool's 1 GiB
+    ?assertEqual(none, erlcuda_shm_slots:claim(Folder, ?MIB, 1)),
+    ok = erlcuda_shm_slots:release(Big),
+    ?assertEqual(none, erlcuda_shm_slots:claim(Folder, ?MIB, 1)),  % free, but of its size
+    {ok, Again} = erlcuda_shm_slots:claim(Folder, 128 * ?MIB, 8),
+    ok = erlcuda_shm_slots:discard(Again),
+    ?assertMatch({ok, _}, erlcuda_shm_slots:claim(Folder, ?MIB, 1)).
+
+swept(Folder) ->
+    {ok, Idle} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
+    ok = erlcuda_shm_slots:write(Idle, [<<1>>]),
+    ok = erlcuda_shm_slots:release(Idle),
+    ok = erlcuda_shm_slots:sweep(60000),
+    ?assertMatch(#{free := 1}, erlcuda_shm_slots:stats()),
+    timer:sleep(20),
+    ok = erlcuda_shm_slots:sweep(10),
+    ?assertMatch(#{free := 0, bytes := 0}, erlcuda_shm_slots:stats()),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(
+                       fun() -> not filelib:is_regular(part(Folder, Idle, 0)) end, 50)),
+    %% taken by a process that died before its job held the slot
+    Self = self(),
+    Taker = spawn(fun() -> Self ! {taken, erlcuda_shm_slots:claim(Folder, ?MIB, 1)} end),
+    {ok, Orphan} = receive {taken, T} -> T after 5000 -> error(timeout) end,
+    ok = erlcuda_test_util:wait_until(fun() -> not is_process_alive(Taker) end, 50),
+    ok = erlcuda_shm_slots:write(Orphan, [<<1>>]),
+    ok = erlcuda_shm_slots:sweep(60000),
+    ?assertMatch(#{claimed := 0, free := 0, bytes := 0}, erlcuda_shm_slots:stats()),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(
+                       fun() -> not filelib:is_regular(part(Folder, Orphan, 0)) end, 50)).
+
+keeper_gone(#{dir := Dir, keeper := Keeper} = Folder) ->
+    {ok, Taken} = erlcuda_shm_slots:claim(Folder, ?MIB, 2),
+    {ok, Free} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
+    ok = erlcuda_shm_slots:release(Free),
+    [Pid | _] = maps:get(parts, Taken),
+    exit(Keeper, kill),
+    ok = erlcuda_test_util:wait_until(fun() -> not is_process_alive(Pid) end, 50),
+    ok = erlcuda_shm_slots:forget(Dir),
+    ?assertMatch(#{free := 0, bytes := 2 * ?MIB}, erlcuda_shm_slots:stats()),
+    %% the job that held one ends: nothing to give back to
+    ?assertMatch({error, _}, erlcuda_shm_slots:write(Taken, [<<1>>])),
+    ok = erlcuda_shm_slots:release(Taken),
+    ?assertMatch(#{free := 0, claimed := 0, bytes := 0}, erlcuda_shm_slots:stats()).
