@@ -83,6 +83,9 @@ EXIT_FATAL = 70
 #: cores with everything else, so they never poll.
 AUTO_SPIN_US = 300
 
+#: What a device's info says that changes as it works: read again for each info call.
+_FRESH = ("free_memory", "pool_bytes", "pinned_bytes")
+
 Handler = Callable[[list[Any]], Any]
 #: A call added by an entry point: ``fn(worker, args)`` is its answer (see the module doc).
 Extension = Callable[["Worker", list[Any]], Any]
@@ -515,11 +518,10 @@ class Worker:
             if lane.unavailable:
                 entry["unavailable"] = lane.unavailable
             entry.update(lane.device_info)
-            if "free_memory" in entry and lane.unavailable is None:
+            if lane.unavailable is None and any(k in entry for k in _FRESH):
                 try:
                     fresh = self.on_device(lane.index, lambda d: d.info(), timeout=1.0)
-                    entry.update((k, fresh[k]) for k in ("free_memory", "pool_bytes")
-                                 if k in fresh)
+                    entry.update((k, fresh[k]) for k in _FRESH if k in fresh)
                 except Exception:
                     pass  # a busy device keeps its last reading
             devices.append(entry)

@@ -22,7 +22,7 @@ choose_test() ->
 
 probed_at_start_test_() ->
     erlcuda_test_util:with_app(?DEFAULTS, [{shm_threshold, auto}], {timeout, 120, fun() ->
-        #{shm_threshold := T, shm_probe := Figures, jobs := Jobs,
+        #{shm_threshold := T, shm_figures := Figures, jobs := Jobs,
           worker_os_pid := Old} = erlcuda:info(),
         ?assertNotEqual([], Figures),
         Sizes = [S || {S, _, _} <- Figures],
@@ -33,12 +33,12 @@ probed_at_start_test_() ->
         %% a later worker keeps the figure, measured once
         erlcuda_test_util:kill9(Old),
         erlcuda_test_util:wait_restarted(Old, 100),
-        ?assertMatch(#{shm_threshold := T, shm_probe := Figures}, erlcuda:info())
+        ?assertMatch(#{shm_threshold := T, shm_figures := Figures}, erlcuda:info())
     end}).
 
 not_probed_test_() ->
     [erlcuda_test_util:with_app(?DEFAULTS, Env, {timeout, 60, fun() ->
-         #{shm_threshold := T, shm_probe := Figures} = erlcuda:info(),
+         #{shm_threshold := T, shm_figures := Figures} = erlcuda:info(),
          ?assertEqual([], Figures),
          ?assertEqual(Want, T)
      end}) || {Env, Want} <- [{[{shm_threshold, 4096}], 4096},

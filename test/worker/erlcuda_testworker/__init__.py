@@ -9,7 +9,8 @@ It runs ``erlcuda.cli.main`` with these calls added (``erlcuda.worker.Extension`
 - ``print(Out, Err)``: ``Out`` written to fd 1 and ``Err`` to fd 2, as native code would.
 - ``stall(Device, Ms)``: ``Device``'s thread kept busy for ``Ms`` ms.
 
-Also the helpers GPU tests use on a device directly: ``inject_fault``, ``pool_stats``.
+Also the helpers GPU tests use on a device directly: ``inject_fault``, ``pool_stats``; and,
+with ``ERLCUDA_TEST_PIN`` set, a double of the registration of host memory (``pin_double``).
 """
 
 from __future__ import annotations
@@ -85,3 +86,37 @@ def stall(worker: Worker, args: list[Any]) -> Any:
 
 
 CALLS: dict[str, Extension] = {"fault": fault, "print": print_call, "stall": stall}
+
+
+class NullPinner:
+    """A ``hostmem.Pinner`` that registers nothing: the ``Pinning`` over it keeps the count
+    of what the worker holds registered."""
+
+    def pin(self, view: np.ndarray) -> Any:
+        return lambda: None
+
+
+def pin_double() -> None:
+    """Give the CPU backend's devices a ``Pinning`` through ``NullPinner``, and their
+    info the bytes registered now (``pinned_bytes``, as a GPU's says): the worker's
+    registrations of shared-memory files, followed on a machine without a GPU. Set by
+    ``ERLCUDA_TEST_PIN`` in the worker's environment."""
+    from erlcuda.backends import cpu
+    from erlcuda.hostmem import Pinning
+
+    opened = cpu.CpuDevice.__init__
+    described = cpu.CpuDevice.info
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        opened(self, *args, **kwargs)
+        self.pinning = Pinning(NullPinner())
+
+    def info(self: Any) -> dict[str, Any]:
+        return {**described(self), "pinned_bytes": self.pinning.bytes}
+
+    cpu.CpuDevice.__init__ = init  # type: ignore[method-assign]
+    cpu.CpuDevice.info = info  # type: ignore[method-assign]
+
+
+if os.environ.get("ERLCUDA_TEST_PIN"):
+    pin_double()
