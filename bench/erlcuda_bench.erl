@@ -14,6 +14,10 @@
 %%   latency     per kernel and size, the full stack (`erlcuda:launch_sync/3') and the pure
 %%               backend call timed in the worker (`erlcuda_worker:call(pure, ...)'), job by
 %%               job, both kinds and all sizes shuffled into one random order;
+%%   lone        lone 1000-element jobs, blocks of each kind in turn, against the lean floor
+%%               (bench/lean_floor.py: pinned buffers allocated once, one stream, raw
+%%               replies): vector_add on binaries and on lists, reduce of a binary
+%%               (erlcuda_lone);
 %%   stages      traced jobs (`{trace, true}'): where one job's time goes, plus an echo of
 %%               the same input bytes as the bare transport;
 %%   bandwidth   large vector_add and reduce jobs beside an echo moving the same bytes and the
@@ -91,6 +95,7 @@ run(ConfigFile) ->
     floor_close(Floor).
 
 section(latency, #{latency := L, floor_port := F}) -> latency(L, F);
+section(lone, #{lone := L} = Cfg) -> lone(L, Cfg);
 section(stages, #{stages := S}) -> stages(S);
 section(bandwidth, #{bandwidth := B} = Cfg) -> bandwidth(B, Cfg);
 section(throughput, #{throughput := T} = Cfg) -> throughput(T, Cfg);
@@ -431,6 +436,20 @@ latency(#{groups := Groups, warmup := Warmup} = L, Floor) ->
                                  || Kind <- [full, pure, floor]])})
       end, enumerate(Prepared)),
     ok.
+
+%% Lone jobs against the lean floor (bench/lean_floor.py), in blocks (erlcuda_lone).
+
+lone(L, #{lean_floor := Script} = Cfg) ->
+    phase(<<"lone">>, 1),
+    Floor = erlcuda_lone:open(L#{script => Script, python => python_executable(Cfg),
+                                 python_dir => python_dir(Cfg)}),
+    try
+        [emit(E) || E <- erlcuda_lone:run(Floor, L)],
+        step(),
+        ok
+    after
+        erlcuda_lone:close(Floor)
+    end.
 
 %% Stages: traced jobs, one at a time: the caller's times, and the stages of the stamps.
 

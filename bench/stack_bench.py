@@ -60,7 +60,7 @@ Json = dict[str, Any]
 
 KERNELS = ("vector_add", "reduce", "dot_product", "matmul")
 BOOTSTRAP_RESAMPLES = 2000
-SECTIONS = ("latency", "stages", "bandwidth", "throughput", "hold", "erlport")
+SECTIONS = ("latency", "lone", "stages", "bandwidth", "throughput", "hold", "erlport")
 #: Result events by section: the sections', and the floor's throughput.
 RESULT_SECTIONS = (*SECTIONS, "floor_throughput")
 
@@ -87,6 +87,16 @@ TARGET_TRANSPORT_SHARE = 80.0  # % of the transport bound, vector_add 1000
 TARGET_OVER_FLOOR_RATE = {"cuda": 3.0, "cpu": 2.0}
 #: bench/floor.py's unbatched pipelined rate: frames in flight from one process.
 FLOOR_WINDOW = 64
+#: Lone 1000-element jobs against the lean floor (bench/lean_floor.py): erlcuda's p50 ÷ the
+#: lean floor's, at most, per kind (vector_add on binaries and on lists, reduce of a binary)
+#: and the lean floor each is set against.
+LONE_GOALS = {"binary": 1.15, "lists": 2.0, "reduce": 1.15, "binary_spin": 1.15}
+LONE_FLOORS = {"binary": "floor_add", "lists": "floor_add", "reduce": "floor_reduce",
+               "binary_spin": "floor_add"}
+LONE_WHAT = {"binary": "vector_add, binaries", "lists": "vector_add, lists",
+             "reduce": "reduce of a binary",
+             "binary_spin": "vector_add, binaries, caller_spin_us 200",
+             "floor_add": "lean floor vector_add", "floor_reduce": "lean floor reduce"}
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -100,6 +110,7 @@ def plan(mode: str) -> Json:
         return {
             "latency": {"groups": groups(sizes, matmul), "warmup": 5, "min_iters": 10,
                         "max_iters": 200, "budget_s": 2.5},
+            "lone": {"size": 1_000, "block": 250, "rounds": 4},
             "stages": {"groups": [("vector_add", 1_000), ("vector_add", 1_000_000)],
                        "warmup": 5, "min_iters": 10, "max_iters": 200, "budget_s": 1.0},
             "bandwidth": {"kernels": ["vector_add", "reduce"],
@@ -120,6 +131,7 @@ def plan(mode: str) -> Json:
     return {
         "latency": {"groups": groups(sizes, [64, 256, 1024, 4096]), "warmup": 20,
                     "min_iters": 30, "max_iters": 2000, "budget_s": 10.0},
+        "lone": {"size": 1_000, "block": 250, "rounds": 12},
         "stages": {"groups": [("vector_add", 1_000), ("reduce", 1_000),
                               ("vector_add", 1_000_000), ("vector_add", 10_000_000)],
                    "warmup": 10, "min_iters": 30, "max_iters": 1000, "budget_s": 3.0},
@@ -207,15 +219,16 @@ def app_ebin() -> Path:
     return ebin
 
 
-def run_bench_module(module: str, term: Json, *, distributed: bool = False) -> tuple[
-        Json, list[Json]]:
-    """Compile ``bench/<module>.erl``, run its ``main/1`` on ``term`` (its config) in a node
-    of its own, and return its info event and its other events (``bench/chain``,
-    ``bench/cluster``); the node's error event or exit status ends the run."""
+def run_bench_module(module: str, term: Json, *, distributed: bool = False,
+                     extra: Sequence[str] = ()) -> tuple[Json, list[Json]]:
+    """Compile ``bench/<module>.erl`` (and the ``extra`` modules it uses), run its ``main/1``
+    on ``term`` (its config) in a node of its own, and return its info event and its other
+    events (``bench/chain``, ``bench/cluster``, ``bench/bus``); the node's error event or
+    exit status ends the run."""
     ebin = app_ebin()
     BUILD.mkdir(parents=True, exist_ok=True)
-    run_quiet(["erlc", "-Wall", "-o", str(BUILD), "-pa", str(ebin),
-               str(ROOT / "bench" / f"{module}.erl"), str(ROOT / "bench" / "erlcuda_bench_io.erl")],
+    sources = [ROOT / "bench" / f"{m}.erl" for m in (module, "erlcuda_bench_io", *extra)]
+    run_quiet(["erlc", "-Wall", "-o", str(BUILD), "-pa", str(ebin), *map(str, sources)],
               f"erlc of bench/{module}.erl")
     cfg = BUILD / f"{module}.eterm"
     cfg.write_text(erl_term(term) + ".\n")
@@ -257,7 +270,8 @@ def write_tool_outputs(tool: str, out: Path | None, results: Json, text: str) ->
 def compile_bench(ebin: Path) -> None:
     BUILD.mkdir(parents=True, exist_ok=True)
     run_quiet(["erlc", "-Wall", "-o", str(BUILD), "-pa", str(ebin),
-               str(ROOT / "bench" / "erlcuda_bench.erl")], "erlc of bench/erlcuda_bench.erl")
+               str(ROOT / "bench" / "erlcuda_bench.erl"),
+               str(ROOT / "bench" / "erlcuda_lone.erl")], "erlc of bench/erlcuda_bench.erl")
 
 
 def erlport_ebin(source: Path) -> Path:
@@ -384,6 +398,7 @@ def run_node(ebin: Path, config: Json, backend: str, seed: int) -> tuple[Json, l
     term = {"backend": backend, "seed": seed, "max_queue": 100_000,
             "python": ErlString(python), "python_dir": ErlString(str(ROOT / "python")),
             "floor": {"script": ErlString(str(ROOT / "bench" / "floor.py"))},
+            "lean_floor": ErlString(str(ROOT / "bench" / "lean_floor.py")),
             **{k: v for k, v in config.items() if k not in ("erlport", "erlport_note")}}
     extra: list[str] = []
     erlport = config.get("erlport")
@@ -825,6 +840,54 @@ def floor_targets(summary: Json) -> list[Json]:
     return out
 
 
+def summarize_lone(results: list[Json]) -> list[Json]:
+    """Each erlcuda kind of the lone section beside its lean floor: percentiles (µs) and
+    the ratios erlcuda ÷ floor at each, with the goal on the p50's."""
+    samples = {str(r["kind"]): us(r["samples_ns"]) for r in results}
+    rows: list[Json] = []
+    for kind, goal in LONE_GOALS.items():
+        floor = LONE_FLOORS[kind]
+        if kind not in samples or floor not in samples:
+            continue
+        mine, theirs = pcts(samples[kind]), pcts(samples[floor])
+        rows.append({"kind": kind, "floor": floor, "n": int(samples[kind].size),
+                     "n_floor": int(samples[floor].size), "erlcuda_us": mine,
+                     "floor_us": theirs, "goal": goal,
+                     "ratio": {q: ratio(mine[q], theirs[q]) for q in mine},
+                     "status": target_status(ratio(mine["p50"], theirs["p50"]), goal,
+                                             at_most=True)})
+    return rows
+
+
+def target_status(measured: float | None, goal: float, *, at_most: bool) -> str:
+    if measured is None or math.isnan(measured):
+        return "not measured"
+    met = measured <= goal if at_most else measured >= goal
+    return "met" if met else "missed"
+
+
+def lone_lines(rows: list[Json], block: int | None) -> list[str]:
+    """The report's table of lone jobs against the lean floor."""
+    if not rows:
+        return []
+    lines = ["## Lone jobs against the lean floor (µs)", "",
+             "Lean floor = `bench/lean_floor.py`: a `{packet, 4}` port and one Python thread "
+             "that copies a job's operands into pinned memory allocated once, runs the copies "
+             "and erlcuda's own kernel on one stream, and answers the raw result (numpy on "
+             f"the CPU backend). Blocks of {block or '?'} jobs of one kind, the kinds in turn "
+             "(the floor before each of erlcuda's), every job timed in the one node, in the "
+             "process that owns the floor's port; erlcuda through `launch_sync`. Ratio = "
+             "erlcuda ÷ floor at each percentile; the goal is on the p50.", ""]
+    lines += table(["erlcuda", "n", "p50", "p90", "p99", "floor", "p50", "p90", "p99",
+                    "÷ p50", "÷ p90", "÷ p99", "goal", "status"], (
+        [LONE_WHAT[r["kind"]], str(r["n"]),
+         *(fnum(r["erlcuda_us"][q]) for q in ("p50", "p90", "p99")),
+         LONE_WHAT[r["floor"]], *(fnum(r["floor_us"][q]) for q in ("p50", "p90", "p99")),
+         *(fratio(r["ratio"][q]) for q in ("p50", "p90", "p99")),
+         f"≤ {r['goal']:.2f}x", f"**{r['status']}**"] for r in rows), "lrrrrlrrrrrrrl")
+    return [*lines, ""]
+
+
 def summarize_erlport(results: list[Json]) -> list[Json]:
     """Per measurement, erlport's and erlcuda's figure: the median over the repetitions of
     each repetition's median (times) or rate (callers)."""
@@ -1122,6 +1185,8 @@ def report(summary: Json, plots: list[str], plot_note: str | None) -> tuple[str,
          target_floor(t)] for t in summary["targets"]), "lrrll")
     body.append("")
 
+    body += lone_lines(summary.get("lone", []),
+                       summary["config"].get("lone", {}).get("block"))
     if summary["latency"]:
         body += ["## Latency: full stack against the pure backend call (µs)", "",
                  "Full = `erlcuda:launch_sync/3` timed in the Erlang caller; pure = the same "
@@ -1913,6 +1978,7 @@ def write_outputs(out: Path, info: Json, results: list[Json], machine: Json, con
         "floor_throughput": summarize_floor_throughput(by_section["floor_throughput"]),
         "hold": summarize_hold(by_section["hold"]),
         "erlport": summarize_erlport(by_section["erlport"]),
+        "lone": summarize_lone(by_section["lone"]),
         "config": config,
     }
     summary["shm_vs_pipe"] = shm_vs_pipe(summary["bandwidth"])

@@ -38,9 +38,34 @@ remaining(Deadline) -> max(Deadline - erlang:monotonic_time(millisecond), 0).
 %% monitor `Mon' of the process that is to send it (a proxy on another node), its 'DOWN'
 %% ends the wait too, and a result it holds (`held': one that names buffers, which it gives
 %% once told it is taken) is one more answer; `none' for a local job.
+%%
+%% A local job's caller first polls its mailbox for `caller_spin_us' (0 by default: not at
+%% all), yielding between looks: a scheduler that has gone to sleep costs a wake-up when the
+%% reply comes, more than a small job takes on a GPU.
 -spec reply(reference(), deadline(), reference() | none) ->
     {ok, term()} | {held, pid(), tuple()} | {down, term()} | timeout.
+reply(Alias, Deadline, none) ->
+    case application:get_env(erlcuda, caller_spin_us, 0) of
+        Us when is_integer(Us), Us > 0 ->
+            spin(Alias, Deadline, erlang:monotonic_time(microsecond) + Us);
+        _ ->
+            wait(Alias, Deadline, none)
+    end;
 reply(Alias, Deadline, Mon) ->
+    wait(Alias, Deadline, Mon).
+
+spin(Alias, Deadline, Until) ->
+    receive
+        {erlcuda, Alias, Result} -> {ok, result(Result)};
+        {erlcuda, Alias, {Tag, Value}, Stamps} -> {ok, {Tag, Value, Stamps}}
+    after 0 ->
+        case erlang:monotonic_time(microsecond) < Until of
+            true -> erlang:yield(), spin(Alias, Deadline, Until);
+            false -> wait(Alias, Deadline, none)
+        end
+    end.
+
+wait(Alias, Deadline, Mon) ->
     receive
         {erlcuda, Alias, Result} -> {ok, result(Result)};
         {erlcuda, Alias, {Tag, Value}, Stamps} -> {ok, {Tag, Value, Stamps}};

@@ -26,6 +26,7 @@
                     start_timeout := pos_integer(),
                     watchdog_ms := pos_integer() | infinity,
                     spin_us := auto | non_neg_integer(),
+                    caller_spin_us := non_neg_integer(),
                     worker_args := [string()],
                     shm_dir := auto | none | string(),
                     shm_threshold := auto | pos_integer(),
@@ -42,7 +43,7 @@
 keys() ->
     [{backend, auto}, {cpu_devices, 1}, {python, default}, {batching, true},
      {max_batch, 256}, {max_queue, 10000}, {start_timeout, 120000}, {watchdog_ms, 30000},
-     {spin_us, auto}, {worker_args, []}, {shm_dir, auto}, {shm_threshold, auto},
+     {spin_us, auto}, {caller_spin_us, 0}, {worker_args, []}, {shm_dir, auto}, {shm_threshold, auto},
      {shm_keep_ms, 10000},
      {worker_module, "erlcuda"}, {python_path, []},
      {buffer_limit, infinity}, {cluster_exclude, []}, {cluster_prefer, []},
@@ -130,6 +131,7 @@ valid(buffer_limit, infinity) -> true;
 valid(spin_us, auto) -> true;
 valid(shm_threshold, auto) -> true;
 valid(spin_us, V) -> is_integer(V) andalso V >= 0;
+valid(caller_spin_us, V) -> is_integer(V) andalso V >= 0 andalso V =< 10000;
 valid(shm_dir, V) when V =:= auto; V =:= none -> true;
 valid(shm_dir, V) -> is_text(V) andalso V =/= [] andalso V =/= <<>>;
 valid(K, V) when K =:= cluster_exclude; K =:= cluster_prefer ->

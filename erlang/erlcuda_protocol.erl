@@ -432,11 +432,9 @@ finish1(List, Format) when is_list(List) -> [finish1(R, Format) || R <- List].
 %% @doc A vector result as floats; `non_finite' where it holds an infinity or NaN.
 -spec f32_list(binary()) -> {ok, [float()]} | {error, {non_finite, binary()}}.
 f32_list(Bin) ->
-    %% The generator stops at the first pattern that is no float (an infinity or NaN).
-    List = [F || <<F:32/float-little>> <= Bin],
-    case length(List) * ?ELEMENT_SIZE_F32 =:= byte_size(Bin) of
-        true -> {ok, List};
-        false -> {error, {non_finite, ?NON_FINITE_VECTOR}}
+    case erlcuda_vector:unpack(f32, Bin) of
+        {ok, _} = Ok -> Ok;
+        {error, {non_finite, _}} -> {error, {non_finite, ?NON_FINITE_VECTOR}}
     end.
 
 %% A result is a sub-binary of its batch's frame: one that is most of the frame keeps it,

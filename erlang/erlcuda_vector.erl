@@ -12,6 +12,7 @@
 
 %% Larger numbers would silently become infinities.
 -define(F32_MAX, 3.4028234663852886e38).
+-define(F32(X), is_number(X), X =< ?F32_MAX, X >= -?F32_MAX).
 -define(NON_FINITE, <<"the result holds an infinity or NaN, which Erlang floats cannot "
                       "hold; {format, binary} returns the raw values">>).
 
@@ -52,7 +53,7 @@ pack(Type, List) ->
             {error, io_lib:format("~0P is not an integer (~p)", [X, 8, Type])};
         throw:{out_of_range, X} ->
             {error, io_lib:format("~0P is outside the ~p range", [X, 8, Type])};
-        error:badarg when Type =:= f32 -> {error, "a number outside the f32 range"};
+        throw:f32_range -> {error, "a number outside the f32 range"};
         error:badarg when Type =:= f64 -> {error, "a number outside the f64 range"};
         error:_ -> {error, "not a proper list"}
     end.
@@ -60,15 +61,45 @@ pack(Type, List) ->
 %% f32 and f64 have a clause each, so the common launch pays no lookup; an integer type's
 %% width and range come from the contract. Bit syntax keeps the low bits of a negative
 %% integer, so one little-endian segment packs signed and unsigned types alike.
-pack_list(f32, List) -> << <<(f32(X)):32/float-little>> || X <- List >>;
-pack_list(f64, List) -> << <<(number(X)):64/float-little>> || X <- List >>;
+pack_list(f32, List) -> f32s(List, <<>>);
+pack_list(f64, List) -> f64s(List, <<>>);
 pack_list(Type, List) ->
     {Min, Max} = erlcuda_contract:element_range(Type),
     Bits = 8 * erlcuda_contract:element_size(Type),
     << <<(int(X, Min, Max)):Bits/little>> || X <- List >>.
 
-f32(X) when is_number(X), X =< ?F32_MAX, X >= -?F32_MAX -> X;
-f32(X) when is_number(X) -> error(badarg);
+%% Eight elements a step, checked by guards, appended to a binary the runtime grows in
+%% place: a third of the time of an element a step through a checking function. (A 32-bit
+%% float segment turns a number beyond the f32 range into an infinity without a word, so
+%% the range is checked here.) An element that fails its guard ends the fast loop, and
+%% f32/1 says why.
+f32s([A, B, C, D, E, F, G, H | T], Acc)
+  when ?F32(A), ?F32(B), ?F32(C), ?F32(D), ?F32(E), ?F32(F), ?F32(G), ?F32(H) ->
+    f32s(T, <<Acc/binary, A:32/float-little, B:32/float-little, C:32/float-little,
+              D:32/float-little, E:32/float-little, F:32/float-little, G:32/float-little,
+              H:32/float-little>>);
+f32s([A | T], Acc) ->
+    f32s(T, <<Acc/binary, (f32(A)):32/float-little>>);
+f32s([], Acc) ->
+    Acc;
+f32s(_, _) ->
+    error(improper_list).
+
+f64s([A, B, C, D, E, F, G, H | T], Acc)
+  when is_number(A), is_number(B), is_number(C), is_number(D), is_number(E), is_number(F),
+       is_number(G), is_number(H) ->
+    f64s(T, <<Acc/binary, A:64/float-little, B:64/float-little, C:64/float-little,
+              D:64/float-little, E:64/float-little, F:64/float-little, G:64/float-little,
+              H:64/float-little>>);
+f64s([A | T], Acc) ->
+    f64s(T, <<Acc/binary, (number(A)):64/float-little>>);
+f64s([], Acc) ->
+    Acc;
+f64s(_, _) ->
+    error(improper_list).
+
+f32(X) when ?F32(X) -> X;
+f32(X) when is_number(X) -> throw(f32_range);
 f32(X) -> throw({not_a_number, X}).
 
 number(X) when is_number(X) -> X;
@@ -82,9 +113,9 @@ int(X, _, _) -> throw({not_an_integer, X}).
 %% infinity or NaN), integers for the others.
 -spec unpack(type(), binary()) -> {ok, list()} | {error, {non_finite, binary()}}.
 unpack(f32, Bin) ->
-    %% The generator stops at the first pattern that is no float (an infinity or NaN).
-    List = [F || <<F:32/float-little>> <= Bin],
-    finite(List, 4, Bin);
+    try {ok, floats(Bin)}
+    catch throw:non_finite -> {error, {non_finite, ?NON_FINITE}}
+    end;
 unpack(f64, Bin) ->
     List = [F || <<F:64/float-little>> <= Bin],
     finite(List, 8, Bin);
@@ -94,6 +125,19 @@ unpack(Type, Bin) ->
         {Min, _} when Min < 0 -> {ok, [X || <<X:Bits/signed-little>> <= Bin]};
         {_, _} -> {ok, [X || <<X:Bits/unsigned-little>> <= Bin]}
     end.
+
+%% Eight floats a step; a pattern that is no float (an infinity or NaN) matches no clause
+%% but the last.
+floats(<<A:32/float-little, B:32/float-little, C:32/float-little, D:32/float-little,
+         E:32/float-little, F:32/float-little, G:32/float-little, H:32/float-little,
+         Rest/binary>>) ->
+    [A, B, C, D, E, F, G, H | floats(Rest)];
+floats(<<A:32/float-little, Rest/binary>>) ->
+    [A | floats(Rest)];
+floats(<<>>) ->
+    [];
+floats(_) ->
+    throw(non_finite).
 
 finite(List, Size, Bin) ->
     case length(List) * Size =:= byte_size(Bin) of

@@ -28,7 +28,7 @@ bad_config_test_() ->
                 {start_timeout, infinity}, {worker_module, "-m os"}, {worker_module, "a..b"},
                 {worker_module, 'erlcuda'}, {python_path, "/tmp"}, {python_path, [42]},
                 {shm_threshold, 0}, {shm_threshold, manual}, {shm_keep_ms, 0},
-                {shm_keep_ms, infinity}],
+                {shm_keep_ms, infinity}, {caller_spin_us, -1}, {caller_spin_us, 20000}],
          lists:foreach(
            fun({K, V}) ->
                    Saved = application:get_env(erlcuda, K),

@@ -59,6 +59,37 @@ pack_range_errors_test() ->
     {error, Why} = erlcuda_vector:pack(u8, [1, 2, 300]),
     ?assertEqual(<<"300 is outside the u8 range">>, iolist_to_binary(Why)).
 
+%% f32 and f64 lists are packed eight elements a step: the same bytes as one at a time, at
+%% every length and position (integers among the floats), and the same errors for an
+%% element anywhere in a step of eight or in the tail after the last.
+pack_by_eights_test() ->
+    [begin
+         L = [case I rem 3 of 0 -> I; _ -> I * 0.5 end || I <- lists:seq(1, N)],
+         ?assertEqual({ok, << <<X:32/float-little>> || X <- L >>}, erlcuda_vector:pack(f32, L)),
+         ?assertEqual({ok, << <<X:64/float-little>> || X <- L >>}, erlcuda_vector:pack(f64, L)),
+         ?assertEqual({ok, [float(X) || X <- L]},
+                      erlcuda_vector:unpack(f32, << <<X:32/float-little>> || X <- L >>))
+     end || N <- [0, 1, 7, 8, 9, 16, 17, 1000]],
+    Ok = lists:duplicate(20, 1.5),
+    [begin
+         At = lists:sublist(Ok, P) ++ [Bad | lists:nthtail(P, Ok)],
+         ?assertEqual({T, P, Why}, {T, P, reason(erlcuda_vector:pack(T, At))})
+     end || P <- [0, 3, 8, 13, 19, 20],
+            {T, Bad, Why} <- [{f32, 1.0e39, <<"a number outside the f32 range">>},
+                              {f32, -1.0e39, <<"a number outside the f32 range">>},
+                              {f32, foo, <<"not a number: foo">>},
+                              {f64, foo, <<"not a number: foo">>},
+                              {f64, 1 bsl 1100, <<"a number outside the f64 range">>}]],
+    [?assertEqual({T, <<"not a proper list">>}, {T, reason(erlcuda_vector:pack(T, Ok ++ 2.0))})
+     || T <- [f32, f64]],
+    Inf = <<0, 0, 128, 127>>,
+    [?assertMatch({error, {non_finite, _}},
+                  erlcuda_vector:unpack(f32, <<(binary:copy(<<1.5:32/float-little>>, P))/binary,
+                                               Inf/binary, 0:32>>))
+     || P <- [0, 3, 8, 13, 20]].
+
+reason({error, Why}) -> iolist_to_binary(Why).
+
 unpack_non_finite_test() ->
     Inf32 = <<0, 0, 128, 127>>,
     Inf64 = <<0, 0, 0, 0, 0, 0, 240, 127>>,

@@ -121,6 +121,9 @@ def test_a_fresh_mapping_is_registered_for_its_job_alone() -> None:
     small = page_aligned(100, 7)
     add(driver, pipe, small, small, np.zeros(100, np.float32))
     assert pinner.pinned == 2
+    heap = np.ones(8192, np.float32)  # no mapping's: never registered, however large
+    add(driver, pipe, heap, heap, np.zeros(8192, np.float32))
+    assert pinner.pinned == 2
 
 
 def test_a_registration_made_for_a_job_goes_when_the_job_fails() -> None:
@@ -194,6 +197,8 @@ def test_calibration_times_both_ways_and_leaves_nothing_registered() -> None:
     timings = pipe.calibrate(driver.memory.alloc(1 << 16), sizes=(4096, 1 << 16),
                              clock=lambda: float(next(ticks)))
     assert [t.nbytes for t in timings] == [4096, 1 << 16]
-    assert all(t.staged_s > 0 and t.registered_s > 0 for t in timings)
-    assert pinner.pinned == 2 and pinner.live == {} and pinning.count == 0
+    assert all(t.staged_s > 0 and t.registered_s > 0 and t.pinned_s > 0
+               and t.staged_out_s > 0 and t.pinned_out_s > 0 for t in timings)
+    # registered for one copy in, and beforehand for a copy in and one out, at each size
+    assert pinner.pinned == 6 and pinner.live == {} and pinning.count == 0
     assert pipe.register_min == choose_register_min(timings)

@@ -198,7 +198,7 @@ class Pipeline:
         """Register ``host`` for this job alone, where it is a fresh mapping large enough
         that registering pays (``register_min``); whether it was."""
         if (self._pinning is None or host.nbytes < self.register_min
-                or self._pinning.covers(host)):
+                or not _mapped(host) or self._pinning.covers(host)):
             return False
         view = _whole_pages(host)
         return view is not None and self._pinning.pin(view)
@@ -222,34 +222,61 @@ class Pipeline:
         return timings
 
     def _time(self, ptr: int, size: int, clock: Callable[[], float]) -> Timing:
-        """One size's timing, each way on a mapping of its own of the same file: fresh, as
-        a job's operand file is when the worker maps it (written, but not yet mapped)."""
+        """One size's timings, each on a mapping of its own of the same file: fresh, as a
+        job's operand file is when the worker maps it (written, but not yet mapped)."""
         saved = self.register_min
+
+        def copy_in(host: np.ndarray) -> None:
+            self.run(size, [Upload(ptr, host)], None, None, itemsize=1)
+
+        def copy_out(host: np.ndarray) -> None:
+            self.run(size, [], None, Download(ptr, host), itemsize=1)
+
+        def timed(copy: Callable[[np.ndarray], None], host: np.ndarray) -> float:
+            t0 = clock()
+            copy(host)
+            return clock() - t0
+
         with FreshFile(size) as file:
             try:
                 self.register_min = NEVER
-                self.run(size, [Upload(ptr, file.map())], None, None, itemsize=1)  # warm
-                staged = file.map()
-                t0 = clock()
-                self.run(size, [Upload(ptr, staged)], None, None, itemsize=1)
-                t1 = clock()
-                self.register_min = 0
-                registered = file.map()
-                t2 = clock()
-                self.run(size, [Upload(ptr, registered)], None, None, itemsize=1)
-                t3 = clock()
+                copy_in(file.map())  # the chunk buffers made, not timed
+                copy_out(file.map())
+                staged_in = timed(copy_in, file.map())
+                staged_out = timed(copy_out, file.map())
+                self.register_min = 0  # registered for the one copy
+                registered_in = timed(copy_in, file.map())
+                self.register_min = NEVER
+                pinned_in, pinned_out = (self._pinned_copy(copy, file.map(), timed)
+                                         for copy in (copy_in, copy_out))
             finally:
                 self.register_min = saved
-        return Timing(size, t1 - t0, t3 - t2)
+        return Timing(size, staged_in, registered_in, pinned_in, staged_out, pinned_out)
+
+    def _pinned_copy(self, copy: Callable[[np.ndarray], None], host: np.ndarray,
+                     timed: Callable[..., float]) -> float:
+        """A copy's seconds from or into memory registered beforehand (as a slot or a result
+        buffer is); NaN where it could not be registered."""
+        view = _whole_pages(host)
+        if self._pinning is None or view is None or not self._pinning.pin(view):
+            return float("nan")
+        try:
+            return timed(copy, host)
+        finally:
+            self._pinning.unpin(view)
 
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """One size's copy in: through staging, and registered for the copy (seconds)."""
+    """One size's copies (seconds): in through staging, in registered for the copy, in from
+    memory registered before; out through staging, out into memory registered before."""
 
     nbytes: int
     staged_s: float
     registered_s: float
+    pinned_s: float = float("nan")
+    staged_out_s: float = float("nan")
+    pinned_out_s: float = float("nan")
 
 
 def choose_register_min(timings: Sequence[Timing]) -> int:
@@ -293,6 +320,17 @@ class FreshFile:
     def __exit__(self, *exc: object) -> None:
         self._maps.clear()  # unmapped as their last views go
         os.close(self._fd)
+
+
+def _mapped(host: np.ndarray) -> bool:
+    """Whether ``host`` is memory of a file mapping (``mmap``, or a ``shm.Span``'s), whose
+    pages its mapping covers to the end of the last one: nothing else is registered."""
+    base: object = host
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    return isinstance(base, (mmap.mmap, ctypes.Array))
 
 
 def _whole_pages(host: np.ndarray) -> np.ndarray | None:

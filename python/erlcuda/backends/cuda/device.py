@@ -199,23 +199,26 @@ class CudaDevice(Device):
         self._pipeline_chunks = Chunks(lambda n: cuda.pagelocked_empty(n, np.uint8))
         self._pipeline = Pipeline(cuda, (self._stream, self._stream2), self._pipeline_chunks,
                                   self.pinning, pack_chunk)
-        self._calibrate()
+        self.calibrate()
 
-    def _calibrate(self) -> None:
-        """Time registering a fresh mapping for one copy against staging it, once: the
-        pipeline registers a job's own operand files from the size where that paid."""
+    def calibrate(self, sizes: Sequence[int] = CALIBRATION_SIZES) -> list[Timing]:
+        """Time the copies of a fresh mapping at each size (``pipeline.Timing``): staged,
+        registered for the one copy, registered beforehand; the pipeline then registers a
+        job's own operand files from the size where that beat staging (done once at open;
+        again here with other sizes). No figures where the device has no room now."""
         try:
-            scratch = cuda.mem_alloc(max(CALIBRATION_SIZES))
+            scratch = cuda.mem_alloc(max(sizes))
         except cuda.Error:
-            return  # no room now: fresh mappings are staged
+            return []  # no room now: fresh mappings are staged
         try:
-            self.calibration = self._pipeline.calibrate(int(scratch))
+            self.calibration = self._pipeline.calibrate(int(scratch), sizes)
         except (cuda.Error, OSError) as exc:
             self.calibration = []
             self._pipeline.register_min = NEVER
             self.calibration_error = str(exc)
         finally:
             scratch.free()
+        return self.calibration
 
     # -- Device API ------------------------------------------------------------------------
 
