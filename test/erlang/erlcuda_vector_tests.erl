@@ -61,7 +61,8 @@ pack_range_errors_test() ->
 
 %% f32 and f64 lists are packed eight elements a step: the same bytes as one at a time, at
 %% every length and position (integers among the floats), and the same errors for an
-%% element anywhere in a step of eight or in the tail after the last.
+%% element anywhere in a step of eight, in the tail after the last, or across the binaries
+%% of 4096 elements they are built in.
 pack_by_eights_test() ->
     [begin
          L = [case I rem 3 of 0 -> I; _ -> I * 0.5 end || I <- lists:seq(1, N)],
@@ -69,12 +70,12 @@ pack_by_eights_test() ->
          ?assertEqual({ok, << <<X:64/float-little>> || X <- L >>}, erlcuda_vector:pack(f64, L)),
          ?assertEqual({ok, [float(X) || X <- L]},
                       erlcuda_vector:unpack(f32, << <<X:32/float-little>> || X <- L >>))
-     end || N <- [0, 1, 7, 8, 9, 16, 17, 1000]],
-    Ok = lists:duplicate(20, 1.5),
+     end || N <- [0, 1, 7, 8, 9, 16, 17, 1000, 4095, 4096, 4097, 8200, 20000]],
+    Ok = lists:duplicate(5000, 1.5),
     [begin
          At = lists:sublist(Ok, P) ++ [Bad | lists:nthtail(P, Ok)],
          ?assertEqual({T, P, Why}, {T, P, reason(erlcuda_vector:pack(T, At))})
-     end || P <- [0, 3, 8, 13, 19, 20],
+     end || P <- [0, 3, 8, 13, 4095, 4096, 4100, 5000],
             {T, Bad, Why} <- [{f32, 1.0e39, <<"a number outside the f32 range">>},
                               {f32, -1.0e39, <<"a number outside the f32 range">>},
                               {f32, foo, <<"not a number: foo">>},
