@@ -62,7 +62,7 @@ info(Config) ->
     #{event => info, backend => maps:get(backend, Info), devices => Devices,
       shm_threshold => threshold(maps:get(shm_threshold, Info)),
       shm_probe => [#{bytes => S, pipe_us => P, shm_us => M}
-                    || {S, P, M} <- maps:get(shm_probe, Info, [])],
+                    || {S, P, M} <- maps:get(shm_figures, Info, [])],
       otp_release => list_to_binary(erlang:system_info(otp_release)),
       schedulers => erlang:system_info(schedulers_online),
       requested_backend => maps:get(backend, Config)}.

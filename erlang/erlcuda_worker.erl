@@ -23,7 +23,7 @@
 %% again before it takes jobs: the port is published only once every replayed load has
 %% answered (`replaying'); with none, it is published as soon as it exists. On the first
 %% start of the application, with `shm_threshold' `auto', the transports are measured
-%% (`measuring', erlcuda_probe) before the application is ready; later workers keep the
+%% (`measuring', erlcuda_transports) before the application is ready; later workers keep the
 %% figure, or the default where the measurement failed.
 %%
 %% Launches never pass through this process (see `erlcuda_submit'). It forwards each
@@ -94,7 +94,7 @@
                %% the measurement of the transports while it runs (its reference), and its
                %% threshold and figures, or why it failed: measured once a start
                measuring :: reference() | undefined,
-               measured :: {pos_integer(), [erlcuda_probe:figure()]} | {failed, term()}
+               measured :: {pos_integer(), [erlcuda_transports:figure()]} | {failed, term()}
                          | undefined,
                %% the bad_python detail last logged (each is logged once)
                python_bad :: binary() | undefined,
@@ -176,7 +176,7 @@ handle_event(state_timeout, hello_timeout, starting, #data{os_pid = OsPid} = D) 
     kill_worker(start_timeout, D);
 handle_event(state_timeout, measure_timeout, measuring, D) ->
     measured({error, timeout}, D#data{measuring = undefined});
-handle_event(info, {erlcuda_probe, Ref, Result}, measuring, #data{measuring = Ref} = D) ->
+handle_event(info, {erlcuda_transports, Ref, Result}, measuring, #data{measuring = Ref} = D) ->
     measured(Result, D#data{measuring = undefined});
 handle_event(state_timeout, replay_timeout, replaying, #data{os_pid = OsPid} = D) ->
     ?LOG_ERROR("erlcuda: the worker ~p did not load the user modules again in time; "
@@ -412,7 +412,7 @@ up(D) ->
     ok = publish(D),
     case D of
         #data{shm = #{}, measured = undefined, config = #{shm_threshold := auto}} ->
-            {next_state, measuring, D#data{measuring = erlcuda_probe:start(self())},
+            {next_state, measuring, D#data{measuring = erlcuda_transports:start(self())},
              [{state_timeout, ?MEASURE_MS, measure_timeout}]};
         _ ->
             ready(D)

@@ -5,7 +5,7 @@ once its copy has run, and a registration made for one job is undone however it 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -202,3 +202,21 @@ def test_calibration_times_both_ways_and_leaves_nothing_registered() -> None:
     # registered for one copy in, and beforehand for a copy in and one out, at each size
     assert pinner.pinned == 6 and pinner.live == {} and pinning.count == 0
     assert pipe.register_min == choose_register_min(timings)
+
+
+def test_a_read_only_mapping_is_registered_read_only() -> None:
+    seen: list[bool] = []
+
+    class Recording(cudadouble.Pinner):
+        def pin(self, view: np.ndarray) -> Callable[[], None]:
+            seen.append(view.flags.writeable)
+            return super().pin(view)
+
+    pinner = Recording()
+    driver, pipe, _ = make(pinner)
+    pipe.register_min = 0
+    a = page_aligned(2048, 12)
+    a.flags.writeable = False  # as a job's own operand file is mapped
+    out = np.zeros(2048, np.float32)
+    add(driver, pipe, a, page_aligned(2048, 13), out)
+    assert seen == [False, True] and pinner.live == {}

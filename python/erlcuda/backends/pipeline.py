@@ -335,9 +335,13 @@ def _mapped(host: np.ndarray) -> bool:
 
 def _whole_pages(host: np.ndarray) -> np.ndarray | None:
     """``host``'s memory through the end of its last page, where it starts a page (a
-    mapping's memory does, and its mapping covers whole pages); else ``None``."""
+    mapping's memory does, and its mapping covers whole pages); else ``None``. Read-only
+    where ``host`` is (its pages may be mapped so: registered read-only, then)."""
     start = host.ctypes.data
     if start % mmap.PAGESIZE or not host.nbytes:
         return None
     size = -(-host.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
-    return np.frombuffer((ctypes.c_char * size).from_address(start), np.uint8)
+    view = np.frombuffer((ctypes.c_char * size).from_address(start), np.uint8)
+    if not host.flags.writeable:
+        view.flags.writeable = False
+    return view

@@ -12,8 +12,8 @@
 %% smallest size from which shared memory was as fast at every larger size measured; where
 %% the pipe won at every size, twice the largest (vectors of that size still go through
 %% shared memory: a long frame in the pipe holds up every other job's). Later workers of the
-%% same start keep the figure. The jobs are quiet: neither counted nor sent as telemetry.
--module(erlcuda_probe).
+%% same start keep the figure, or the default (1 MiB) where the probe failed. The jobs are quiet: neither counted nor sent as telemetry.
+-module(erlcuda_transports).
 
 -export([start/1, run/0, choose/1]).
 
@@ -32,14 +32,15 @@
 -define(WINS, 2).
 %% The probe stops measuring after this long, and chooses from what it has.
 -define(BUDGET_MS, 3000).
--define(JOB_TIMEOUT, 30000).
+%% A job of the probe's that takes this long ends it: a worker that does not answer.
+-define(JOB_TIMEOUT, 2000).
 
 %% @doc Run the probe in a process of its own, which sends the port owner (`To')
-%% `{erlcuda_probe, Ref, {ok, Threshold, Figures} | {error, Why}}'; the reference.
+%% `{erlcuda_transports, Ref, {ok, Threshold, Figures} | {error, Why}}'; the reference.
 -spec start(pid()) -> reference().
 start(To) ->
     Ref = make_ref(),
-    _ = spawn(fun() -> To ! {erlcuda_probe, Ref, run()} end),
+    _ = spawn(fun() -> To ! {erlcuda_transports, Ref, run()} end),
     Ref.
 
 %% @doc Measure both transports at each size (see the module doc): the threshold and the
@@ -93,8 +94,9 @@ copy(Bin, Transport) ->
                                                    {timeout, ?JOB_TIMEOUT}]),
     Alias = alias([explicit_unalias]),
     T0 = erlang:monotonic_time(microsecond),
+    Deadline = erlcuda_await:deadline(?JOB_TIMEOUT),
     Got = case erlcuda_submit:submit(Job#{transport => Transport, quiet => true}, Alias) of
-              {ok, _, _} -> erlcuda_await:reply(Alias, erlcuda_await:deadline(?JOB_TIMEOUT), none);
+              {ok, _, _} -> erlcuda_await:reply(Alias, Deadline, none);
               {error, _} = Error -> Error
           end,
     T = erlang:monotonic_time(microsecond) - T0,

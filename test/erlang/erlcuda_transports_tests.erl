@@ -1,8 +1,8 @@
-%% The transports' probe (erlcuda_probe): the threshold it chooses from its figures, and the
+%% The transports' probe (erlcuda_transports): the threshold it chooses from its figures, and the
 %% probe run by the application's first start with `shm_threshold' auto: quiet jobs (not
 %% counted), a threshold in effect from then on, kept by later workers; none with a
 %% threshold set, or without shared memory.
--module(erlcuda_probe_tests).
+-module(erlcuda_transports_tests).
 
 -include_lib("eunit/include/eunit.hrl").
 
@@ -13,12 +13,12 @@
 %% the largest where the pipe always won.
 choose_test() ->
     K = 1024,
-    ?assertEqual(256 * K, erlcuda_probe:choose([{64 * K, 10, 20}, {256 * K, 30, 30},
+    ?assertEqual(256 * K, erlcuda_transports:choose([{64 * K, 10, 20}, {256 * K, 30, 30},
                                                  {1024 * K, 90, 50}])),
-    ?assertEqual(1024 * K, erlcuda_probe:choose([{1024 * K, 90, 50}, {64 * K, 10, 5},
+    ?assertEqual(1024 * K, erlcuda_transports:choose([{1024 * K, 90, 50}, {64 * K, 10, 5},
                                                   {256 * K, 30, 40}])),
-    ?assertEqual(64 * K, erlcuda_probe:choose([{64 * K, 10, 5}, {256 * K, 30, 20}])),
-    ?assertEqual(2048 * K, erlcuda_probe:choose([{64 * K, 10, 50}, {1024 * K, 90, 91}])).
+    ?assertEqual(64 * K, erlcuda_transports:choose([{64 * K, 10, 5}, {256 * K, 30, 20}])),
+    ?assertEqual(2048 * K, erlcuda_transports:choose([{64 * K, 10, 50}, {1024 * K, 90, 91}])).
 
 probed_at_start_test_() ->
     erlcuda_test_util:with_app(?DEFAULTS, [{shm_threshold, auto}], {timeout, 120, fun() ->
@@ -27,7 +27,7 @@ probed_at_start_test_() ->
         ?assertNotEqual([], Figures),
         Sizes = [S || {S, _, _} <- Figures],
         ?assert(lists:member(T, Sizes) orelse T =:= 2 * lists:max(Sizes)),
-        ?assertEqual(T, erlcuda_probe:choose(Figures)),
+        ?assertEqual(T, erlcuda_transports:choose(Figures)),
         ?assertMatch(#{submitted := 0, ok := 0, error := 0}, Jobs),  % quiet
         ?assertMatch(#{status := up, shm := #{threshold := T}}, erlcuda_status:status()),
         %% a later worker keeps the figure, measured once
