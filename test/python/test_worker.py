@@ -85,7 +85,14 @@ def test_hello_describes_the_backend(worker: WorkerPipe) -> None:
 
 def test_the_bench_worker_names_its_calls(bench_worker: WorkerPipe) -> None:
     tag, _, info = bench_worker.call("info")
-    assert tag == "r" and [bytes(h) for h in info["hooks"]] == [b"echo", b"pure"]
+    assert tag == "r" and [bytes(h) for h in info["hooks"]] == [b"echo", b"pure",
+                                                                 b"transfers"]
+
+
+def test_the_bench_worker_times_no_copies_on_the_cpu(bench_worker: WorkerPipe) -> None:
+    # transfers: the GPU's copies of a fresh mapping; the CPU backend makes none
+    tag, _, answer = bench_worker.call("transfers", 0, [1 << 20])
+    assert (tag, answer) == ("r", [[], 0])
 
 
 def test_hello_with_the_same_version_runs_jobs(plain_worker: WorkerPipe) -> None:
