@@ -629,7 +629,10 @@ class Lane(threading.Thread):
         last = len(groups) - 1
         for g, indices in enumerate(groups.values()):
             plans: list[Plan] = [batch[i].plan for i in indices]  # type: ignore[misc]
-            targets = [self._result_target(batch[i]) for i in indices]
+            targets: list[ResultTarget | None] = (
+                [self._result_target(batch[i]) for i in indices]
+                if self.results is not None and any(batch[i].result_file for i in indices)
+                else [None] * len(indices))
             into = ([t.view(kernels.F32) if t is not None else None for t in targets]
                     if any(t is not None for t in targets) else None)
             values, failure, why = self._run(plans, device, into)  # type: ignore[arg-type]

@@ -39,6 +39,9 @@ from ..hostmem import Pinning
 CHUNK_BYTES = 8 << 20
 #: Jobs whose operands are smaller than this run as one copy in, one launch, one copy out.
 PIPELINE_MIN = 4 << 20
+#: Operands smaller than this are never looked for among the registered ranges: shared
+#: memory carries nothing so small.
+PINNED_MIN = 64 << 10
 #: ``register_min`` where registering a fresh mapping for one job never pays.
 NEVER = 1 << 62
 #: The sizes ``calibrate`` compares the two ways at (bytes).

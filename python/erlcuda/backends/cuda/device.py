@@ -17,6 +17,7 @@ from ..base import BackendError, BackendUnavailable, Device, Result
 from ..pipeline import (
     CALIBRATION_SIZES,
     NEVER,
+    PINNED_MIN,
     PIPELINE_MIN,
     Chunks,
     Download,
@@ -255,13 +256,16 @@ class CudaDevice(Device):
 
     def _lone(self, requests: Sequence[Plan]) -> bool:
         """Whether a batch is one job that the pipeline runs: large, or with an operand in
-        registered host memory."""
+        registered host memory (only ever one of shared memory's sizes)."""
         if len(requests) != 1:
             return False
         r = requests[0]
-        operands = [x for x in (r.a, r.b) if x is not None]
-        return (sum(x.nbytes for x in operands) >= PIPELINE_MIN
-                or any(self.pinning.covers(x) for x in operands if x.nbytes))
+        nbytes = r.a.nbytes + (0 if r.b is None else r.b.nbytes)
+        if nbytes >= PIPELINE_MIN:
+            return True
+        if nbytes < PINNED_MIN or not self.pinning.count:
+            return False
+        return any(self.pinning.covers(x) for x in (r.a, r.b) if x is not None)
 
     def info(self) -> dict[str, Any]:
         with cuda_errors():
