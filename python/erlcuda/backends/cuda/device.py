@@ -213,10 +213,10 @@ class CudaDevice(Device):
             return []  # no room now: fresh mappings are staged
         try:
             self.calibration = self._pipeline.calibrate(int(scratch), sizes)
-        except (cuda.Error, OSError) as exc:
+        except Exception as exc:  # no figures is no reason to lose the device: staged
             self.calibration = []
             self._pipeline.register_min = NEVER
-            self.calibration_error = str(exc)
+            self.calibration_error = f"{type(exc).__name__}: {exc}"
         finally:
             scratch.free()
         return self.calibration

@@ -3,6 +3,8 @@ the packing of a batch's operands into pinned staging (in parallel for large one
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -222,18 +224,49 @@ def pack_chunk(dst: np.ndarray, src: np.ndarray) -> None:
 
 class CudaPinner:
     """Registers host memory with the driver (``cuMemHostRegister``), read-only where the
-    memory is mapped read-only (``hostmem.Pinner``)."""
+    memory is mapped read-only (``hostmem.Pinner``), in the calling thread's context.
+
+    The driver is called through ctypes: PyCUDA's ``register_host_memory`` wraps a new
+    numpy array around the memory, which numpy 2 refuses for a view (its base is set once),
+    and the memory registered here is always a view of a mapping."""
 
     #: CU_MEMHOSTREGISTER_READ_ONLY: PyCUDA names only PORTABLE and DEVICEMAP.
     READ_ONLY = 0x08
 
+    def __init__(self) -> None:
+        self._register, self._unregister = _host_register_calls()
+
     def pin(self, view: np.ndarray) -> Callable[[], None]:
+        if self._register is None or self._unregister is None:
+            raise PinError("the CUDA driver library could not be loaded for host registration")
         flags = 0 if view.flags.writeable else self.READ_ONLY
-        try:
-            registered = cuda.register_host_memory(view, flags)
-        except (cuda.Error, ValueError, TypeError) as exc:
-            raise PinError(str(exc)) from exc
-        return registered.base.unregister  # type: ignore[no-any-return]
+        address = int(view.__array_interface__["data"][0])
+        status = self._register(address, int(view.nbytes), flags)
+        if status != 0:
+            raise PinError(f"cuMemHostRegister of {view.nbytes} bytes failed: CUDA error "
+                           f"{status}")
+        unregister = self._unregister
+
+        def unpin() -> None:
+            unregister(address)  # a failure leaves nothing to undo: the context went first
+
+        return unpin
+
+
+def _host_register_calls() -> tuple[Any, Any]:
+    """``cuMemHostRegister_v2`` and ``cuMemHostUnregister`` of the driver library, or
+    ``(None, None)`` where it cannot be loaded."""
+    name = ctypes.util.find_library("cuda") or "libcuda.so.1"
+    try:
+        lib = ctypes.CDLL(name)
+        register, unregister = lib.cuMemHostRegister_v2, lib.cuMemHostUnregister
+    except (OSError, AttributeError):
+        return None, None
+    register.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+    register.restype = ctypes.c_int
+    unregister.argtypes = [ctypes.c_void_p]
+    unregister.restype = ctypes.c_int
+    return register, unregister
 
 
 #: Packs a batch's operands into the input staging: ``fill(host_in, second_at)``, the
