@@ -28,7 +28,9 @@ doc_examples_test_() ->
     Runs = [E || {_, Needs, _} = E <- All, Needs =:= cpu orelse Needs =:= gpu andalso Gpu],
     Backend = case Gpu of true -> cuda; false -> cpu end,
     [{"the README and the guide have examples", fun() -> has_examples(All) end},
-     {"every erlang block of the docs is an example", fun every_block_marked/0}]
+     {"every erlang block of the docs is an example", fun every_block_marked/0},
+     {"the guide's errors table has every reason", fun guide_reasons/0},
+     {"the guide's configuration table has every setting", fun guide_settings/0}]
         ++ [{"config example " ++ Name, fun() -> check_config(Code) end}
             || {Name, config, Code} <- All]
         ++ [{"dependency example " ++ Name, fun() -> check_dep(Code) end}
@@ -91,6 +93,40 @@ unmarked([Line | Lines], N, _) ->
     unmarked(Lines, N + 1, Line);
 unmarked([], _, _) ->
     [].
+
+%% Each reason of erlcuda's `reason()' type has a row `| `{Tag, ...}` |' or `| `tag` |' in
+%% the guide.
+guide_reasons() ->
+    Guide = section("Errors"),
+    Tags = reason_tags(),
+    ?assert(length(Tags) >= 20),
+    ?assertEqual([], [T || T <- Tags, not has_row(Guide, "`{" ++ atom_to_list(T) ++ ","),
+                           not has_row(Guide, "`" ++ atom_to_list(T) ++ "`")]).
+
+%% Each key of erlcuda's environment has a row `| `key` |' in the guide.
+guide_settings() ->
+    Guide = section("Configuration"),
+    ?assertEqual([], [K || {K, _} <- erlcuda_config:keys(),
+                           not has_row(Guide, "`" ++ atom_to_list(K) ++ "` |")]).
+
+%% The lines of the guide's section `## Title', up to the next one.
+section(Title) ->
+    {_, [_ | Rest]} = lists:splitwith(fun(L) -> L =/= "## " ++ Title end, lines("docs/guide.md")),
+    Section = lists:takewhile(fun(L) -> not lists:prefix("## ", L) end, Rest),
+    lists:flatten(["\n" ++ L || L <- Section]).
+
+has_row(Text, Cell) ->
+    string:find(Text, "\n| " ++ Cell) =/= nomatch.
+
+%% The tags of the alternatives of `erlcuda:reason()', read from the module's abstract code.
+reason_tags() ->
+    {ok, {erlcuda, [{abstract_code, {raw_abstract_v1, Forms}}]}} =
+        beam_lib:chunks(code:which(erlcuda), [abstract_code]),
+    [{type, _, union, Alternatives}] = [T || {attribute, _, type, {reason, T, []}} <- Forms],
+    [tag(A) || A <- Alternatives].
+
+tag({atom, _, Tag}) -> Tag;
+tag({type, _, tuple, [{atom, _, Tag} | _]}) -> Tag.
 
 %% @doc An example as a test: run in a process of its own, it must end without raising.
 -spec run(string()) -> fun(() -> ok).
