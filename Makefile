@@ -37,7 +37,7 @@ test: setup setup-elixir compile
 GPU_PY ?= python3
 test-gpu: setup-erlang compile
 	ERLCUDA_TEST_GPU=1 $(GPU_PY) -m pytest -m gpu -v test/python
-	ERLCUDA_TEST_GPU=1 ERLCUDA_PYTHON=$$(command -v $(GPU_PY)) $(REBAR) eunit --module=erlcuda_gpu_tests,erlcuda_usercode_gpu_tests,erlcuda_readme_tests
+	ERLCUDA_TEST_GPU=1 ERLCUDA_PYTHON=$$(command -v $(GPU_PY)) $(REBAR) eunit --module=erlcuda_gpu_tests,erlcuda_usercode_gpu_tests,erlcuda_doc_examples_tests
 
 setup: setup-erlang setup-cxx setup-python
 

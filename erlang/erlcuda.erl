@@ -501,7 +501,7 @@ load(Module, Source, Kernels) ->
 %% one value per written pointer passed as data or a count (a buffer with `{keep, true}').
 %%
 %% Options: `{options, [NvccFlag]}' (from an allow-list: macro definitions of safe names
-%% and values, `-O0'..`-O3' and the precision and language flags the README lists; any
+%% and values, `-O0'..`-O3' and the precision and language flags docs/guide.md lists; any
 %% other flag is `{error, {bad_option, {options, Flag}}}' before nvcc runs), `{timeout,
 %% Ms}' (default 120000). Loading a module of
 %% the same name replaces it; a new worker (after a crash) loads every module again before

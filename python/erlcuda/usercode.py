@@ -65,7 +65,7 @@ _MACRO = r"[A-Za-z_][A-Za-z0-9_]*(?:=[A-Za-z0-9_.+-]*)?"
 #: The nvcc options a source may be compiled with, each one list element matched whole: what
 #: changes the code nvcc makes, never where it writes, what it reads or runs, or for which
 #: architecture (compile_module decides that). Everything else is refused, since nvcc's
-#: other options reach the host compiler, the file system or a shell. README lists them.
+#: other options reach the host compiler, the file system or a shell. docs/guide.md lists them.
 ALLOWED_OPTIONS: tuple[str, ...] = (
     rf"-D{_MACRO}",
     rf"--define-macro={_MACRO}",
@@ -104,7 +104,7 @@ class BadOption(ValueError):
 
     def __init__(self, option: str) -> None:
         super().__init__(f"nvcc option {option!r:.80} is not allowed: erlcuda takes macros "
-                         "(-DNAME=VALUE), -O0..-O3 and the precision flags its README lists")
+                         "(-DNAME=VALUE), -O0..-O3 and the precision flags docs/guide.md lists")
         self.option = option
 
 

@@ -1,5 +1,13 @@
 # The Elixir examples of the README and of docs/, as written: a ```elixir block right after
-# a line `<!-- example: Name -->`; each raises (a failed match) where it does not hold.
+# a line `<!-- example: Name -->`; each raises (a failed match) where it does not hold. A word
+# after the name says what the block is instead of code to run:
+#
+# - `config`: a `config/config.exs`: erlcuda's part must hold only known keys, each with a
+#   value the application's start accepts (erlcuda_config);
+# - `dep`: a mix dependency on erlcuda: a git dependency at the tag of this version (`v`
+#   followed by the application's vsn), built by rebar3.
+#
+# Every ```elixir block of the docs is an example, so that none goes unchecked.
 
 # Nx is not installed here: examples that use it run against this stand-in, which holds a
 # tensor as a flat list and reads and writes binaries as Nx does (native byte order, the
@@ -33,33 +41,78 @@ defmodule DocExamplesTest do
   end
 
   root = Path.expand("../..", __DIR__)
-  files = [Path.join(root, "README.md") | Path.wildcard(Path.join(root, "docs/**/*.md"))]
+  files = [Path.join(root, "README.md") | Path.wildcard(Path.join(root, "docs/*.md"))]
 
   examples =
     for file <- files,
-        [name, code] <-
-          Regex.scan(~r/<!-- example: (\S+) -->\n```elixir\n(.*?)\n```/s, File.read!(file),
+        [name, kind, code] <-
+          Regex.scan(
+            ~r/<!-- example: (\S+)(?: (\w+))? -->\n```elixir\n(.*?)\n```/s,
+            File.read!(file),
             capture: :all_but_first
           ),
-        do: {Path.relative_to(file, root), name, code}
+        do: {Path.relative_to(file, root), name, kind, code}
 
-  @names Enum.map(examples, fn {_, name, _} -> name end)
+  # ```elixir lines not right after an example line, as {file, line number}
+  unmarked =
+    for file <- files,
+        lines = String.split(File.read!(file), "\n"),
+        {{previous, line}, n} <- Enum.with_index(Enum.zip(["" | lines], lines), 1),
+        line == "```elixir",
+        not String.starts_with?(previous, "<!-- example: "),
+        do: {Path.relative_to(file, root), n}
+
+  @names Enum.map(examples, fn {_, name, _, _} -> name end)
 
   test "the README has Elixir examples" do
-    assert unquote(Enum.count(examples, fn {file, _, _} -> file == "README.md" end)) >= 1
+    assert unquote(Enum.count(examples, fn {file, _, _, _} -> file == "README.md" end)) >= 1
   end
 
   test "the docs hold the Elixir examples of the Erlcuda module" do
     assert "erlcuda-elixir" in @names
     assert "erlcuda-kernels" in @names
     assert "erlcuda-nx" in @names
+    assert "erlcuda-program" in @names
   end
 
-  for {file, name, code} <- examples do
-    test "#{file}: example #{name}" do
-      # in a process of its own, which owns the buffers the example makes
-      task = Task.async(fn -> Code.eval_string(unquote(code), [], file: unquote(file)) end)
-      assert {_, _} = Task.await(task, 60_000)
+  test "every elixir block of the docs is an example" do
+    assert unquote(unmarked) == []
+  end
+
+  for {file, name, kind, code} <- examples do
+    case kind do
+      "" ->
+        test "#{file}: example #{name}" do
+          # in a process of its own, which owns the buffers the example makes
+          task = Task.async(fn -> Code.eval_string(unquote(code), [], file: unquote(file)) end)
+          assert {_, _} = Task.await(task, 60_000)
+        end
+
+      "config" ->
+        test "#{file}: config example #{name}" do
+          config = Config.Reader.eval!(unquote(file), unquote(code))
+          env = Keyword.fetch!(config, :erlcuda)
+          assert env != []
+          saved = Application.get_all_env(:erlcuda)
+
+          try do
+            for {key, value} <- env, do: Application.put_env(:erlcuda, key, value)
+            assert :erlcuda_config.unknown() == []
+            assert {:ok, _} = :erlcuda_config.load()
+          after
+            for {key, _} <- env, do: Application.delete_env(:erlcuda, key)
+            for {key, value} <- saved, do: Application.put_env(:erlcuda, key, value)
+          end
+        end
+
+      "dep" ->
+        test "#{file}: dependency example #{name}" do
+          {dep, _} = Code.eval_string(unquote(code))
+          assert {:erlcuda, opts} = dep
+          assert is_binary(Keyword.fetch!(opts, :git))
+          assert Keyword.fetch!(opts, :manager) == :rebar3
+          assert Keyword.fetch!(opts, :tag) == "v#{Application.spec(:erlcuda, :vsn)}"
+        end
     end
   end
 end

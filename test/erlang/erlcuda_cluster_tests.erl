@@ -58,7 +58,7 @@ cluster_test_() ->
                                    {"a partition and a reconnect", fun partition/1},
                                    {"SIGKILL of a node under load", fun kill/1},
                                    {"a node that joins later takes work", fun join/1},
-                                   {"the README's cluster example", fun readme/1}]]
+                                   {"the docs' cluster examples", fun doc_examples/1}]]
       end}}.
 
 %% Set-up.
@@ -1055,7 +1055,7 @@ count(List) ->
     lists:foldl(fun(R, Acc) -> maps:update_with(R, fun(X) -> X + 1 end, 1, Acc) end, #{},
                 List).
 
-readme(_) ->
-    Examples = [E || {_, cluster, _} = E <- erlcuda_readme_tests:examples()],
+doc_examples(_) ->
+    Examples = [E || {_, cluster, _} = E <- erlcuda_doc_examples_tests:examples()],
     ?assert(length(Examples) >= 1),
-    [(erlcuda_readme_tests:run(Code))() || {_, _, Code} <- Examples].
+    [(erlcuda_doc_examples_tests:run(Code))() || {_, _, Code} <- Examples].

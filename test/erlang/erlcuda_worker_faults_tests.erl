@@ -242,7 +242,7 @@ launcher(Deadline, Ids) ->
             launcher(Deadline, Next)
     end.
 
-%% README, Options: with {trace, true} "the reply is {erlcuda, JobId, Result, Stamps};
+%% docs/guide.md, Options: with {trace, true} "the reply is {erlcuda, JobId, Result, Stamps};
 %% launch_sync answers {ok, R, Stamps} or {error, Why, Stamps}". A traced job answered by
 %% the Erlang side (worker death, fail_all; the sweep) keeps that shape, so a traced caller
 %% that matches the documented shape sees its reply. (Shared memory off, as for the other

@@ -116,7 +116,7 @@ script(Name, Text) ->
     Path.
 
 %% Worker arguments the worker refuses stop the application's start with bad_config (the
-%% README's promise), instead of a worker that restarts for ever.
+%% guide's promise), instead of a worker that restarts for ever.
 bad_worker_args_test_() ->
     {setup,
      fun() -> _ = application:stop(erlcuda), application:load(erlcuda) end,
