@@ -186,12 +186,16 @@ loop(F, Stop, N) ->
 soak(0) -> ok;
 soak(Seconds) ->
     Stop = erlang:monotonic_time(millisecond) + Seconds * 1000,
-    Self = self(),
-    Workers = [spawn_link(fun() -> Self ! {soaked, self(), soak_loop(I, Stop, 0)} end)
+    Workers = [spawn_monitor(fun() -> exit({soaked, soak_loop(I, Stop, 0)}) end)
                || I <- lists:seq(1, 16)],
     sample_memory(Stop, 0),
-    Runs = lists:sum([receive {soaked, Pid, C} -> C end || Pid <- Workers]),
+    Ends = [receive {'DOWN', Ref, process, Pid, Why} -> Why end || {Pid, Ref} <- Workers],
     sample_memory(0, 0),
+    Runs = lists:sum([N || {soaked, N} <- Ends]),
+    case [Why || Why <- Ends, element(1, Why) =/= soaked] of
+        [] -> ok;
+        [First | _] = Failed -> error({soak_failed, length(Failed), First})
+    end,
     erlcuda_bench_io:emit(#{event => soak_done, runs => Runs, seconds => Seconds}).
 
 %% Programs of several shapes and kinds, kept outputs freed, some run on buffers.

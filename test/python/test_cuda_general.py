@@ -246,9 +246,10 @@ def test_info_keys(device: CudaDevice) -> None:
 
     info = device.info()
     assert set(info) == {"name", "total_memory", "free_memory", "compute_capability",
-                         "pool_bytes"}
+                         "pool_bytes", "pinned_bytes", "register_min"}
     assert set(info) <= contract.ATOMS  # Erlang knows every key
-    assert isinstance(info["pool_bytes"], int) and info["pool_bytes"] >= 0
+    for key in ("pool_bytes", "pinned_bytes", "register_min"):
+        assert isinstance(info[key], int) and info[key] >= 0, key
 
 
 # -- the memory pool -------------------------------------------------------------------------
