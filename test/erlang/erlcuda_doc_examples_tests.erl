@@ -5,6 +5,8 @@
 %%
 %% - `gpu': needs a GPU; run only with ERLCUDA_TEST_GPU=1 (`make test-gpu'), on the cuda
 %%   backend;
+%% - `cpu': shows what the cpu backend does (and the cuda one does not): run only without
+%%   ERLCUDA_TEST_GPU;
 %% - `cluster': needs other nodes; run by erlcuda_cluster_tests with its peers;
 %% - `config': a `sys.config' (a list of `{App, Env}'): erlcuda's part must hold only known
 %%   keys, each with a value the application's start accepts (erlcuda_config);
@@ -20,12 +22,14 @@
 
 -export([examples/0, run/1]).
 
--type needs() :: cpu | gpu | cluster | config | dep.
+-type needs() :: cpu | cpu_only | gpu | cluster | config | dep.
 
 doc_examples_test_() ->
     Gpu = os:getenv("ERLCUDA_TEST_GPU") =:= "1",
     All = examples(),
-    Runs = [E || {_, Needs, _} = E <- All, Needs =:= cpu orelse Needs =:= gpu andalso Gpu],
+    Runs = [E || {_, Needs, _} = E <- All,
+                 Needs =:= cpu orelse Needs =:= gpu andalso Gpu
+                     orelse Needs =:= cpu_only andalso not Gpu],
     Backend = case Gpu of true -> cuda; false -> cpu end,
     [{"the README and the guide have examples", fun() -> has_examples(All) end},
      {"every erlang block of the docs is an example", fun every_block_marked/0},
@@ -77,6 +81,7 @@ blocks([], Acc) ->
     lists:reverse(Acc).
 
 needs("gpu") -> gpu;
+needs("cpu") -> cpu_only;
 needs("cluster") -> cluster;
 needs("config") -> config;
 needs("dep") -> dep.
