@@ -66,7 +66,7 @@ class Template:
     expected: np.ndarray
 
     def matches(self, frame: bytearray | memoryview) -> bool:
-        return all(frame[start:end] == held for start, end, held in self.header)
+        return _matches(self.header, frame)
 
     def fill(self, frame: bytearray | memoryview) -> Plan:
         """The plan of ``frame`` (which ``matches``): the checked one, with its data."""
@@ -124,10 +124,7 @@ class GeneralTemplate:
     plan: Plan
 
     def matches(self, frame: bytearray | memoryview) -> bool:
-        for start, end, held in self.header:
-            if frame[start:end] != held:
-                return False
-        return True
+        return _matches(self.header, frame)
 
     def fill(self, frame: bytearray | memoryview, held: Held) -> Plan | None:
         """The plan of ``frame`` (which ``matches``): the checked one with the frame's
@@ -166,7 +163,7 @@ class ProgramTemplate:
     expected: np.ndarray
 
     def matches(self, frame: bytearray | memoryview) -> bool:
-        return all(frame[start:end] == held for start, end, held in self.header)
+        return _matches(self.header, frame)
 
     def fill(self, frame: bytearray | memoryview) -> Plan:
         """The plan of ``frame`` (which ``matches``): the checked one, with its data."""
@@ -397,6 +394,11 @@ def _columns(header: list[tuple[int, int, bytes]], length: int) -> tuple[np.ndar
     expected = [np.frombuffer(_U32.pack(length), np.uint8),
                 *(np.frombuffer(held, np.uint8) for _, _, held in header)]
     return np.concatenate(columns), np.concatenate(expected)
+
+
+def _matches(header: tuple[tuple[int, int, bytes], ...], frame: bytearray | memoryview) -> bool:
+    """Whether ``frame`` holds a template's header bytes where it holds them."""
+    return all(frame[start:end] == held for start, end, held in header)
 
 
 def _address(array: np.ndarray) -> int:

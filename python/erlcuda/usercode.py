@@ -121,10 +121,7 @@ def compile_entry(source: str, options: Sequence[str], arch: str, *,
                   cache: str | os.PathLike[str] | None = None,
                   progress: Callable[[float], None] | None = None) -> Compiled:
     """``compile_module``, saying whether the cache held the cubin."""
-    opts = _allowed(options)
-    if "\0" in source:
-        raise ValueError("the source holds a NUL byte")
-    _check_file_names(source)
+    opts = _checked(source, options)
     return cubin_entry(source, opts, arch, cache=cache, progress=progress)
 
 
@@ -147,14 +144,21 @@ def compile_host_entry(source: str, options: Sequence[str],
                        cache: str | os.PathLike[str] | None = None,
                        progress: Callable[[float], None] | None = None) -> Compiled:
     """``compile_host``, saying whether the cache held the library."""
-    opts = _allowed(options)
-    if "\0" in source:
-        raise ValueError("the source holds a NUL byte")
-    _check_file_names(source)
+    opts = _checked(source, options)
     return host_library_entry(hostcode.translation_unit(kernels), hostcode.host_options(opts),
                               files={SOURCE_NAME: source}, include_dirs=[hostcode.INCLUDE_DIR],
                               check=lambda text: hostcode.check(text, what), cache=cache,
                               progress=progress)
+
+
+def _checked(source: str, options: Sequence[str]) -> list[str]:
+    """A user's ``options`` as a list of allowed ones, once ``source`` holds no NUL byte and
+    names no file but a header of the include path."""
+    opts = _allowed(options)
+    if "\0" in source:
+        raise ValueError("the source holds a NUL byte")
+    _check_file_names(source)
+    return opts
 
 
 def _allowed(options: Sequence[str]) -> list[str]:
