@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import erlcuda
 from erlcuda import contract, etf, kernels, protocol
 from erlcuda.backends.base import ERROR_CODES, BackendError
 from erlcuda.backends.cpu import CpuBackend
@@ -413,7 +414,7 @@ def every_frame_a_worker_sends() -> tuple[list[bytes], set[str]]:
         assert hooked.close() == 0
     plain = WorkerPipe("--backend", "cpu", record=True)
     try:
-        plain.call("hello", b"0.2.0", contract.PROTOCOL)
+        plain.call("hello", erlcuda.__version__.encode(), contract.PROTOCOL)
         plain.call("stall", 0, 1)  # unknown to the shipped worker
         plain.writer.write([b"\x83\xff"])  # undecodable: logged
         plain.send_raw(launch_frame(50, "reduce", [f32])[:-1])  # malformed: bad_args
