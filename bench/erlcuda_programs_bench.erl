@@ -190,7 +190,7 @@ soak(Seconds) ->
                || I <- lists:seq(1, 16)],
     sample_memory(Stop, 0),
     Ends = [receive {'DOWN', Ref, process, Pid, Why} -> Why end || {Pid, Ref} <- Workers],
-    sample_memory(0, 0),
+    sample_once(Seconds),
     Runs = lists:sum([N || {soaked, N} <- Ends]),
     case [Why || Why <- Ends, element(1, Why) =/= soaked] of
         [] -> ok;
@@ -220,18 +220,22 @@ soak_loop(I, Stop, N) ->
             soak_loop(I, Stop, N + 1)
     end.
 
+%% A reading every 5 s until Stop (monotonic milliseconds: they may be negative).
 sample_memory(Stop, T) ->
+    sample_once(T),
+    case erlang:monotonic_time(millisecond) < Stop of
+        true -> timer:sleep(5000), sample_memory(Stop, T + 5);
+        false -> ok
+    end.
+
+sample_once(T) ->
     #{worker_os_pid := Os, device_info := Devices} = erlcuda:info(),
     [D | _] = Devices,
     erlcuda_bench_io:emit(#{event => soak, t => T, rss_kb => rss_kb(Os),
                             pool_bytes => maps:get(pool_bytes, D, 0),
                             free_memory => maps:get(free_memory, D, 0),
                             buffers => maps:get(buffers, D, 0),
-                            graphs => maps:get(graphs, maps:get(programs, D, #{}), 0)}),
-    case erlang:monotonic_time(millisecond) < Stop of
-        true -> timer:sleep(5000), sample_memory(Stop, T + 5);
-        false -> ok
-    end.
+                            graphs => maps:get(graphs, maps:get(programs, D, #{}), 0)}).
 
 rss_kb(Os) ->
     case file:read_file("/proc/" ++ integer_to_list(Os) ++ "/status") of
