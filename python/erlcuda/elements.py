@@ -54,6 +54,8 @@ ELEMENTS: dict[str, Element] = _ELEMENTS
 #: numpy dtype, C type and ``struct`` format of each element type.
 DTYPES: dict[str, np.dtype[Any]] = {name: e.dtype for name, e in ELEMENTS.items()}
 C_TYPES: dict[str, str] = {name: e.c_type for name, e in ELEMENTS.items()}
+#: The element type of each numpy dtype.
+TYPE_OF: dict[np.dtype[Any], str] = {e.dtype: name for name, e in ELEMENTS.items()}
 STRUCT_FORMATS: dict[str, str] = {name: e.struct for name, e in ELEMENTS.items()}
 #: The parts a shared-memory operand is cut into at most (Erlang cuts it so).
 SHM_PARTS: int = _LIMITS["shm_parts"]

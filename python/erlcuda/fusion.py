@@ -171,7 +171,7 @@ class _Writer:
     def _number_type(self, op: Op, value: Any) -> str:
         if op.kind == "slot":
             return op.cast or self.plan.slots[op.slot].type or "i64"
-        return _TYPE_OF[np.asarray(value).dtype]
+        return elements.TYPE_OF[np.asarray(value).dtype]
 
     def _vector_add(self, step: StepPlan) -> None:
         a, b = (self._read(op) for op in step.ops[:2])
@@ -211,4 +211,3 @@ class _Writer:
             ""])
 
 
-_TYPE_OF = {dtype: name for name, dtype in elements.DTYPES.items()}

@@ -37,7 +37,6 @@ ACCESS = ("in", "out", "inout", "scalar")
 #: Threads per block of a launch without a geometry (elements: one thread each).
 BLOCK = 256
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_TYPE_OF_DTYPE = {dtype: name for name, dtype in DTYPES.items()}
 
 
 def _bad(text: str) -> Refused:
@@ -284,9 +283,9 @@ def _vector(arg: Any, what: str, held: Held) -> Operand:
     """A vector argument as an operand; ``Refused`` for one that is not a vector."""
     cls = type(arg)
     if cls is np.ndarray:
-        return Operand("data", arg, _TYPE_OF_DTYPE[arg.dtype], int(arg.size))
+        return Operand("data", arg, elements.TYPE_OF[arg.dtype], int(arg.size))
     if cls is FileArg:
-        return Operand("file", arg, _TYPE_OF_DTYPE[arg.dtype],
+        return Operand("file", arg, elements.TYPE_OF[arg.dtype],
                        arg.nbytes // arg.dtype.itemsize)
     if cls is Handle:
         found = held(arg.buffer_id)

@@ -28,19 +28,20 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from . import compile as nvcc
 from . import fusion
-from .backends.base import Device
+from .backends.base import Device, stage_layout
 from .general import BLOCK, Registry
 from .kernels import DTYPES, Operand, Plan
 from .programs import Op, ProgramPlan, StepPlan
 from .protocol import Kept, Listed, Result
 
 log = logging.getLogger("erlcuda.programs")
+_T = TypeVar("_T")
 
 #: Graphs kept per device at most, the oldest going first.
 MAX_GRAPHS = 64
@@ -227,8 +228,8 @@ class Runner:
         slots = _used(typed, schedule)
         inputs = [s for s, op in enumerate(plan.operands) if op.source in ("data", "file")]
         outputs = list(typed.fetch if plan.keep is None else typed.fetch_kept)
-        at_in, bytes_in = _layout([typed.slots[s].nbytes for s in inputs])
-        at_out, bytes_out = _layout([typed.slots[s].nbytes for s in outputs])
+        at_in, bytes_in = stage_layout([typed.slots[s].nbytes for s in inputs])
+        at_out, bytes_out = stage_layout([typed.slots[s].nbytes for s in outputs])
         nbytes = bytes_in + bytes_out + sum(
             typed.slots[s].nbytes for s in slots
             if s >= len(plan.operands) or plan.operands[s].source in ("data", "file"))
@@ -311,17 +312,6 @@ class Runner:
         device.release_host(graph.host_out)
 
 
-#: Where each array starts in a graph's host memory: aligned as cudaMalloc aligns.
-HOST_ALIGN = 256
-
-
-def _layout(sizes: Sequence[int]) -> tuple[list[int], int]:
-    """Each array's byte offset in a buffer that holds them all, and its size."""
-    at, total = [], 0
-    for size in sizes:
-        at.append(total)
-        total += -(-size // HOST_ALIGN) * HOST_ALIGN
-    return at, total
 
 
 def _host_view(host: Any, at: int, dtype: Any, count: int) -> np.ndarray:
@@ -359,26 +349,27 @@ class _Run:
 
     def columns(self, schedule: Sequence[StepPlan]) -> list[np.ndarray]:
         """Run a batch that keeps nothing: each output of every run, as a column."""
+        return self._run(schedule, self._columns)
+
+    def results(self, schedule: Sequence[StepPlan]) -> list[Result]:
+        return self._run(schedule, lambda: self.collect(copy_kept=False))
+
+    def _run(self, schedule: Sequence[StepPlan], answer: Callable[[], _T]) -> _T:
+        """Bind, queue every step and answer; this run's own arrays go back either way."""
         try:
             self._inputs()
             self.queue(schedule)
-            typed, count = self.typed, self.count
-            host = dict(zip(typed.fetch, self.device.stage_out(
-                [self.arrays[s] for s in typed.fetch]), strict=True))
-            return [host[s] if typed.slots[s].scalar else host[s].reshape(count, -1)
-                    for s in typed.outputs]
+            return answer()
         finally:
             for array in self.temps:
                 self.device.free(array)
 
-    def results(self, schedule: Sequence[StepPlan]) -> list[Result]:
-        try:
-            self._inputs()
-            self.queue(schedule)
-            return self.collect(copy_kept=False)
-        finally:
-            for array in self.temps:
-                self.device.free(array)
+    def _columns(self) -> list[np.ndarray]:
+        typed, count = self.typed, self.count
+        host = dict(zip(typed.fetch, self.device.stage_out(
+            [self.arrays[s] for s in typed.fetch]), strict=True))
+        return [host[s] if typed.slots[s].scalar else host[s].reshape(count, -1)
+                for s in typed.outputs]
 
     def _inputs(self) -> None:
         """Bind the inputs: buffers and numbers as they are, data staged in at once (a

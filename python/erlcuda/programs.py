@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,9 +273,9 @@ def _number(value: Any) -> Any:
 def _input(i: int, arg: Any, held: Callable[[int], tuple[str, int] | None] | None) -> Operand:
     cls = type(arg)
     if cls is np.ndarray:
-        return Operand("data", arg, _type_of(arg.dtype), int(arg.size))
+        return Operand("data", arg, elements.TYPE_OF[arg.dtype], int(arg.size))
     if cls is FileArg:
-        return Operand("file", arg, _type_of(arg.dtype), arg.nbytes // arg.dtype.itemsize)
+        return Operand("file", arg, elements.TYPE_OF[arg.dtype], arg.nbytes // arg.dtype.itemsize)
     if cls is Handle:
         found = held(arg.buffer_id) if held is not None else None
         if found is None:
@@ -286,13 +286,6 @@ def _input(i: int, arg: Any, held: Callable[[int], tuple[str, int] | None] | Non
     if cls is Scalar:
         return Operand("value", arg.value, arg.type)
     raise Refused(protocol.bad_args(f"input {i + 1}: a vector, a buffer or a number"))
-
-
-_TYPE_OF = {dtype: name for name, dtype in DTYPES.items()}
-
-
-def _type_of(dtype: np.dtype[Any]) -> str:
-    return _TYPE_OF[dtype]
 
 
 def _signature(op: Operand) -> tuple[Any, ...]:
@@ -493,6 +486,3 @@ def _constant(j: int, value: int | float, etype: str) -> Scalar:
     return Scalar(etype, typed)
 
 
-def output_kinds(plan: ProgramPlan) -> Sequence[Slot]:
-    """The slots of the outputs, in order."""
-    return [plan.slots[s] for s in plan.outputs]

@@ -29,6 +29,18 @@ Result = np.ndarray | float
 #: (``erlcuda_contract:cuda_codes/0``); anything else travels as ``unknown``.
 ERROR_CODES = contract.CUDA_CODES
 
+#: Where each array starts in a staging buffer that holds several: as cudaMalloc aligns.
+STAGE_ALIGN = 256
+
+
+def stage_layout(sizes: Sequence[int]) -> tuple[list[int], int]:
+    """Each array's byte offset in a staging buffer that holds them all, and its size."""
+    at, total = [], 0
+    for size in sizes:
+        at.append(total)
+        total += -(-int(size) // STAGE_ALIGN) * STAGE_ALIGN
+    return at, total
+
 
 class BackendError(Exception):
     """A device failed to run a batch.

@@ -13,7 +13,7 @@ import pycuda.driver as cuda
 from ...compile import arch_of
 from ...hostmem import Pinning
 from ...kernels import F32, Plan, UniformPlans
-from ..base import BackendError, BackendUnavailable, Device, Result
+from ..base import BackendError, BackendUnavailable, Device, Result, stage_layout
 from ..pipeline import (
     CALIBRATION_SIZES,
     NEVER,
@@ -104,17 +104,6 @@ def _same(kernel: str, arrays: Sequence[CudaArray], sizes: Sequence[int]) -> Non
 #: Inputs and outputs of a program run staged at once, at most (bytes): larger ones go in
 #: chunks through the transfer buffers, so the staging never grows to a large job's size.
 STAGE_MAX = 8 << 20
-#: Where each array starts in the staging: aligned as cudaMalloc aligns.
-STAGE_ALIGN = 256
-
-
-def _layout(arrays: Sequence[Any]) -> tuple[list[int], int]:
-    """Each array's byte offset in a staging that holds them all, and its size."""
-    at, total = [], 0
-    for array in arrays:
-        at.append(total)
-        total += round_up(int(array.nbytes), STAGE_ALIGN)
-    return at, total
 
 
 # -- the device ----------------------------------------------------------------------------
@@ -568,7 +557,7 @@ class CudaDevice(Device):
         batched run's operands are); large ones as ``upload`` sends them, in chunks."""
         self._check_open()
         srcs = [np.ascontiguousarray(h).reshape(-1) for h in hosts]
-        at, total = _layout(srcs)
+        at, total = stage_layout([s.nbytes for s in srcs])
         if total > STAGE_MAX:
             return [self.upload(src) for src in srcs]
         with cuda_errors():
@@ -590,7 +579,7 @@ class CudaDevice(Device):
             if src.dtype != target.dtype or src.size != target.size:
                 raise BackendError("invalid_value", f"{src.size} {src.dtype} elements into "
                                    f"{target.size} {target.dtype}")
-        at, total = _layout(srcs)
+        at, total = stage_layout([s.nbytes for s in srcs])
         with cuda_errors():
             if total > STAGE_MAX:
                 for target, src in zip(targets, srcs, strict=True):
@@ -609,7 +598,7 @@ class CudaDevice(Device):
         for all; large ones as ``download`` fetches them."""
         self._check_open()
         found = [_vector(a, "download") for a in arrays]
-        at, total = _layout(found)
+        at, total = stage_layout([a.nbytes for a in found])
         if total > STAGE_MAX:
             return [self.download(a) for a in found]
         with cuda_errors():
