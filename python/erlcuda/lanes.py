@@ -648,8 +648,8 @@ class Lane(threading.Thread):
                     value = values[n]
                     # A backend's arrays may live in its staging memory, valid only until
                     # its next run: keep a copy where another group runs before the write.
-                    if g < last and isinstance(value, np.ndarray):
-                        value = value.copy()
+                    if g < last:
+                        value = _own(value)
                     results[i] = value
                 if target is not None:
                     target.release()
@@ -860,6 +860,15 @@ class Lane(threading.Thread):
                     raise
                 log.warning("device %d: freeing buffer %d: %s", self.index, buffer_id,
                             exc.message)
+
+
+def _own(value: Result) -> Result:
+    """``value`` with copies of its arrays (a backend's may be views of its staging)."""
+    if type(value) is np.ndarray:
+        return value.copy()
+    if type(value) is Listed:
+        return Listed(tuple(v.copy() if type(v) is np.ndarray else v for v in value.items))
+    return value
 
 
 def _listed(columns: list[np.ndarray], i: int) -> Listed:

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import compile as nvcc
-from . import fusion
+from . import fusion, kernels
 from .backends.base import Device, stage_layout
 from .general import BLOCK, Registry
 from .kernels import DTYPES, Operand, Plan
@@ -91,8 +91,10 @@ class Runner:
         """The results of ``plans`` (one run, or runs of one batch key), in order."""
         self._fresh(device)
         typed = plans[0].program.plan  # type: ignore[union-attr]
-        schedule = self._schedule(typed, device)
         self.stats["runs"] += len(plans)
+        if typed.launch is not None and plans[0].keep is None:
+            return self._as_launches(plans, typed, device, host_of)
+        schedule = self._schedule(typed, device)
         if len(schedule) < len(typed.steps):
             self.stats["fused_runs"] += len(plans)
         if len(plans) == 1 and typed.definition.graph and device.graphs is not None:
@@ -101,6 +103,21 @@ class Runner:
                 self.stats["graph_runs"] += 1
                 return [found]
         return _Run(self, plans, typed, device, host_of).results(schedule)
+
+    @staticmethod
+    def _as_launches(plans: Sequence[Plan], typed: ProgramPlan, device: Device,
+                     host_of: HostOf) -> list[Result]:
+        """Runs of a program that is one launch (``ProgramPlan.launch``), as that launch's
+        batch: no program machinery, so it costs what the launch costs."""
+        kernel = typed.definition.steps[0].kernel
+
+        def arg(op: Operand) -> Any:
+            return host_of(op) if op.source in ("data", "file") else op.value
+
+        launches = [kernels.parse(kernel, [arg(p.operands[a[1]]) if isinstance(a, tuple)
+                                           else a for a in typed.launch or ()])
+                    for p in plans]
+        return [Listed((value,)) for value in device.execute(launches)]
 
     @property
     def graphs(self) -> dict[tuple[Any, ...], Any]:

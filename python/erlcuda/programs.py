@@ -217,11 +217,12 @@ class ProgramPlan:
     fetch: tuple[int, ...] = ()
     fetch_kept: tuple[int, ...] = ()
     ident: tuple[Any, ...] = ()  # names this plan in the runners' caches
+    #: Where the program is one built-in step over its own inputs (f32 vectors and ints)
+    #: answering that step's result alone: the step's arguments, each an input's index or
+    #: a constant. A run of it is that launch, and runs as one (``program_runner``).
+    launch: tuple[tuple[str, int] | int, ...] | None = None
     fusion: list[Any] | None = None  # ``fusion.Group``s, found by the first runner to ask
-
-    @property
-    def device_bytes(self) -> int:
-        return sum(s.nbytes for s in self.slots)
+    device_bytes: int = 0  # every slot's bytes: what a run takes on the device at most
 
 
 @dataclass(slots=True)
@@ -336,7 +337,24 @@ class _Typing:
         fetch = tuple(dict.fromkeys(outputs))
         return ProgramPlan(self.defn, tuple(self.slots), steps, outputs,
                            all(s.batchable for s in steps), fetch,
-                           tuple(o for o in fetch if self.slots[o].scalar))
+                           tuple(o for o in fetch if self.slots[o].scalar),
+                           launch=self._as_launch(steps, outputs),
+                           device_bytes=sum(s.nbytes for s in self.slots))
+
+    def _as_launch(self, steps: tuple[StepPlan, ...], outputs: tuple[int, ...]) -> (
+            tuple[tuple[str, int] | int, ...] | None):
+        """``ProgramPlan.launch``: the one step's arguments where the program is that
+        launch, else ``None``."""
+        if len(steps) != 1 or steps[0].out is None or outputs != (steps[0].out,):
+            return None
+        args = self.defn.steps[0].args
+        for arg in args:
+            if isinstance(arg, float) or (isinstance(arg, tuple) and arg[0] != "in"):
+                return None
+            held = self.slots[arg[1]] if isinstance(arg, tuple) else None
+            if held is not None and held.type not in (None, "f32"):
+                return None
+        return args  # type: ignore[return-value]
 
     def _result(self, step: int, k: int, what: str) -> int:
         made = self.results[step]

@@ -14,6 +14,7 @@ from erlcuda.backends.base import Backend, BackendError, Device, Result
 from erlcuda.backends.cpu import CpuDevice
 from erlcuda.framing import MAX_FRAME, FrameReader, FrameWriter
 from erlcuda.lanes import Job, Lane
+from programdefs import check, definition, f32, inp, step
 from workerpipe import Reply, W, parse_results
 
 
@@ -114,6 +115,23 @@ def test_mixed_batch_keeps_each_result_and_the_order() -> None:
         np.testing.assert_allclose(np.frombuffer(reply.payload, "<f4"), expected[reply.job_id],
                                    rtol=1e-5)
     assert lane.stats.launches == 2 and lane.stats.max_batch == 20
+
+
+def test_a_programs_outputs_outlive_the_next_group_in_the_staging() -> None:
+    lane, writer, fatal = make_lane()
+    add = definition(2, [("vector_add", [inp(0), inp(1)])], [step(0)])
+    a, b = f32([1, 2, 3]), f32([10, 20, 30])
+    for job_id in range(4):  # a program that is one launch: its output is a staging view
+        lane.submit(Job(job_id, check(add, [a * job_id, b])))
+    lane.submit(Job(9, kernels.parse("vector_add", [f32([7, 7, 7]), f32([0, 0, 0])])))
+    lane.start()
+    lane.stop()
+    lane.join(5)
+    assert not fatal and lane.stats.launches == 2
+    results = writer.results()
+    for job_id in range(4):
+        assert results[job_id] == ("ok", [(a * job_id + b).tolist()])
+    assert results[9] == ("ok", [7.0, 7.0, 7.0])
 
 
 def test_a_fatal_error_answers_the_batch_then_reports() -> None:

@@ -165,6 +165,26 @@ def test_buffers_are_read_in_place_and_never_written() -> None:
     np.testing.assert_array_equal(store.get(5), f32([1, 2]))
 
 
+def test_a_program_that_is_one_launch_runs_as_that_launch() -> None:
+    run, _ = runner()
+    device = Device(graphs=True)
+    add = definition(2, [("vector_add", [inp(1), inp(0)])], [step(0)])
+    total = definition(1, [("reduce", [inp(0)])], [step(0)])
+    product = definition(2, [("matmul", [inp(0), inp(1), 2, 2, 2])], [step(0)])
+    a, b = f32([1, 2, 3, 4]), f32([10, 20, 30, 40])
+    for _ in range(3):  # never captured as a graph, however often it runs
+        (added,) = run.run([check(add, [a, b])], device, host)
+        np.testing.assert_array_equal(added.items[0], a + b)
+    (summed,) = run.run([check(total, [a])], device, host)
+    assert summed.items == (10.0,)
+    batch = run.run([check(product, [a * i, b]) for i in range(3)], device, host)
+    for i, got in enumerate(batch):
+        want = ((a * i).reshape(2, 2) @ b.reshape(2, 2)).reshape(-1)
+        np.testing.assert_allclose(got.items[0], want)
+    assert device.enqueued == 0 and device.graphs.captured == []
+    assert device.live == 0 and run.stats["runs"] == 7
+
+
 # -- graphs -----------------------------------------------------------------------------------
 
 

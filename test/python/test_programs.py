@@ -190,3 +190,26 @@ def test_the_step_reason_travels() -> None:
     assert failure.term == ("step", 3, ("bad_args", "x"))
     tag, index, (reason, text) = etf.decode(etf.encode_bytes(failure.term))
     assert (tag, index, reason, bytes(text)) == ("step", 3, "bad_args", b"x")
+
+
+def test_a_program_that_is_one_launch_says_so() -> None:
+    add = definition(2, [("vector_add", [inp(1), inp(0)])], [step(0)])
+    assert check(add, [f32([1]), f32([2])]).program.plan.launch == (inp(1), inp(0))
+    product = definition(3, [("matmul", [inp(0), inp(1), inp(2), inp(2), 2])], [step(0)])
+    assert check(product, [f32([1, 2]), f32([3, 4]), 1]).program.plan.launch == (
+        inp(0), inp(1), inp(2), inp(2), 2)
+
+
+@pytest.mark.parametrize(("raw", "args"), [
+    (chain(2, total=False), [f32([1]), f32([2])]),  # two steps
+    (definition(1, [("reduce", [inp(0)])], [step(0), step(0)]), [f32([1])]),  # answered twice
+    (definition(2, [("vector_add", [inp(0), inp(1)])], [step(0)]),
+     [np.array([1.0]), np.array([2.0])]),  # f64: not the launch path's
+])
+def test_anything_else_is_not_one_launch(raw: bytes, args: list[Any]) -> None:
+    assert check(raw, args).program.plan.launch is None
+
+
+def test_a_user_kernel_step_is_not_one_launch() -> None:
+    raw = definition(1, [("saxpy", [inp(0), 2.0, inp(0)])], [step(0)])
+    assert check(raw, [f32([1])], saxpy_registry()).program.plan.launch is None
