@@ -9,6 +9,11 @@
 %%   bus         vector_add at each of `sizes' elements and reduce of `reduce_size', with
 %%               the defaults (`shm_threshold' auto: the application's first start measured
 %%               the transports); the info event carries that probe's figures;
+%%   floors      vector_add at each of `sizes' by the lean floor (erlcuda_lone): its
+%%               operands through its port, and through memory shared with it (one
+%%               `file:pwrite' of both operands into its file, a request of 5 bytes, one
+%%               `file:pread' of the result, which its GPU copies wrote into the file's
+%%               pinned pages); what any design of either transport costs at least;
 %%   lone        lone 1000-element jobs against the lean floor, in blocks (erlcuda_lone);
 %%   transfers   (with `probe') the worker's copies of a fresh mapping on its device at each
 %%               of `transfer_sizes' bytes: staged, registered for the copy, registered
@@ -34,6 +39,7 @@ run(Config) ->
     ok = start(Config, auto),
     erlcuda_bench_io:emit(info(Config)),
     bus(Config),
+    floors(Config),
     lone(Config),
     case maps:get(probe, Config, false) of
         true -> transfers(Config), transports(Config);
@@ -117,6 +123,47 @@ timed(Call, #{warmup := Warmup, budget_s := Budget, min_iters := Min, max_iters 
     Per = max(1, (now_ns() - T0) div max(Warmup, 1)),
     Iters = max(Min, min(Max, trunc(Budget * 1.0e9 / Per))),
     [begin T = now_ns(), Call(), now_ns() - T end || _ <- lists:seq(1, Iters)].
+
+%% The lean floor at each size, through its port and through its shared file.
+floors(#{sizes := Sizes, lone := Lone} = Config) ->
+    Max = lists:max(Sizes),
+    File = filename:join(shm_dir(), "erlcuda-lean-floor-" ++ os:getpid()),
+    Floor = erlcuda_lone:open(Lone#{python => maps:get(python, Config), size => Max,
+                                    shm => File}),
+    {ok, Fd} = file:open(File, [read, write, raw, binary]),
+    try
+        [floor_sample(maps:get(port, Floor), Fd, Max, N, Config) || N <- Sizes],
+        ok
+    after
+        ok = file:close(Fd),
+        erlcuda_lone:close(Floor),
+        _ = file:delete(File)
+    end;
+floors(_) ->
+    ok.
+
+shm_dir() ->
+    case filelib:is_dir("/dev/shm") of
+        true -> "/dev/shm";
+        false -> filename:basedir(user_cache, "erlcuda")
+    end.
+
+floor_sample(Port, Fd, Max, N, Config) ->
+    A = vec(N, 1), B = vec(N, 2),
+    Calls = #{pipe => fun() -> erlcuda_lone:call(Port, [<<0, N:32/little>>, A, B]) end,
+              shm => fun() ->
+                             ok = file:pwrite(Fd, [{0, A}, {4 * Max, B}]),
+                             <<"k">> = erlcuda_lone:call(Port, <<2, N:32/little>>),
+                             {ok, C} = file:pread(Fd, 8 * Max, 4 * N),
+                             C
+                     end},
+    {ok, Want} = erlcuda:launch_sync(vector_add, [A, B], ?OPTS),
+    [begin
+         Want = Call(),
+         erlcuda_bench_io:emit(#{event => result, section => floors, transport => T,
+                                 kernel => vector_add, size => N, bytes_in => 8 * N,
+                                 bytes_out => 4 * N, samples_ns => timed(Call, Config)})
+     end || {T, Call} <- maps:to_list(Calls)].
 
 lone(#{lone := Lone} = Config) ->
     Floor = erlcuda_lone:open(Lone#{python => maps:get(python, Config)}),

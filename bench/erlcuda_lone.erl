@@ -14,7 +14,7 @@
 %% mailbox that long before it sleeps), to see whether that pays on this machine.
 -module(erlcuda_lone).
 
--export([open/1, close/1, run/2]).
+-export([open/1, close/1, run/2, call/2]).
 
 -define(TIMEOUT, 60000).
 %% The kinds in the order each round runs them, and which floor each is compared with.
@@ -25,14 +25,19 @@
 -type floor() :: #{port := port(), backend := binary(), device := binary()}.
 
 %% @doc Start the lean floor (`script', under `python', with erlcuda's Python package at
-%% `python_dir' on its path) on the backend erlcuda runs.
+%% `python_dir' on its path) on the backend erlcuda runs; with `shm', it makes that file
+%% and serves its shared-memory job from it too.
 -spec open(map()) -> floor().
-open(#{script := Script, python := Python, python_dir := Dir, size := Size}) ->
+open(#{script := Script, python := Python, python_dir := Dir, size := Size} = Opts) ->
     Backend = atom_to_list(maps:get(backend, erlcuda:info())),
     Path = string:join([Dir | [P || P <- [os:getenv("PYTHONPATH", "")], P =/= ""]], ":"),
+    Shm = case Opts of
+              #{shm := File} -> ["--shm", File];
+              #{} -> []
+          end,
     Port = open_port({spawn_executable, Python},
                      [{args, [Script, "--backend", Backend,
-                              "--max-elements", integer_to_list(Size)]},
+                              "--max-elements", integer_to_list(Size) | Shm]},
                       {packet, 4}, binary, nouse_stdio, exit_status, {env, [{"PYTHONPATH", Path}]}]),
     Hello = receive
                 {Port, {data, H}} -> maps:from_list([list_to_tuple(binary:split(L, <<"=">>))
@@ -79,15 +84,17 @@ jobs(#{port := Port}, A, B) ->
     LA = [F || <<F:32/float-little>> <= A], LB = [F || <<F:32/float-little>> <= B],
     N = byte_size(A) div 4,
     Opts = [{format, binary}, {timeout, ?TIMEOUT}],
-    #{floor_add => fun() -> floor_call(Port, [<<0, N:32/little>>, A, B]) end,
-      floor_reduce => fun() -> floor_call(Port, [<<1, N:32/little>>, A]) end,
+    #{floor_add => fun() -> call(Port, [<<0, N:32/little>>, A, B]) end,
+      floor_reduce => fun() -> call(Port, [<<1, N:32/little>>, A]) end,
       binary => fun() -> {ok, R} = erlcuda:launch_sync(vector_add, [A, B], Opts), R end,
       binary_spin => fun() -> {ok, R} = erlcuda:launch_sync(vector_add, [A, B], Opts), R end,
       lists => fun() -> {ok, R} = erlcuda:launch_sync(vector_add, [LA, LB],
                                                       [{timeout, ?TIMEOUT}]), R end,
       reduce => fun() -> {ok, R} = erlcuda:launch_sync(reduce, [A], Opts), R end}.
 
-floor_call(Port, Frame) ->
+%% @doc One request to the lean floor: its answer.
+-spec call(port(), iodata()) -> binary().
+call(Port, Frame) ->
     true = port_command(Port, Frame),
     receive
         {Port, {data, Result}} -> Result;

@@ -15,6 +15,15 @@ erlcuda's own (compiled through its nvcc cache), so the GPU work is the same as 
 On the cpu backend numpy does the same into preallocated arrays, so that the floor runs
 where there is no GPU (CI). The first reply is a hello: ``floor=lean backend=... device=...``.
 
+With ``--shm PATH`` it is also the floor of shared memory: the file PATH (made at start, for
+``--max-elements``: A at byte 0, B at ``4 * max``, the result at ``8 * max``) is mapped once
+and registered with the driver (pinned, ``cuMemHostRegister``), and a request
+``<<2:8, Count:32/little>>`` adds the ``Count`` elements of A and B found there, copied to the
+device straight from the file's pages and the result straight back into them, answered with
+one byte once it is there. The Erlang side writes the operands with one ``file:pwrite`` and
+reads the result with one ``file:pread`` (``bench/erlcuda_bus.erl``): the least any design
+that moves the data through memory shared with the BEAM does.
+
 Unlike ``bench/floor.py`` (the same backend call as the worker's), this is no erlcuda code
 path at all: what a user could write by hand for this one job. It never writes to stdout.
 """
@@ -22,6 +31,7 @@ path at all: what a user could write by hand for this one job. It never writes t
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import struct
 import sys
@@ -58,7 +68,9 @@ def reply(*parts: Any) -> None:
             views[0] = views[0][n:]
 
 
-Runner = Callable[[int, np.ndarray, np.ndarray | None], np.ndarray]
+#: ``run(kernel, a, b, out)``: ``out`` given, ``a``, ``b`` and ``out`` are registered
+#: memory (the shared file's), copied from and into as they are.
+Runner = Callable[[int, np.ndarray, np.ndarray | None, np.ndarray | None], np.ndarray]
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -69,10 +81,11 @@ def cpu_runner(max_elements: int) -> tuple[Runner, str]:
     out = np.empty(max_elements, np.float32)
     total = np.empty(1, np.float64)
 
-    def run(kernel: int, a: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    def run(kernel: int, a: np.ndarray, b: np.ndarray | None,
+            into: np.ndarray | None = None) -> np.ndarray:
         if kernel == 0:
             assert b is not None
-            return np.add(a, b, out=out[: a.size])
+            return np.add(a, b, out=out[: a.size] if into is None else into)
         total[0] = np.float32(np.add.reduce(a, dtype=np.float64))
         return total
 
@@ -112,19 +125,25 @@ def cuda_runner(max_elements: int) -> tuple[Runner, str]:
     def sum_blocks(n: int) -> int:
         return min(ceil_div(n, 256 * 8), 8 * sms)
 
-    def run(kernel: int, a: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    def run(kernel: int, a: np.ndarray, b: np.ndarray | None,
+            into: np.ndarray | None = None) -> np.ndarray:
         n = a.size
-        np.copyto(host_a[:n], a)
-        cuda.memcpy_htod_async(dev_a, host_a[:n], stream)
+        if into is None:  # the request buffer's operands, through the pinned copies
+            np.copyto(host_a[:n], a)
+            a = host_a[:n]
+        cuda.memcpy_htod_async(dev_a, a, stream)
         if kernel == 0:
             assert b is not None
-            np.copyto(host_b[:n], b)
-            cuda.memcpy_htod_async(dev_b, host_b[:n], stream)
+            if into is None:
+                np.copyto(host_b[:n], b)
+                b = host_b[:n]
+            cuda.memcpy_htod_async(dev_b, b, stream)
             add.prepared_async_call((add_blocks(n), 1, 1), (256, 1, 1), stream, dev_a, dev_b,
                                     dev_c, n)
-            cuda.memcpy_dtoh_async(host_c[:n], dev_c, stream)
+            result = host_c[:n] if into is None else into
+            cuda.memcpy_dtoh_async(result, dev_c, stream)
             stream.synchronize()
-            return host_c[:n]
+            return result
         blocks = sum_blocks(n)
         partial.prepared_async_call((blocks, 1, 1), (256, 1, 1), stream, dev_a, dev_a, n,
                                     partials)
@@ -138,9 +157,26 @@ def cuda_runner(max_elements: int) -> tuple[Runner, str]:
     return run, str(dev.name())
 
 
-def serve(backend: str, max_elements: int) -> int:
+def shared_file(path: str, max_elements: int, backend: str) -> np.ndarray:
+    """The mapping of the floor's shared file (made here), registered on the cuda backend."""
+    size = 12 * max_elements
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        mapped = np.frombuffer(mmap.mmap(fd, size), np.uint8)
+    finally:
+        os.close(fd)
+    if backend == "cuda":
+        from erlcuda.backends.cuda.transfers import CudaPinner
+
+        CudaPinner().pin(mapped)  # for the process's life: the context goes with it
+    return mapped
+
+
+def serve(backend: str, max_elements: int, shm: str | None = None) -> int:
     run, device = (cuda_runner if backend == "cuda" else cpu_runner)(max_elements)
-    reply(f"floor=lean\nbackend={backend}\ndevice={device}".encode())
+    shared = shared_file(shm, max_elements, backend) if shm else None
+    reply(f"floor=lean\nbackend={backend}\ndevice={device}\nshm={shm or ''}".encode())
     request = bytearray(_head.size + 8 * max_elements)
     header = memoryview(bytearray(4))
     body = memoryview(request)
@@ -149,6 +185,12 @@ def serve(backend: str, max_elements: int) -> int:
         if not read_exactly(body[:size]):
             return 1
         kernel, n = _head.unpack_from(request)
+        if kernel == 2 and shared is not None:
+            a, b, into = (shared[at * 4 * max_elements:][: 4 * n].view(np.float32)
+                          for at in range(3))
+            run(0, a, b, into)
+            reply(b"k")
+            continue
         a = np.frombuffer(request, np.float32, n, _head.size)
         b = np.frombuffer(request, np.float32, n, _head.size + 4 * n) if kernel == 0 else None
         reply(run(kernel, a, b))
@@ -161,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lean_floor.py", description=__doc__.split("\n")[0])
     parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--max-elements", type=int, default=1 << 16)
+    parser.add_argument("--shm", help="the shared file to make and serve kernel 2 from")
     args = parser.parse_args(argv)
-    return serve(args.backend, args.max_elements)
+    return serve(args.backend, args.max_elements, args.shm)
 
 
 if __name__ == "__main__":

@@ -285,7 +285,7 @@ read_all(Found, Bytes) ->
 found([], Acc) ->
     {ok, lists:reverse(Acc)};
 found([{Path, _, Len} | Rest], Acc) ->
-    case file:read_link_info(Path, [raw]) of
+    case file:read_link_info(Path, [raw, {time, posix}]) of
         {ok, #file_info{type = regular, size = Size} = Info} when Size >= Len ->
             found(Rest, [{Path, Len, Info} | Acc]);
         {ok, #file_info{type = regular, size = Size}} ->
@@ -303,7 +303,7 @@ found([{Path, _, Len} | Rest], Acc) ->
 read(File, Bytes, Checked) ->
     case file:open(File, [read, raw, binary]) of
         {ok, Fd} ->
-            try same_file(file:read_file_info(Fd, [raw]), Checked) of
+            try same_file(file:read_file_info(Fd, [raw, {time, posix}]), Checked) of
                 true -> read_open(File, Fd, Bytes);
                 false -> {error, {File, replaced}}
             after

@@ -231,7 +231,7 @@ part(Keeper, Path, PartBytes) ->
 written({ok, Fd}, Path, Bin) ->
     case file:pwrite(Fd, 0, Bin) of
         ok ->
-            case file:read_file_info(Fd, [raw]) of
+            case file:read_file_info(Fd, [raw, {time, posix}]) of
                 {ok, #file_info{links = 0}} -> {error, {Path, deleted}};
                 {ok, _} -> ok;
                 {error, Why} -> {error, {Path, Why}}
