@@ -92,7 +92,8 @@ class Runner:
         self._fresh(device)
         typed = plans[0].program.plan  # type: ignore[union-attr]
         self.stats["runs"] += len(plans)
-        if typed.launch is not None and plans[0].keep is None:
+        if typed.launch is not None and plans[0].keep is None and all(
+                op.source != "buffer" for op in plans[0].operands):  # a launch on data
             return self._as_launches(plans, typed, device, host_of)
         schedule = self._schedule(typed, device)
         if len(schedule) < len(typed.steps):

@@ -185,6 +185,19 @@ def test_a_program_that_is_one_launch_runs_as_that_launch() -> None:
     assert device.live == 0 and run.stats["runs"] == 7
 
 
+def test_a_one_step_program_on_a_buffer_runs_as_a_program() -> None:
+    run, store = runner()
+    device = Device()
+    store.put(5, device.upload(f32([1, 2])), "f32")
+    add = definition(2, [("vector_add", [inp(0), inp(1)])], [step(0)])
+    (added,) = run.run([check(add, [f32([10, 20]), Handle(5)], held=store.held)], device, host)
+    np.testing.assert_array_equal(added.items[0], f32([11, 22]))
+    np.testing.assert_array_equal(store.get(5), f32([1, 2]))
+    (kept,) = run.run([check(add, [f32([10, 20]), f32([1, 1])], keep=(6,))], device, host)
+    assert kept.items[0] == Kept(6, "f32", 2)
+    np.testing.assert_array_equal(store.get(6), f32([11, 21]))
+
+
 # -- graphs -----------------------------------------------------------------------------------
 
 
