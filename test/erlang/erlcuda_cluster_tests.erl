@@ -1037,10 +1037,11 @@ join(#{peers := [{_, N1}, {_, N2} | _]}) ->
     ok = application:set_env(erlcuda, cluster_exclude, [node()]),
     try
         ok = wait_cluster([N4]),
-        ?assertEqual([0, 0], jobs(P4)),
+        %% (its devices may have run the quiet jobs of its transport probe)
+        Before = jobs(P4),
         ?assertEqual(lists:duplicate(600, right),
                      callers(200, 3, fun(_, _) -> [{node, any}] end)),
-        Shares = jobs(P4),
+        Shares = lists:zipwith(fun(A, B) -> A - B end, jobs(P4), Before),
         ?debugFmt("the new node's devices took ~w of 600 jobs", [Shares]),
         [?assert(S > 0) || S <- Shares],
         ?assertEqual({ok, 1.0}, erlcuda:launch_sync(reduce, [[1.0]], [{node, N4}])),

@@ -213,9 +213,11 @@ caller(C, Jobs) ->
     ok.
 
 %% 200 callers of 64 KiB jobs keep the port busy: their frames go through the port's writer,
-%% several to a batch frame, and every caller still gets its own results, in order.
+%% several to a batch frame, and every caller still gets its own results, in order. The
+%% worker is stopped while they start, so that the port is busy whatever the machine's speed.
 writer() ->
-    #{writer := #{jobs := Before}} = erlcuda:info(),
+    #{writer := #{jobs := Before}, worker_os_pid := Os} = erlcuda:info(),
+    erlcuda_test_util:signal(Os, "STOP"),
     Self = self(),
     N = 16384,
     Pids = [spawn_link(fun() ->
@@ -226,6 +228,8 @@ writer() ->
                                       || Id <- Ids],
                                Self ! {done, self(), Got =:= lists:duplicate(10, {ok, float(C * N)}) orelse {C, Got}}
                        end) || C <- lists:seq(1, 200)],
+    timer:sleep(300),
+    erlcuda_test_util:signal(Os, "CONT"),
     ?assertEqual(lists:duplicate(200, true),
                  [receive {done, P, Ok} -> Ok after 30000 -> error(caller_hung) end || P <- Pids]),
     #{writer := #{jobs := After, frames := Frames}} = erlcuda:info(),
