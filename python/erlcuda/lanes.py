@@ -430,9 +430,11 @@ class Lane(threading.Thread):
         self.stats.max_batch = max(self.stats.max_batch, len(plans))
         return values, None, None  # type: ignore[return-value]
 
-    def run_lone(self, job_id: int, plan: Plan, device: Device | None) -> bool:
+    def run_lone(self, job_id: int, plan: Plan, device: Device | None,
+                 listed: bool = False) -> bool:
         """Run and answer one job that arrived alone, with the least Python: what
-        ``_batch`` does for a batch of one plain job. ``False`` (nothing done) where the
+        ``_batch`` does for a batch of one plain job (``listed``: its result answered as a
+        list of one, a program's that is this launch). ``False`` (nothing done) where the
         job needs more than that: the caller then takes the general path."""
         if device is None or plan.device_bytes > self.memory:
             return False
@@ -441,6 +443,8 @@ class Lane(threading.Thread):
             failure = protocol.internal(f"the backend gave {len(values)} results for one job")
             values = None
         result: Result = failure if values is None else values[0]  # type: ignore[assignment]
+        if listed and values is not None:
+            result = Listed((result,))
         self.stats.jobs += 1
         self._reply([(job_id, result, None)])
         if fatal is not None:

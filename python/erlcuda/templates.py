@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import contract, general, protocol
+from . import contract, general, kernels, protocol
 from .general import Held
 from .kernels import Operand, Plan, UniformPlans
 
@@ -151,9 +151,23 @@ class GeneralTemplate:
 
 
 @dataclass(frozen=True, slots=True)
+class LaunchForm:
+    """A program that is one launch (``ProgramPlan.launch``) as that launch's batched plan:
+    the plan's other fields, and the data operands that are its vectors, in param order."""
+
+    kernel: str
+    vectors: tuple[int, ...]  # indexes into ProgramTemplate.data
+    out_elements: int
+    scalar: bool
+    dims: tuple[int, int, int, int]  # m, n, k, elements
+
+
+@dataclass(frozen=True, slots=True)
 class ProgramTemplate:
     """A program launch on data and numbers (no buffers, nothing kept): the frames of its
-    runs on inputs of the same shapes differ only in their JobId and their data."""
+    runs on inputs of the same shapes differ only in their JobId and their data. A program
+    that is one launch is filled as that launch's plan (``launch``), whose result the lane
+    answers as the program's one output."""
 
     header: tuple[tuple[int, int, bytes], ...]  # every byte but the JobId and the data
     data: tuple[tuple[int, int, int, np.dtype], ...]  # operand, offset, count, dtype
@@ -161,12 +175,23 @@ class ProgramTemplate:
     device: int
     columns: np.ndarray
     expected: np.ndarray
+    launch: LaunchForm | None = None
 
     def matches(self, frame: bytearray | memoryview) -> bool:
         return _matches(self.header, frame)
 
     def fill(self, frame: bytearray | memoryview) -> Plan:
-        """The plan of ``frame`` (which ``matches``): the checked one, with its data."""
+        """The plan of ``frame`` (which ``matches``): the checked one, with its data; the
+        launch's batched plan where the program is one launch."""
+        form = self.launch
+        if form is not None:
+            views = [np.frombuffer(frame, dtype, count, offset)
+                     for _, offset, count, dtype in (self.data[i] for i in form.vectors)]
+            m, n, k, elements = form.dims
+            # (positional: the fields of ``Plan`` in order)
+            return Plan(form.kernel, "batched", (), None, "f32", form.out_elements,
+                        form.scalar, None, None, (), views[0],
+                        views[1] if len(views) > 1 else None, m, n, k, elements)
         plan = self.plan
         operands = list(plan.operands)
         for index, offset, count, dtype in self.data:
@@ -251,7 +276,8 @@ class Templates:
         if len(self._programs) >= MAX_TEMPLATES and len(frame) not in self._programs:
             del self._programs[next(iter(self._programs))]
         self._programs[len(frame)] = ProgramTemplate(
-            tuple(header), tuple(data), plan, launch.device, *_columns(header, len(frame)))
+            tuple(header), tuple(data), plan, launch.device, *_columns(header, len(frame)),
+            launch=_launch_form(plan, [index for index, *_ in data]))
 
     def find_general(self, frame: bytearray | memoryview) -> GeneralTemplate | None:
         template = self._general.get(len(frame))
@@ -384,6 +410,24 @@ class Templates:
             tuple(header), tuple(vectors), plan.kernel,
             (plan.m, plan.n, plan.k, plan.elements, plan.out_elements), plan.scalar,
             launch.device, *_columns(header, len(frame)))
+
+
+def _launch_form(plan: Plan, data: list[int]) -> LaunchForm | None:
+    """``ProgramTemplate.launch`` of ``plan``, whose data operands are ``data`` in the
+    template's order; ``None`` where the program is more than one launch."""
+    typed = plan.program.plan if plan.program is not None else None
+    if typed is None or typed.launch is None:
+        return None
+    kernel = typed.definition.steps[0].kernel
+    args = [plan.operands[a[1]].value if isinstance(a, tuple) else a for a in typed.launch]
+    try:
+        first = kernels.parse(kernel, args)
+        vectors = tuple(data.index(a[1]) for a in typed.launch
+                        if isinstance(a, tuple) and typed.slots[a[1]].vector)
+    except (kernels.BadArgs, ValueError):  # a vector that is no data of the frame
+        return None
+    return LaunchForm(kernel, vectors, first.out_elements, first.scalar,
+                      (first.m, first.n, first.k, first.elements))
 
 
 def _columns(header: list[tuple[int, int, bytes]], length: int) -> tuple[np.ndarray, np.ndarray]:

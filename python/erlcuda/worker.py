@@ -261,7 +261,8 @@ class Worker:
                                      device)
         program = self._templates.find_program(frame)
         if program is not None and program.device == lane.index:
-            return lane.run_lone(protocol.launch_job_id(frame), program.fill(frame), device)
+            return lane.run_lone(protocol.launch_job_id(frame), program.fill(frame), device,
+                                 listed=program.launch is not None)
         general_template = self._templates.find_general(frame)
         if general_template is not None:
             plan = general_template.fill(frame, lane.store.held)

@@ -120,3 +120,18 @@ def test_a_program_frame_on_data_is_read_by_its_template() -> None:
     # buffers and kept outputs are no template of data
     buffered = launch(raw, [f32([1, 2]), f32([3, 4])], keep=(5,))
     assert protocol.program_data_spans(buffered) is None
+
+
+def test_a_lone_program_that_is_one_launch_is_read_as_that_launch(worker: WorkerPipe) -> None:
+    add = definition(2, [("vector_add", [inp(1), inp(0)])], [step(0)])
+    total = definition(1, [("reduce", [inp(0)])], [step(0)])
+    a, b = f32(np.arange(16)), f32(np.full(16, 0.5))
+    for job in range(1, 6):
+        worker.launch(job, "add", [a * job, b], program=add)
+        assert worker.result() == (job, ("ok", [(a * job + b).tolist()]))
+        worker.launch(100 + job, "total", [a * job], program=total)
+        assert worker.result() == (100 + job, ("ok", [float(a.sum() * job)]))
+    device = worker.call("info", 1, [])[2]["device_info"][0]
+    # the first of each was checked and run by the program runner; the others, by their
+    # template, as the launch
+    assert device["programs"]["runs"] == 2 and device["jobs"] == 10
