@@ -116,9 +116,10 @@ check(#{floor_add := FloorAdd, floor_reduce := FloorReduce, binary := Bin, lists
 
 %% A block of one kind: the caller spinning for `binary_spin' alone.
 block(binary_spin, Jobs, Block) ->
+    Setting = application:get_env(erlcuda, caller_spin_us, auto),
     ok = application:set_env(erlcuda, caller_spin_us, ?SPIN_US),
     try timed(maps:get(binary_spin, Jobs), Block)
-    after ok = application:set_env(erlcuda, caller_spin_us, 0)
+    after ok = application:set_env(erlcuda, caller_spin_us, Setting)
     end;
 block(Kind, Jobs, Block) ->
     timed(maps:get(Kind, Jobs), Block).

@@ -14,7 +14,11 @@
 -module(erlcuda_await).
 
 -export([deadline/1, remaining/1, reply/3, drop/3, result/1, message/1, job/2, answered/2,
-         take/2]).
+         take/2, spin_us/2]).
+
+%% How long a lone job's caller polls its mailbox with `caller_spin_us' `auto': longer
+%% than a small job's round trip on a GPU, so that its reply finds the caller awake.
+-define(AUTO_SPIN_US, 200).
 
 %% How long a job answered as the wait ended may take to arrive: its reply was sent, or is
 %% read from a shared-memory file by a deliverer.
@@ -39,20 +43,34 @@ remaining(Deadline) -> max(Deadline - erlang:monotonic_time(millisecond), 0).
 %% ends the wait too, and a result it holds (`held': one that names buffers, which it gives
 %% once told it is taken) is one more answer; `none' for a local job.
 %%
-%% A local job's caller first polls its mailbox for `caller_spin_us' (0 by default: not at
-%% all), yielding between looks: a scheduler that has gone to sleep costs a wake-up when the
-%% reply comes, more than a small job takes on a GPU.
+%% A local job's caller first polls its mailbox for a while (`spin_us/2'), yielding between
+%% looks: a scheduler that has gone to sleep costs a wake-up when the reply comes, more than
+%% a small job takes on a GPU.
 -spec reply(reference(), deadline(), reference() | none) ->
     {ok, term()} | {held, pid(), tuple()} | {down, term()} | timeout.
 reply(Alias, Deadline, none) ->
-    case application:get_env(erlcuda, caller_spin_us, 0) of
-        Us when is_integer(Us), Us > 0 ->
-            spin(Alias, Deadline, erlang:monotonic_time(microsecond) + Us);
-        _ ->
-            wait(Alias, Deadline, none)
+    Setting = application:get_env(erlcuda, caller_spin_us, auto),
+    InFlight = case Setting of
+                   auto -> erlcuda_status:in_flight();
+                   _ -> 0
+               end,
+    case spin_us(Setting, InFlight) of
+        0 -> wait(Alias, Deadline, none);
+        Us -> spin(Alias, Deadline, erlang:monotonic_time(microsecond) + Us)
     end;
 reply(Alias, Deadline, Mon) ->
     wait(Alias, Deadline, Mon).
+
+%% @doc How long a caller polls for its reply: `caller_spin_us' where it is a number;
+%% with `auto', ?AUTO_SPIN_US while its job is the one in flight (`InFlight' jobs on the
+%% worker's devices, its own among them), else not at all: a lone caller's wait is mostly
+%% the wake-up the spin saves, and many callers' spinning would take the schedulers their
+%% replies need. So at most about one caller a node spins, for ?AUTO_SPIN_US at most.
+-spec spin_us(auto | non_neg_integer(), non_neg_integer()) -> non_neg_integer().
+spin_us(auto, InFlight) when InFlight =< 1 -> ?AUTO_SPIN_US;
+spin_us(auto, _) -> 0;
+spin_us(Us, _) when is_integer(Us), Us >= 0 -> Us;
+spin_us(_, _) -> 0.
 
 spin(Alias, Deadline, Until) ->
     receive

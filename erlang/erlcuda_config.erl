@@ -26,7 +26,7 @@
                     start_timeout := pos_integer(),
                     watchdog_ms := pos_integer() | infinity,
                     spin_us := auto | non_neg_integer(),
-                    caller_spin_us := non_neg_integer(),
+                    caller_spin_us := auto | non_neg_integer(),
                     worker_args := [string()],
                     shm_dir := auto | none | string(),
                     shm_threshold := auto | pos_integer(),
@@ -43,7 +43,7 @@
 keys() ->
     [{backend, auto}, {cpu_devices, 1}, {python, default}, {batching, true},
      {max_batch, 256}, {max_queue, 10000}, {start_timeout, 120000}, {watchdog_ms, 30000},
-     {spin_us, auto}, {caller_spin_us, 0}, {worker_args, []}, {shm_dir, auto}, {shm_threshold, auto},
+     {spin_us, auto}, {caller_spin_us, auto}, {worker_args, []}, {shm_dir, auto}, {shm_threshold, auto},
      {shm_keep_ms, 10000},
      {worker_module, "erlcuda"}, {python_path, []},
      {buffer_limit, infinity}, {cluster_exclude, []}, {cluster_prefer, []},
@@ -84,6 +84,7 @@ allowed(watchdog_ms) ->
     iolist_to_binary(io_lib:format("infinity, or milliseconds, an integer from 1 to ~b",
                                    [?MAX_MS]));
 allowed(spin_us) -> <<"auto, or microseconds, an integer of 0 or more">>;
+allowed(caller_spin_us) -> <<"auto, or microseconds, an integer from 0 to 10000">>;
 allowed(worker_args) -> <<"a list of texts">>;
 allowed(shm_dir) -> <<"auto, none, or the path of a folder (text)">>;
 allowed(worker_module) ->
@@ -131,6 +132,7 @@ valid(buffer_limit, infinity) -> true;
 valid(spin_us, auto) -> true;
 valid(shm_threshold, auto) -> true;
 valid(spin_us, V) -> is_integer(V) andalso V >= 0;
+valid(caller_spin_us, auto) -> true;
 valid(caller_spin_us, V) -> is_integer(V) andalso V >= 0 andalso V =< 10000;
 valid(shm_dir, V) when V =:= auto; V =:= none -> true;
 valid(shm_dir, V) -> is_text(V) andalso V =/= [] andalso V =/= <<>>;

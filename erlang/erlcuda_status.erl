@@ -4,6 +4,7 @@
 -module(erlcuda_status).
 
 -export([create/0, set_up/6, set_down/1, set_unavailable/1, set_bad_python/1, status/0, enqueue/2, dequeue/2,
+         in_flight/0,
          in_flight/2, pick/2, set_worker_os_pid/1, worker_os_pid/0, max_devices/0,
          next_epoch/0, epoch/0, take/3, waiting/2, add_waiting/3,
          clear_waiting/0]).
@@ -97,6 +98,17 @@ enqueue(#{queues := Queues, max_queue := Max}, Device) ->
     case atomics:add_get(Queues, ?IN_FLIGHT(Device), 1) of
         Depth when Depth > Max -> dequeue(Queues, Device), overloaded;
         _ -> ok
+    end.
+
+%% @doc The jobs in flight on every device of the worker now running (0 when none runs).
+-spec in_flight() -> non_neg_integer().
+in_flight() ->
+    case queues() of
+        undefined ->
+            0;
+        Queues ->
+            #{size := Size} = atomics:info(Queues),
+            lists:sum([atomics:get(Queues, ?IN_FLIGHT(D)) || D <- lists:seq(0, Size div 2 - 1)])
     end.
 
 %% @doc A job leaves `Device''s queue. Where launches wait for room there, the waiting room

@@ -13,7 +13,29 @@ await_test_() ->
        {"a reply already in the mailbox, and a traced one", fun already_here/0},
        {"a timeout drops the job: no reply comes after it", {timeout, 60, fun timeout/0}},
        {"a timed-out job that keeps buffers keeps none", {timeout, 60, fun timeout_keep/0}},
-       {"bad arguments, another process's job, an unknown id", {timeout, 60, fun bad/0}}]).
+       {"bad arguments, another process's job, an unknown id", {timeout, 60, fun bad/0}},
+       {"the jobs in flight, which decide whether a caller spins", {timeout, 60,
+                                                                    fun in_flight/0}}]).
+
+%% With `caller_spin_us' `auto' a caller spins while its job is the only one in flight.
+spin_us_test() ->
+    ?assertEqual(200, erlcuda_await:spin_us(auto, 0)),
+    ?assertEqual(200, erlcuda_await:spin_us(auto, 1)),
+    ?assertEqual(0, erlcuda_await:spin_us(auto, 2)),
+    ?assertEqual(50, erlcuda_await:spin_us(50, 1000)),
+    ?assertEqual(0, erlcuda_await:spin_us(0, 1)).
+
+in_flight() ->
+    ?assertEqual(0, erlcuda_status:in_flight()),
+    erlcuda_test_util:stall(0, 1000),
+    Ids = [begin {ok, Id} = erlcuda:launch(reduce, [[float(I)]], #{device => D}), Id end
+           || {I, D} <- [{1, 0}, {2, 0}, {3, 1}]],
+    %% the one on device 1 may be answered already
+    ?assert(lists:member(erlcuda_status:in_flight(), [2, 3])),
+    erlcuda_test_util:flush_stalled(),
+    ?assertEqual([{ok, 1.0}, {ok, 2.0}, {ok, 3.0}], [erlcuda:await(Id, 10000) || Id <- Ids]),
+    ?assertEqual(0, erlcuda_status:in_flight()),
+    erlcuda_test_util:no_message().
 
 reply() ->
     {ok, Id} = erlcuda:launch(vector_add, [[1.0, 2.0], [3.0, 4.0]]),
