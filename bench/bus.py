@@ -299,7 +299,7 @@ def choice_lines(summary: Json, info: Json) -> list[str]:
     lines = ["## The transport: pipe or shared memory", "",
              f"Chosen at the application's start (`shm_threshold` auto): vectors of "
              f"**{info.get('shm_threshold'):,} bytes** or more through shared memory, from "
-             "these quiet copy jobs (operand and result of the size, µs, median):", ""]
+             "these quiet vector_add jobs (two operands and a result of the size, µs, median):", ""]
     lines += stack_bench.table(["bytes", "pipe µs", "shared memory µs"], (
         [f"{p['bytes']:,}", f"{p['pipe_us']:,}", f"{p['shm_us']:,}"]
         for p in info.get("shm_probe", [])))
