@@ -56,7 +56,7 @@ reply(Alias, Deadline, none) ->
                end,
     case spin_us(Setting, InFlight) of
         0 -> wait(Alias, Deadline, none);
-        Us -> spin(Alias, Deadline, erlang:monotonic_time(microsecond) + Us)
+        Us -> spin(Alias, Deadline, spin_until(Us, Deadline))
     end;
 reply(Alias, Deadline, Mon) ->
     wait(Alias, Deadline, Mon).
@@ -71,6 +71,14 @@ spin_us(auto, InFlight) when InFlight =< 1 -> ?AUTO_SPIN_US;
 spin_us(auto, _) -> 0;
 spin_us(Us, _) when is_integer(Us), Us >= 0 -> Us;
 spin_us(_, _) -> 0.
+
+%% The spin ends by the wait's deadline: a reply that comes after it is a timeout.
+spin_until(Us, Deadline) ->
+    Until = erlang:monotonic_time(microsecond) + Us,
+    case Deadline of
+        infinity -> Until;
+        _ -> min(Until, Deadline * 1000)
+    end.
 
 spin(Alias, Deadline, Until) ->
     receive

@@ -8,13 +8,17 @@
 %% owner runs this probe once the application's first worker is up and before the
 %% application is ready: `vector_add' jobs, the shape of most jobs (two operands of the size
 %% and a result of it), of sizes from ?MIN_SIZE to ?MAX_SIZE, each through the pipe and
-%% through shared memory, a few of each, alternately, after one of each unmeasured. (A
+%% through shared memory, a few of each, alternately, after a few of each unmeasured. (A
 %% `copy' job, one operand and its result, runs the general path, whose costs through shared
-%% memory differ from a kernel's: measured with it, the crossing fell a size too late.) The threshold is the
-%% smallest size from which shared memory was as fast at every larger size measured; where
-%% the pipe won at every size, twice the largest (vectors of that size still go through
-%% shared memory: a long frame in the pipe holds up every other job's). Later workers of the
-%% same start keep the figure, or the default (1 MiB) where the probe failed. The jobs are quiet: neither counted nor sent as telemetry.
+%% memory differ from a kernel's: measured with it, the crossing fell a size too late.)
+%% Shared memory is taken from where it crossed the pipe: between the last size the pipe
+%% won and the next, from which shared memory was as fast at every larger size, where the
+%% two differences meet (linearly), so that a size between the ones measured goes the faster
+%% way. Where it won at every size, from the smallest; where the pipe won at every size,
+%% from twice the largest (vectors of that size still go through shared memory: a long frame
+%% in the pipe holds up every other job's). Later workers of the same start keep the figure,
+%% or the default (1 MiB) where the probe failed. The jobs are quiet: neither counted nor
+%% sent as telemetry.
 -module(erlcuda_transports).
 
 -export([start/1, run/0, choose/1]).
@@ -30,6 +34,9 @@
 %% The sizes go up by this factor.
 -define(STEP, 4).
 -define(REPS, 5).
+%% Jobs of each transport run first at each size, unmeasured: shared memory's first jobs of
+%% a size make and register their files, which later jobs of that size reuse.
+-define(WARMUP, 3).
 %% Once shared memory has won at this many sizes in a row, larger ones are not measured.
 -define(WINS, 2).
 %% The probe stops measuring after this long, and chooses from what it has.
@@ -73,9 +80,9 @@ sizes(Data, Size, Deadline, Wins, Acc) ->
             sizes(Data, Size * ?STEP, Deadline, Won, [{Size, Pipe, Shm} | Acc])
     end.
 
-%% Median microseconds through each transport, alternately, after one of each unmeasured.
+%% Median microseconds through each transport, alternately, after ?WARMUP of each unmeasured.
 measure(Bin) ->
-    _ = [add(Bin, T) || T <- [pipe, shm]],
+    _ = [add(Bin, T) || _ <- lists:seq(1, ?WARMUP), T <- [pipe, shm]],
     Times = [{add(Bin, pipe), add(Bin, shm)} || _ <- lists:seq(1, ?REPS)],
     {median([P || {P, _} <- Times]), median([S || {_, S} <- Times])}.
 
@@ -84,11 +91,24 @@ measure(Bin) ->
 choose(Figures) ->
     Sorted = lists:keysort(1, Figures),
     {Largest, _, _} = lists:last(Sorted),
-    Wins = lists:takewhile(fun({_, Pipe, Shm}) -> Shm =< Pipe end, lists:reverse(Sorted)),
-    case Wins of
-        [] -> Largest * 2;
-        _ -> element(1, lists:last(Wins))
+    {Lost, Won} = lists:splitwith(fun(F) -> not won_from(F, Sorted) end, Sorted),
+    case {Lost, Won} of
+        {_, []} -> Largest * 2;
+        {[], [{Smallest, _, _} | _]} -> Smallest;
+        {_, [First | _]} -> crossing(lists:last(Lost), First)
     end.
+
+%% Shared memory was as fast at this size and every larger one.
+won_from({Size, _, _}, Sorted) ->
+    lists:all(fun({S, Pipe, Shm}) -> S < Size orelse Shm =< Pipe end, Sorted).
+
+%% Where the difference between the transports crosses zero, between a size the pipe won
+%% and the next, which shared memory won (linearly; in whole pages).
+crossing({S0, Pipe0, Shm0}, {S1, Pipe1, Shm1}) ->
+    D0 = Shm0 - Pipe0,
+    D1 = Shm1 - Pipe1,
+    At = S0 + (S1 - S0) * D0 / (D0 - D1),
+    min(S1, 4096 * ceil(At / 4096)).
 
 %% One quiet vector_add through `Transport': its microseconds.
 add(Bin, Transport) ->

@@ -9,14 +9,16 @@
 -define(DEFAULTS, [{backend, cpu}, {cpu_devices, 1}, {worker_module, "erlcuda"},
                    {python_path, []}, {shm_dir, auto}, {shm_threshold, 1048576}]).
 
-%% Shared memory from the smallest size where it was as fast at every larger size; twice
-%% the largest where the pipe always won.
+%% Shared memory from where it crossed the pipe, between the last size the pipe won and the
+%% next (from which shared memory was as fast at every larger size), in whole pages; from
+%% the smallest where it always won; twice the largest where the pipe always won.
 choose_test() ->
     K = 1024,
     ?assertEqual(256 * K, erlcuda_transports:choose([{64 * K, 10, 20}, {256 * K, 30, 30},
                                                  {1024 * K, 90, 50}])),
-    ?assertEqual(1024 * K, erlcuda_transports:choose([{1024 * K, 90, 50}, {64 * K, 10, 5},
-                                                  {256 * K, 30, 40}])),
+    %% 256 KiB: 10 us slower; 1 MiB: 40 us faster: they meet a fifth of the way
+    ?assertEqual(4096 * 103, erlcuda_transports:choose([{1024 * K, 90, 50}, {64 * K, 10, 5},
+                                                    {256 * K, 30, 40}])),
     ?assertEqual(64 * K, erlcuda_transports:choose([{64 * K, 10, 5}, {256 * K, 30, 20}])),
     ?assertEqual(2048 * K, erlcuda_transports:choose([{64 * K, 10, 50}, {1024 * K, 90, 91}])).
 
@@ -26,7 +28,7 @@ probed_at_start_test_() ->
           worker_os_pid := Old} = erlcuda:info(),
         ?assertNotEqual([], Figures),
         Sizes = [S || {S, _, _} <- Figures],
-        ?assert(lists:member(T, Sizes) orelse T =:= 2 * lists:max(Sizes)),
+        ?assert(T >= lists:min(Sizes) andalso T =< 2 * lists:max(Sizes)),
         ?assertEqual(T, erlcuda_transports:choose(Figures)),
         ?assertMatch(#{submitted := 0, ok := 0, error := 0}, Jobs),  % quiet
         ?assertMatch(#{status := up, shm := #{threshold := T}}, erlcuda_status:status()),
