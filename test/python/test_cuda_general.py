@@ -13,6 +13,7 @@ dot product, K * 2u * (|A| @ |B|) with u = 2^-24 (f32) or 2^-53 (f64).
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import subprocess
 import sys
@@ -170,6 +171,19 @@ def test_round_trip_over_several_chunks(arrays: Arrays, type_: str, nbytes: int)
     host = rng(nbytes).integers(0, 256, size=n * dtype.itemsize, dtype=np.uint8).view(dtype)
     array = arrays.up(host)
     same_bytes(arrays.down(array), host)
+
+
+@pytest.mark.parametrize("nbytes", [4096, (32 << 20) + 4096])
+def test_an_upload_from_registered_memory_is_copied_where_it_lies(
+        arrays: Arrays, device: CudaDevice, nbytes: int) -> None:
+    mapped = np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)
+    mapped[:] = rng(nbytes).integers(0, 256, size=nbytes, dtype=np.uint8)
+    assert device.pinning.pin(mapped)
+    try:
+        assert device.pinning.covers(mapped)
+        same_bytes(arrays.down(arrays.up(mapped.view(F32))), mapped.view(F32))
+    finally:
+        device.pinning.unpin(mapped)
 
 
 def test_upload_takes_any_contiguity(arrays: Arrays) -> None:
