@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,33 +33,47 @@ def read(fd: int, n: int) -> bytes:
     return buf
 
 
+class Floor:
+    """The lean floor started as Erlang starts it; ``call`` sends one request and returns
+    its answer, ``hello`` is its first reply."""
+
+    def __init__(self, *args: str, **popen: Any) -> None:
+        self.proc, self.to_child, self.from_child = spawn_on_port_fds(
+            [sys.executable, str(LEAN), "--backend", "cpu", *args], **popen)
+        self.hello = self.receive()
+
+    def receive(self) -> bytes:
+        return read(self.from_child, struct.unpack(">I", read(self.from_child, 4))[0])
+
+    def call(self, body: bytes) -> bytes:
+        os.write(self.to_child, struct.pack(">I", len(body)) + body)
+        return self.receive()
+
+    def close(self) -> int:
+        """End its input; its exit status."""
+        os.close(self.to_child)
+        status = self.proc.wait(timeout=20)
+        os.close(self.from_child)
+        return status
+
+
 def test_the_lean_floor_adds_and_sums_and_ends_with_its_input() -> None:
-    proc, to_child, from_child = spawn_on_port_fds(
-        [sys.executable, str(LEAN), "--backend", "cpu", "--max-elements", "4096"],
-        stdout=subprocess.PIPE)
-
-    def call(body: bytes) -> bytes:
-        os.write(to_child, struct.pack(">I", len(body)) + body)
-        (n,) = struct.unpack(">I", read(from_child, 4))
-        return read(from_child, n)
-
+    floor = Floor("--max-elements", "4096", stdout=subprocess.PIPE)
     try:
-        hello = read(from_child, struct.unpack(">I", read(from_child, 4))[0])
-        assert b"floor=lean" in hello and b"backend=cpu" in hello
+        assert b"floor=lean" in floor.hello and b"backend=cpu" in floor.hello
         rng = np.random.default_rng(1)
         for n in (1, 1000, 4096):
             a, b = rng.standard_normal((2, n), dtype=np.float32)
-            got = call(struct.pack("<BI", 0, n) + a.tobytes() + b.tobytes())
+            got = floor.call(struct.pack("<BI", 0, n) + a.tobytes() + b.tobytes())
             np.testing.assert_array_equal(np.frombuffer(got, np.float32), a + b)
-            (total,) = struct.unpack("<d", call(struct.pack("<BI", 1, n) + a.tobytes()))
+            (total,) = struct.unpack("<d", floor.call(struct.pack("<BI", 1, n) + a.tobytes()))
             assert total == float(np.float32(np.sum(a, dtype=np.float64)))
     finally:
-        os.close(to_child)
-        status = proc.wait(timeout=20)
-        os.close(from_child)
+        status = floor.close()
     assert status == 0
-    assert proc.stdout is not None and proc.stdout.read() == b""  # stdout is the node's
-    proc.stdout.close()
+    stdout = floor.proc.stdout
+    assert stdout is not None and stdout.read() == b""  # stdout is the node's
+    stdout.close()
 
 
 def lone_event(kind: str, samples_us: list[float]) -> dict[str, object]:
@@ -86,18 +101,9 @@ def test_lone_jobs_are_set_against_their_own_floor() -> None:
 
 def test_the_shared_memory_floor_adds_in_its_file(tmp_path: Path) -> None:
     path, most = tmp_path / "floor", 4096
-    proc, to_child, from_child = spawn_on_port_fds(
-        [sys.executable, str(LEAN), "--backend", "cpu", "--max-elements", str(most),
-         "--shm", str(path)])
-
-    def call(body: bytes) -> bytes:
-        os.write(to_child, struct.pack(">I", len(body)) + body)
-        (n,) = struct.unpack(">I", read(from_child, 4))
-        return read(from_child, n)
-
+    floor = Floor("--max-elements", str(most), "--shm", str(path))
     try:
-        hello = read(from_child, struct.unpack(">I", read(from_child, 4))[0])
-        assert f"shm={path}".encode() in hello
+        assert f"shm={path}".encode() in floor.hello
         rng = np.random.default_rng(2)
         for n in (1, 1000, most):
             a, b = rng.standard_normal((2, n), dtype=np.float32)
@@ -106,15 +112,13 @@ def test_the_shared_memory_floor_adds_in_its_file(tmp_path: Path) -> None:
                 f.write(a.tobytes())
                 f.seek(4 * most)
                 f.write(b.tobytes())
-            assert call(struct.pack("<BI", 2, n)) == b"k"
+            assert floor.call(struct.pack("<BI", 2, n)) == b"k"
             with open(path, "rb") as f:
                 f.seek(8 * most)
                 got = np.frombuffer(f.read(4 * n), np.float32)
             np.testing.assert_array_equal(got, a + b)
     finally:
-        os.close(to_child)
-        status = proc.wait(timeout=20)
-        os.close(from_child)
+        status = floor.close()
     assert status == 0
 
 
