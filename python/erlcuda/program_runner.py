@@ -48,6 +48,11 @@ MAX_GRAPHS = 64
 #: Runs of one key seen before it is captured (the second run is: a program run once is
 #: not worth a capture).
 CAPTURE_AFTER = 1
+#: A run whose data inputs and fetched outputs are larger (bytes) is never captured: its graph
+#: would copy them through the graph's own pinned memory, a host copy that costs more than
+#: the launches a replay saves; without one they go as the device copies large data (in
+#: place from registered memory, else in chunks).
+GRAPH_DATA_MAX = 8 << 20
 #: Fused modules kept loaded per device at most.
 MAX_FUSED = 64
 
@@ -74,12 +79,14 @@ class Runner:
     """A lane's programs: their runs, graphs and fused kernels, on the lane's thread."""
 
     def __init__(self, index: int, registry: Registry, store: Any,
-                 compiler: Executor | None = None, graph_bytes: int = 1 << 30) -> None:
+                 compiler: Executor | None = None, graph_bytes: int = 1 << 30,
+                 graph_data_max: int = GRAPH_DATA_MAX) -> None:
         self.index = index
         self.registry = registry
         self.store = store
         self.compiler = compiler
         self.graph_bytes = graph_bytes
+        self.graph_data_max = graph_data_max
         self._version = registry.version
         self._graphs: OrderedDict[tuple[Any, ...], _Graph] = OrderedDict()
         self._seen: OrderedDict[tuple[Any, ...], int] = OrderedDict()
@@ -98,7 +105,8 @@ class Runner:
         schedule = self._schedule(typed, device)
         if len(schedule) < len(typed.steps):
             self.stats["fused_runs"] += len(plans)
-        if len(plans) == 1 and typed.definition.graph and device.graphs is not None:
+        if (len(plans) == 1 and typed.definition.graph and device.graphs is not None
+                and _data_bytes(plans[0], typed) <= self.graph_data_max):
             found = self._graph(plans[0], typed, schedule, device, host_of)
             if found is not None:
                 self.stats["graph_runs"] += 1
@@ -330,6 +338,13 @@ class Runner:
         device.release_host(graph.host_out)
 
 
+
+
+def _data_bytes(plan: Plan, typed: ProgramPlan) -> int:
+    """The bytes a run copies between host and device: its data inputs and fetched outputs."""
+    slots = typed.slots
+    return sum(slots[s].nbytes for s, op in enumerate(plan.operands)
+               if op.source in ("data", "file")) + sum(slots[s].nbytes for s in typed.fetch)
 
 
 def _host_view(host: Any, at: int, dtype: Any, count: int) -> np.ndarray:

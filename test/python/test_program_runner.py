@@ -219,6 +219,22 @@ def test_a_repeated_run_is_captured_once_then_replayed() -> None:
     assert device.live == 0 and device.graphs.released == [0]
 
 
+def test_a_run_of_large_data_is_never_captured() -> None:
+    # chain(3) on two vectors of 2 answers its sum and its last vector: 16 bytes in, 12 out
+    run, _ = runner(graph_data_max=27)
+    device = Device(graphs=True)
+    raw, b = chain(3), f32([1, 1])
+    for i in range(4):
+        (result,) = run.run([check(raw, [f32([i, i]), b])], device, host)
+        np.testing.assert_array_equal(result.items[1], f32([i, i]) + 3 * b)
+    assert run.stats["captures"] == 0 and device.graphs.launches == 0
+    assert device.live == 0
+    small, _ = runner(graph_data_max=28)
+    for i in range(2):
+        small.run([check(raw, [f32([i, i]), b])], device, host)
+    assert small.stats["captures"] == 1
+
+
 def test_another_buffer_is_another_graph() -> None:
     run, store = runner()
     device = Device(graphs=True)
