@@ -89,7 +89,7 @@ measure(Bin) ->
 %% @doc The threshold from the figures (see the module doc).
 -spec choose([figure()]) -> pos_integer().
 choose(Figures) ->
-    Sorted = lists:keysort(1, Figures),
+    Sorted = lists:ukeysort(1, Figures),  % one figure a size: the first
     {Largest, _, _} = lists:last(Sorted),
     {Lost, Won} = lists:splitwith(fun(F) -> not won_from(F, Sorted) end, Sorted),
     case {Lost, Won} of

@@ -117,16 +117,21 @@ class Runner:
     def _as_launches(plans: Sequence[Plan], typed: ProgramPlan, device: Device,
                      host_of: HostOf) -> list[Result]:
         """Runs of a program that is one launch (``ProgramPlan.launch``), as that launch's
-        batch: no program machinery, so it costs what the launch costs."""
+        batch: no program machinery, so it costs what the launch costs. Each input is read
+        once, however often the step names it (a job's own file is unlinked once mapped)."""
         kernel = typed.definition.steps[0].kernel
+        args = typed.launch or ()
+        named = {a[1] for a in args if isinstance(a, tuple)}
 
-        def arg(op: Operand) -> Any:
+        def value(op: Operand) -> Any:
             return host_of(op) if op.source in ("data", "file") else op.value
 
-        launches = [kernels.parse(kernel, [arg(p.operands[a[1]]) if isinstance(a, tuple)
-                                           else a for a in typed.launch or ()])
-                    for p in plans]
-        return [Listed((value,)) for value in device.execute(launches)]
+        launches = []
+        for plan in plans:
+            inputs = {i: value(plan.operands[i]) for i in named}
+            launches.append(kernels.parse(kernel, [inputs[a[1]] if isinstance(a, tuple) else a
+                                                   for a in args]))
+        return [Listed((result,)) for result in device.execute(launches)]
 
     @property
     def graphs(self) -> dict[tuple[Any, ...], Any]:

@@ -20,6 +20,9 @@ choose_test() ->
     ?assertEqual(4096 * 103, erlcuda_transports:choose([{1024 * K, 90, 50}, {64 * K, 10, 5},
                                                     {256 * K, 30, 40}])),
     ?assertEqual(64 * K, erlcuda_transports:choose([{64 * K, 10, 5}, {256 * K, 30, 20}])),
+    %% a size given twice counts once (its first figure): 10 us slower, then 5 faster
+    ?assertEqual(192 * K, erlcuda_transports:choose([{64 * K, 10, 20}, {64 * K, 10, 5},
+                                                 {256 * K, 10, 5}])),
     ?assertEqual(2048 * K, erlcuda_transports:choose([{64 * K, 10, 50}, {1024 * K, 90, 91}])).
 
 probed_at_start_test_() ->

@@ -35,6 +35,7 @@ from erlcuda.shm import (
     result_part_bytes,
 )
 from erlcuda.worker import Options, Worker
+from programdefs import definition, inp, step
 from workerpipe import FileVector, WorkerPipe
 
 BACKENDS = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -179,6 +180,20 @@ def test_a_file_operand_with_the_result_through_the_pipe(worker: WorkerPipe,
     job_id, (status, values) = worker.result()
     assert (job_id, status) == (2, "ok") and values == (a * 2).tolist()
     assert [p.name for p in folder.iterdir()] == [".lock"]
+
+
+def test_a_program_naming_a_file_input_twice_reads_it_once(worker: WorkerPipe,
+                                                          folder: Path) -> None:
+    # one step, so it runs as its launch; a job's own file is unlinked once mapped
+    square = definition(1, [("dot_product", [inp(0), inp(0)])], [step(0)])
+    twice = definition(1, [("vector_add", [inp(0), inp(0)])], [step(0)])
+    a = np.arange(1000, dtype=np.float32)
+    worker.launch(1, "square", [_stage(folder, "sq", a)], program=square)
+    job_id, (status, [total]) = worker.result()
+    assert (job_id, status) == (1, "ok")
+    assert total == pytest.approx(float(np.dot(a.astype(np.float64), a)), rel=1e-6)
+    worker.launch(2, "twice", [_stage(folder, "tw", a)], program=twice)
+    assert worker.result() == (2, ("ok", [(a + a).tolist()]))
 
 
 @pytest.mark.parametrize(("name", "why"), [
