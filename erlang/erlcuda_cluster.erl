@@ -339,8 +339,7 @@ status_change(#state{epoch = Known} = State) ->
 %% at both ends (an idle node's rate says how much it was given, not what it can do), and
 %% smoothed.
 measure(#state{done = Done0, done_at = At0, busy = Busy0, idle = Idle0} = State) ->
-    #{ok := Ok, error := Error} = erlcuda_jobs:counters(),
-    Done = Ok + Error,
+    Done = erlcuda_jobs:answered(),
     Now = now_ms(),
     Busy = lists:sum(maps:get(depths, local_load(), [])) > 0,
     Idle = case Busy0 orelse Busy of

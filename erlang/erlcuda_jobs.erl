@@ -6,18 +6,21 @@
 -module(erlcuda_jobs).
 
 -export([create/0, next_id/0, register/1, complete/2, withdraw/2, cancel/1, claim/1,
-         disown/1, fail_all/1, sweep_dead_callers/0, size/0, counters/0, owner/1]).
+         disown/1, fail_all/1, sweep_dead_callers/0, size/0, counters/0, answered/0,
+         owner/1]).
 
 -export_type([entry/0, reply_to/0]).
 
 -define(TAB, erlcuda_jobs).
 -define(COUNTERS, {?MODULE, counters}).
 -define(IDS, {?MODULE, ids}).
-%% counters: submitted, answered ok, answered with an error, dropped (caller gone)
+%% counters: submitted, answered ok, answered with an error, dropped (caller gone), quiet
+%% jobs answered (erlcuda_transports': in no other figure)
 -define(SUBMITTED, 1).
 -define(OK, 2).
 -define(ERROR, 3).
 -define(DROPPED, 4).
+-define(QUIET, 5).
 -define(MISMATCH, <<"the worker's reply did not fit its job (kind, element type or length): "
                     "the worker is restarted">>).
 
@@ -57,7 +60,7 @@
 create() ->
     ?TAB = ets:new(?TAB, [set, public, named_table, {keypos, #job.id},
                           {write_concurrency, true}, {read_concurrency, true}]),
-    persistent_term:put(?COUNTERS, counters:new(4, [write_concurrency])),
+    persistent_term:put(?COUNTERS, counters:new(5, [write_concurrency])),
     create_ids().
 
 %% The id counter lives for the node's life, not the application's: a reply to a job of an
@@ -268,6 +271,13 @@ counters() ->
     #{submitted => counters:get(C, ?SUBMITTED), ok => counters:get(C, ?OK),
       error => counters:get(C, ?ERROR), dropped => counters:get(C, ?DROPPED)}.
 
+%% @doc Jobs answered since the start, quiet ones too: what this node's rate counts (its
+%% transport probe's jobs keep it busy, and a node busy answering nothing is measured slow).
+-spec answered() -> non_neg_integer().
+answered() ->
+    C = counters_ref(),
+    counters:get(C, ?OK) + counters:get(C, ?ERROR) + counters:get(C, ?QUIET).
+
 %% Its caller is dead: whoever was to run the event, the event process does.
 drop(Id) ->
     case discard(ets:take(?TAB, Id), ?DROPPED, 1, caller_down) of
@@ -300,7 +310,7 @@ kept(_, _) ->
 count(#job{queues = Queues, device = Device, quiet = Quiet}, Result, Dequeue) ->
     _ = [erlcuda_status:dequeue(Queues, Device) || Dequeue],
     Outcome = case Result of {error, _} -> ?ERROR; _ -> ?OK end,
-    Quiet orelse counters:add(counters_ref(), Outcome, 1),
+    counters:add(counters_ref(), case Quiet of true -> ?QUIET; false -> Outcome end, 1),
     ok.
 
 %% A match pattern for #job{}: the record's fields typed for dialyzer cannot hold '_'.

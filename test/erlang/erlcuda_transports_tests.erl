@@ -34,6 +34,8 @@ probed_at_start_test_() ->
         ?assert(T >= lists:min(Sizes) andalso T =< 2 * lists:max(Sizes)),
         ?assertEqual(T, erlcuda_transports:choose(Figures)),
         ?assertMatch(#{submitted := 0, ok := 0, error := 0}, Jobs),  % quiet
+        %% but answered, for the node's rate: busy and answering nothing is a slow node
+        ?assert(erlcuda_jobs:answered() >= 2 * length(Figures)),
         ?assertMatch(#{status := up, shm := #{threshold := T}}, erlcuda_status:status()),
         %% a later worker keeps the figure, measured once
         erlcuda_test_util:kill9(Old),
