@@ -34,7 +34,7 @@ import numpy as np
 
 from . import compile as nvcc
 from . import fusion, kernels
-from .backends.base import Device, stage_layout
+from .backends.base import STAGE_MAX, Device, stage_layout
 from .general import BLOCK, Registry
 from .kernels import DTYPES, Operand, Plan
 from .programs import Op, ProgramPlan, StepPlan
@@ -50,9 +50,9 @@ MAX_GRAPHS = 64
 CAPTURE_AFTER = 1
 #: A run whose data inputs and fetched outputs are larger (bytes) is never captured: its graph
 #: would copy them through the graph's own pinned memory, a host copy that costs more than
-#: the launches a replay saves; without one they go as the device copies large data (in
-#: place from registered memory, else in chunks).
-GRAPH_DATA_MAX = 8 << 20
+#: the launches a replay saves; without one they go as the device copies data past its
+#: staging (in place from registered memory, else in chunks).
+GRAPH_DATA_MAX = STAGE_MAX
 #: Fused modules kept loaded per device at most.
 MAX_FUSED = 64
 
@@ -341,8 +341,6 @@ class Runner:
             device.free(array)
         device.release_host(graph.host_in)
         device.release_host(graph.host_out)
-
-
 
 
 def _data_bytes(plan: Plan, typed: ProgramPlan) -> int:

@@ -502,5 +502,3 @@ def _constant(j: int, value: int | float, etype: str) -> Scalar:
         raise Refused(protocol.step_failure(j + 1, protocol.bad_args(
             f"{value!r:.40} is out of range for {etype}")))
     return Scalar(etype, typed)
-
-

@@ -70,13 +70,9 @@ class Template:
 
     def fill(self, frame: bytearray | memoryview) -> Plan:
         """The plan of ``frame`` (which ``matches``): the checked one, with its data."""
-        views = [np.frombuffer(frame, dtype, count, offset)
-                 for offset, count, dtype in self.vectors]
-        m, n, k, elements, out_elements = self.dims
-        # (positional: the fields of ``Plan`` in order)
-        return Plan(self.kernel, "batched", (), None, "f32", out_elements, self.scalar, None,
-                    None, (), views[0], views[1] if len(views) > 1 else None, m, n, k,
-                    elements)
+        return _batched(self.kernel, [np.frombuffer(frame, dtype, count, offset)
+                                      for offset, count, dtype in self.vectors],
+                        self.dims, self.scalar)
 
     def rows(self, table: np.ndarray) -> UniformPlans | None:
         """The batch of ``table`` (a batch frame's rows, ``count x (Size + launch)``), where
@@ -153,13 +149,13 @@ class GeneralTemplate:
 @dataclass(frozen=True, slots=True)
 class LaunchForm:
     """A program that is one launch (``ProgramPlan.launch``) as that launch's batched plan:
-    the plan's other fields, and the data operands that are its vectors, in param order."""
+    the plan's other fields (as ``Template``'s), and the data operands that are its
+    vectors, in param order."""
 
     kernel: str
     vectors: tuple[int, ...]  # indexes into ProgramTemplate.data
-    out_elements: int
+    dims: tuple[int, int, int, int, int]  # m, n, k, elements, out_elements
     scalar: bool
-    dims: tuple[int, int, int, int]  # m, n, k, elements
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,13 +181,10 @@ class ProgramTemplate:
         launch's batched plan where the program is one launch."""
         form = self.launch
         if form is not None:
-            views = [np.frombuffer(frame, dtype, count, offset)
-                     for _, offset, count, dtype in (self.data[i] for i in form.vectors)]
-            m, n, k, elements = form.dims
-            # (positional: the fields of ``Plan`` in order)
-            return Plan(form.kernel, "batched", (), None, "f32", form.out_elements,
-                        form.scalar, None, None, (), views[0],
-                        views[1] if len(views) > 1 else None, m, n, k, elements)
+            return _batched(form.kernel, [np.frombuffer(frame, dtype, count, offset)
+                                          for _, offset, count, dtype in (
+                                              self.data[i] for i in form.vectors)],
+                            form.dims, form.scalar)
         plan = self.plan
         operands = list(plan.operands)
         for index, offset, count, dtype in self.data:
@@ -426,8 +419,19 @@ def _launch_form(plan: Plan, data: list[int]) -> LaunchForm | None:
                         if isinstance(a, tuple) and typed.slots[a[1]].vector)
     except (kernels.BadArgs, ValueError):  # a vector that is no data of the frame
         return None
-    return LaunchForm(kernel, vectors, first.out_elements, first.scalar,
-                      (first.m, first.n, first.k, first.elements))
+    return LaunchForm(kernel, vectors,
+                      (first.m, first.n, first.k, first.elements, first.out_elements),
+                      first.scalar)
+
+
+def _batched(kernel: str, views: list[np.ndarray], dims: tuple[int, int, int, int, int],
+             scalar: bool) -> Plan:
+    """A batched plan of a frame's vectors (``a``, then ``b`` where there is one) and a
+    checked plan's other fields: what a template fills."""
+    m, n, k, elements, out_elements = dims
+    # (positional: the fields of ``Plan`` in order)
+    return Plan(kernel, "batched", (), None, "f32", out_elements, scalar, None, None, (),
+                views[0], views[1] if len(views) > 1 else None, m, n, k, elements)
 
 
 def _columns(header: list[tuple[int, int, bytes]], length: int) -> tuple[np.ndarray, np.ndarray]:

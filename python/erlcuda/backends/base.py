@@ -29,6 +29,10 @@ Result = np.ndarray | float
 #: (``erlcuda_contract:cuda_codes/0``); anything else travels as ``unknown``.
 ERROR_CODES = contract.CUDA_CODES
 
+#: Host data copied to or from a device at once through its staging, at most (bytes):
+#: larger data goes in chunks (or in place from registered memory), so a staging never
+#: grows to a large job's size.
+STAGE_MAX = 8 << 20
 #: Where each array starts in a staging buffer that holds several: as cudaMalloc aligns.
 STAGE_ALIGN = 256
 

@@ -13,7 +13,14 @@ import pycuda.driver as cuda
 from ...compile import arch_of
 from ...hostmem import Pinning
 from ...kernels import F32, Plan, UniformPlans
-from ..base import BackendError, BackendUnavailable, Device, Result, stage_layout
+from ..base import (
+    STAGE_MAX,
+    BackendError,
+    BackendUnavailable,
+    Device,
+    Result,
+    stage_layout,
+)
 from ..pipeline import (
     CALIBRATION_SIZES,
     NEVER,
@@ -101,9 +108,6 @@ def _same(kernel: str, arrays: Sequence[CudaArray], sizes: Sequence[int]) -> Non
                                f"elements where {size} are needed")
 
 
-#: Inputs and outputs of a program run staged at once, at most (bytes): larger ones go in
-#: chunks through the transfer buffers, so the staging never grows to a large job's size.
-STAGE_MAX = 8 << 20
 
 
 # -- the device ----------------------------------------------------------------------------
