@@ -146,8 +146,11 @@ deliver(Taken, Reply) ->
                     erlcuda_delivery:run(
                       Job#job.reply_to,
                       fun() ->
-                              R = erlcuda_shm:take_result(Job#job.shm, Id, Bytes, PartBytes),
-                              reply(Job, R, false, fun(To, M) -> To ! M, ok end)
+                              {R, Left} = erlcuda_shm:read_result(Job#job.shm, Id, Bytes,
+                                                                  PartBytes),
+                              try reply(Job, R, false, fun(To, M) -> To ! M, ok end)
+                              after erlcuda_shm:clean(Left)
+                              end
                       end);
                 _ ->
                     reply(Job, Reply, true, fun erlcuda_delivery:send/2)

@@ -33,9 +33,9 @@
 -module(erlcuda_shm).
 
 -export([folder/1, remove/1, plan/3, stage/1, kept/1, release/1, done/1, delete/1,
-         result_files/3, take_result/4, read_parts/2, part_bytes/1]).
+         result_files/3, take_result/4, read_result/4, clean/1, read_parts/2, part_bytes/1]).
 
--export_type([folder/0, plan/0, kept/0]).
+-export_type([folder/0, plan/0, kept/0, leftover/0]).
 
 -include_lib("kernel/include/file.hrl").
 
@@ -51,6 +51,8 @@
 -type plan() :: [{file:filename(), binary()} | {slot, erlcuda_shm_slots:slot(), [binary()]}].
 %% What a job holds until it ends: its own files and its slots.
 -type kept() :: [file:filename() | {slot, erlcuda_shm_slots:slot()}].
+%% What a result read leaves to close and delete once its reply is sent.
+-type leftover() :: {[file:fd()], [file:filename()]}.
 
 %% @doc A new, empty folder for one worker under `Base'.
 -spec folder(file:filename()) -> {ok, file:filename()} | {error, term()}.
@@ -218,19 +220,35 @@ result_files(Dir, JobId, {file, Bytes, PartBytes}) ->
 -spec take_result(file:filename(), erlcuda:job_id(), non_neg_integer(), pos_integer()) ->
     erlcuda_protocol:reply() | {error, erlcuda:reason()}.
 take_result(Dir, JobId, Bytes, PartBytes) ->
-    Parts = result_parts(Dir, JobId, Bytes, PartBytes),
-    Reply = case part_count(Bytes, PartBytes) =< erlcuda_contract:shm_parts() of
-                true ->
-                    case read_parts(Parts, Bytes) of
-                        {ok, Bin} -> erlcuda_protocol:vector_reply(Bin);
-                        {error, Why} -> internal("reading the result: ~0p", [Why])
-                    end;
-                false ->
-                    internal("a result record of ~b bytes in parts of ~b names more than ~b "
-                             "parts", [Bytes, PartBytes, erlcuda_contract:shm_parts()])
-            end,
-    delete([Path || {Path, _, _} <- Parts]),
+    {Reply, Leftover} = read_result(Dir, JobId, Bytes, PartBytes),
+    clean(Leftover),
     Reply.
+
+%% @doc `take_result/4' less its last file calls: the reply at once, and what is left to
+%% close and delete (`clean/1'), so that a deliverer sends the reply first and the
+%% caller's wait holds only the calls that read it.
+-spec read_result(file:filename(), erlcuda:job_id(), non_neg_integer(), pos_integer()) ->
+    {erlcuda_protocol:reply() | {error, erlcuda:reason()}, leftover()}.
+read_result(Dir, JobId, Bytes, PartBytes) ->
+    Parts = result_parts(Dir, JobId, Bytes, PartBytes),
+    Paths = [Path || {Path, _, _} <- Parts],
+    case part_count(Bytes, PartBytes) =< erlcuda_contract:shm_parts() of
+        true ->
+            case read_open_parts(Parts, Bytes) of
+                {ok, Bin, Fds} -> {erlcuda_protocol:vector_reply(Bin), {Fds, Paths}};
+                {error, Why} -> {internal("reading the result: ~0p", [Why]), {[], Paths}}
+            end;
+        false ->
+            {internal("a result record of ~b bytes in parts of ~b names more than ~b "
+                      "parts", [Bytes, PartBytes, erlcuda_contract:shm_parts()]),
+             {[], Paths}}
+    end.
+
+%% @doc Close and delete what a result read left (`read_result/4').
+-spec clean(leftover()) -> ok.
+clean({Fds, Paths}) ->
+    _ = [file:close(Fd) || Fd <- Fds],
+    delete(Paths).
 
 internal(Format, Args) ->
     {error, {internal, iolist_to_binary(["shared memory: ", io_lib:format(Format, Args)])}}.
@@ -257,17 +275,29 @@ part_count(Bytes, PartBytes) ->
 -spec read_parts([{file:filename(), non_neg_integer(), non_neg_integer()}],
                  non_neg_integer()) -> {ok, binary()} | {error, term()}.
 read_parts(Parts, Bytes) ->
+    case read_open_parts(Parts, Bytes) of
+        {ok, Bin, Fds} -> _ = [file:close(Fd) || Fd <- Fds], {ok, Bin};
+        {error, _} = Error -> Error
+    end.
+
+%% `read_parts/2' with a lone part's file left open (`{ok, Bin, Fds}'): its close waits
+%% until the reply is sent. Several parts are read by processes of their own, whose files
+%% close as they end.
+read_open_parts(Parts, Bytes) ->
     case found(Parts, []) of
         {ok, [{Path, Len, Info}]} ->
             read(Path, Len, Info);
         {ok, Found} ->
-            read_all(Found, Bytes);
+            case read_all(Found, Bytes) of
+                {ok, Bin} -> {ok, Bin, []};
+                {error, _} = Error -> Error
+            end;
         {error, _} = Error ->
             Error
     end.
 
 read_all(Found, Bytes) ->
-    Read = in_parallel(fun({Path, Len, Info}) -> read(Path, Len, Info) end, Found),
+    Read = in_parallel(fun({Path, Len, Info}) -> read_closed(Path, Len, Info) end, Found),
     case [Why || {error, Why} <- Read] of
         [] ->
             Bin = iolist_to_binary([B || {ok, B} <- Read]),
@@ -299,18 +329,27 @@ found([{Path, _, Len} | Rest], Acc) ->
 %% Raw: in this process, not through the file server that every file:read_file/1 shares.
 %% The file opened must be the one checked: an entry swapped in between (for a symlink or
 %% another file) is refused unread. (A FIFO swapped in would still block the open; only
-%% this user can change the folder, which is mode 0700.)
+%% this user can change the folder, which is mode 0700.) Read, the file is left open, for
+%% the caller to close.
 read(File, Bytes, Checked) ->
     case file:open(File, [read, raw, binary]) of
         {ok, Fd} ->
-            try same_file(file:read_file_info(Fd, [raw, {time, posix}]), Checked) of
-                true -> read_open(File, Fd, Bytes);
-                false -> {error, {File, replaced}}
-            after
-                _ = file:close(Fd)
+            Read = case same_file(file:read_file_info(Fd, [raw, {time, posix}]), Checked) of
+                       true -> read_open(File, Fd, Bytes);
+                       false -> {error, {File, replaced}}
+                   end,
+            case Read of
+                {ok, Bin} -> {ok, Bin, [Fd]};
+                {error, _} = Error -> _ = file:close(Fd), Error
             end;
         {error, Why} ->
             {error, {File, Why}}
+    end.
+
+read_closed(File, Bytes, Checked) ->
+    case read(File, Bytes, Checked) of
+        {ok, Bin, Fds} -> _ = [file:close(Fd) || Fd <- Fds], {ok, Bin};
+        {error, _} = Error -> Error
     end.
 
 %% Exactly `Bytes' into one binary (a longer read that came back short would shrink the

@@ -213,8 +213,9 @@ stats() ->
 
 %% A part file's process: it makes the file (new, never through what stands at its path),
 %% as long as a part, and writes each job's bytes at its start until told to stop, when it
-%% deletes it. A file deleted under it (its folder removed, say) fails the write, and
-%% the process ends: the worker could not map it. It dies with the worker's keeper.
+%% deletes it. A file deleted under it (its folder removed, say) fails every write after
+%% the one that found it gone (`linked/1'): the worker could not map it. It dies with the
+%% worker's keeper.
 part(Keeper, Path, PartBytes) ->
     link(Keeper),
     Opened = case file:open(Path, [raw, read, write, binary, exclusive]) of
@@ -230,17 +231,24 @@ part(Keeper, Path, PartBytes) ->
 
 written({ok, Fd}, Path, Bin) ->
     case file:pwrite(Fd, 0, Bin) of
-        ok ->
-            case file:read_file_info(Fd, [raw, {time, posix}]) of
-                {ok, #file_info{links = 0}} -> {error, {Path, deleted}};
-                {ok, _} -> ok;
-                {error, Why} -> {error, {Path, Why}}
-            end;
-        {error, Why} ->
-            {error, {Path, Why}}
+        ok -> ok;
+        {error, Why} -> {error, {Path, Why}}
     end;
 written({error, Why}, Path, _) ->
     {error, {Path, Why}}.
+
+%% The file as it stands after a write: `{error, deleted}' once its last name is gone (its
+%% folder removed, say), which fails every later write. Checked after the write is
+%% answered, off the job's way: the job it carried then fails in the worker, which cannot
+%% map the file, and the slot is deleted at its next write.
+linked({ok, Fd} = Opened) ->
+    case file:read_file_info(Fd, [raw, {time, posix}]) of
+        {ok, #file_info{links = 0}} -> _ = file:close(Fd), {error, deleted};
+        {ok, _} -> Opened;
+        {error, _} = Error -> _ = file:close(Fd), Error
+    end;
+linked(Failed) ->
+    Failed.
 
 sized(Fd, PartBytes) ->
     case file:position(Fd, PartBytes) of
@@ -251,14 +259,8 @@ sized(Fd, PartBytes) ->
 part_loop(Opened, Path) ->
     receive
         {write, From, Ref, Bin} ->
-            case written(Opened, Path, Bin) of
-                ok ->
-                    From ! {Ref, ok},
-                    part_loop(Opened, Path);
-                {error, _} = Error ->
-                    From ! {Ref, Error},
-                    part_loop(Opened, Path)
-            end;
+            From ! {Ref, written(Opened, Path, Bin)},
+            part_loop(linked(Opened), Path);
         stop ->
             %% What stands at its path goes too where the file could not be made there: a
             %% name in the worker's folder is erlcuda's (file:delete/2 follows no symlink).

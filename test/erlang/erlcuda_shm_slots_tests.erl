@@ -34,7 +34,8 @@ slots_test_() ->
                           {"grown by larger operands", fun grown/1},
                           {"within the pool's bytes", fun bounded/1},
                           {"swept when idle or orphaned", fun swept/1},
-                          {"gone with the keeper", fun keeper_gone/1}]]}.
+                          {"gone with the keeper", fun keeper_gone/1},
+                          {"refused once its file is deleted", fun deleted/1}]]}.
 
 part(#{dir := Dir}, #{name := Name}, K) ->
     filename:join(Dir, binary_to_list(Name) ++ "." ++ integer_to_list(K)).
@@ -56,6 +57,18 @@ written_again(Folder) ->
     ?assertEqual(ok, erlcuda_shm_slots:write(Again, [<<9>>])),
     {ok, <<9, 2, 3, _/binary>>} = file:read_file(part(Folder, Slot, 0)),
     ?assertEqual(Made + 2, maps:get(made, erlcuda_shm_slots:stats())).
+
+%% A part's file deleted under it (its folder removed) is found after the write that
+%% follows, off that job's way (the worker, which cannot map it, fails that job): every
+%% later write is refused, and the slot is deleted by the job that gets the refusal.
+deleted(Folder) ->
+    {ok, Slot} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
+    ?assertEqual(ok, erlcuda_shm_slots:write(Slot, [<<1>>])),
+    ok = file:delete(part(Folder, Slot, 0)),
+    ?assertEqual(ok, erlcuda_shm_slots:write(Slot, [<<2>>])),
+    {error, {Got, deleted}} = erlcuda_shm_slots:write(Slot, [<<3>>]),
+    ?assertEqual(part(Folder, Slot, 0), unicode:characters_to_list(Got)),
+    ?assertMatch({error, {_, deleted}}, erlcuda_shm_slots:write(Slot, [<<4>>])).
 
 once(Folder) ->
     {ok, Slot} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
