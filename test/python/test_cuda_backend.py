@@ -288,3 +288,22 @@ def test_a_kernel_that_does_not_compile_is_backend_unavailable_with_nvccs_messag
     with pytest.raises(BackendUnavailable) as info:
         CudaBackend(kernel_dir=tmp_path)
     assert "undeclared_name" in info.value.message
+
+
+def test_a_kernel_packs_its_arguments_as_pycuda_does() -> None:
+    """The built-in kernels' launches pack their arguments themselves (``Kernel``): the
+    bytes must be those PyCUDA's prepared call would have packed, for every signature."""
+    from pycuda._pvt_struct import pack
+
+    from erlcuda.backends.cuda.kernels import FUNCTIONS, Kernel
+
+    class Recorder:
+        def _launch_kernel(self, *call: object) -> None:
+            self.call = call
+
+    values = {"P": 0x7F00_1234_5678, "q": -(1 << 40) - 3, "i": -7}
+    for _, signature in FUNCTIONS.values():
+        recorder = Recorder()
+        args = [values[c] for c in signature]
+        Kernel(recorder, signature)((2, 1, 1), (256, 1, 1), None, *args)
+        assert recorder.call == ((2, 1, 1), (256, 1, 1), pack(signature, *args), 0, None)

@@ -57,6 +57,7 @@ from .kernels import (
     SEGMENT_MAX,
     TRANSFER_CHUNK,
     VECTOR_ADD_BLOCKS_PER_SM,
+    Kernel,
 )
 from .transfers import (
     CudaArray,
@@ -152,11 +153,11 @@ class CudaDevice(Device):
     def _setup(self, cubins: Mapping[str, bytes]) -> None:
         self._sm_count = int(self._dev.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT))
         self._modules = {stem: cuda.module_from_buffer(cubin) for stem, cubin in cubins.items()}
-        self._fn: dict[str, cuda.Function] = {}
+        self._fn: dict[str, Kernel] = {}
         for name, (stem, signature) in FUNCTIONS.items():
             if stem not in self._modules:
                 raise BackendUnavailable(f"kernel file {stem}.cu was not compiled")
-            self._fn[name] = self._modules[stem].get_function(name).prepare(signature)
+            self._fn[name] = Kernel(self._modules[stem].get_function(name), signature)
         self._stream = cuda.Stream()
         # The general path's device arrays; the staging below is not pooled, but empties the
         # pool's cache before it fails for lack of memory.
@@ -770,7 +771,7 @@ class CudaDevice(Device):
             ceil_div(ceil_div(n, per_thread), BLOCK_1D),
             self._sm_count * VECTOR_ADD_BLOCKS_PER_SM,
         )
-        self._fn["vector_add_f64" if f64 else "vector_add"].prepared_async_call(
+        self._fn["vector_add_f64" if f64 else "vector_add"](
             (blocks, 1, 1), (BLOCK_1D, 1, 1), self._stream if stream is None else stream,
             a, b, c, n
         )
@@ -787,10 +788,10 @@ class CudaDevice(Device):
         partials = int(self._partials)
         suffix = "_f64" if f64 else ""
         if blocks > 0:
-            self._fn[("dot_partial" if dot else "reduce_partial") + suffix].prepared_async_call(
+            self._fn[("dot_partial" if dot else "reduce_partial") + suffix](
                 (blocks, 1, 1), (BLOCK_1D, 1, 1), self._stream, x, y, n, partials
             )
-        self._fn["reduce_final" + suffix].prepared_async_call(
+        self._fn["reduce_final" + suffix](
             (1, 1, 1), (BLOCK_1D, 1, 1), self._stream, partials, blocks, out
         )
 
@@ -802,7 +803,7 @@ class CudaDevice(Device):
             return
         if nseg > MAX_GRID_X:
             raise BackendError("invalid_value", f"{nseg} segments exceed the grid limit")
-        self._fn["dot_segments" if dot else "reduce_segments"].prepared_async_call(
+        self._fn["dot_segments" if dot else "reduce_segments"](
             (nseg, 1, 1), (BLOCK_1D, 1, 1), self._stream, x, y, offsets, nseg, out
         )
 
@@ -832,7 +833,7 @@ class CudaDevice(Device):
         item = 8 if f64 else 4
         for start in range(0, batch, MAX_GRID_Z):
             jobs = min(MAX_GRID_Z, batch - start)
-            fn.prepared_async_call(
+            fn(
                 (tiles, 1, jobs),
                 (MATMUL_THREADS, 1, 1),
                 self._stream,

@@ -3,8 +3,10 @@ declares, and the files compiled through the one nvcc cache (``compile.py``)."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -68,6 +70,25 @@ F64 = np.dtype("<f8")
 #: The catalogue kernels ``_run_bound`` runs on device arrays, and their params' count.
 BUILTIN_ARITY = {name: len(contract.KERNELS[name].params)
                   for name in ("copy", "vector_add", "reduce", "dot_product", "matmul")}
+
+
+class Kernel:
+    """A built-in kernel, launched with one driver call (``cuLaunchKernel``, through
+    PyCUDA's ``Function._launch_kernel``) and its arguments packed by a ``struct`` made
+    once: PyCUDA's ``prepared_async_call`` also sets the legacy block shape with a driver
+    call of its own and imports its packer, at every launch, which a lone small job pays
+    for as much as for the copies."""
+
+    __slots__ = ("_args", "_fn")
+
+    def __init__(self, fn: Any, signature: str) -> None:
+        self._fn = fn
+        # PyCUDA packs a prepared signature with struct's native layout: the same here.
+        self._args = struct.Struct(signature)
+
+    def __call__(self, grid: tuple[int, int, int], block: tuple[int, int, int],
+                 stream: Any, *args: int) -> None:
+        self._fn._launch_kernel(grid, block, self._args.pack(*args), 0, stream)
 
 
 def compile_kernels(kernel_dir: Path, capability: tuple[int, int]) -> dict[str, bytes]:
