@@ -4,7 +4,7 @@ that opens it; its batched runs, general-path arrays, built-ins and user modules
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from ..pipeline import (
     Upload,
 )
 from ..pool import DevicePool, default_limit, size_class
+from ..replays import REPLAY_MAX_ELEMENTS, Replays
 from .context import (
     cuda_errors,
     is_oom,
@@ -187,6 +188,7 @@ class CudaDevice(Device):
         major, minor = self._dev.compute_capability()
         self.arch = arch_of((int(major), int(minor)))
         self.graphs = graphs_for(self._stream)
+        self._replays = Replays(self.graphs)
         # Large lone jobs: chunked copies on two streams, straight from and into the host
         # memory registered here (backends/pipeline.py), staged through pinned chunks otherwise.
         self.pinning = Pinning(CudaPinner())
@@ -284,6 +286,7 @@ class CudaDevice(Device):
             return
         self._closed = True
         self.pinning.close()  # before the context: registrations belong to it
+        self._replays.close()
         self._pipeline_chunks.close(lambda buffer: buffer.base.free())
         self._pool.close()  # cached blocks and those of arrays never freed
         for buffer in (self._dev_in, self._dev_out, self._dev_offsets):
@@ -920,12 +923,28 @@ class CudaDevice(Device):
             return np.empty(0, F32)
         b_at = round_up(total, PACK_ALIGN)  # b's operands start here in the input staging
         self._ensure_capacity(b_at + total, total)
-        host_in = self._host_in.array
+        host_in = self._host_in.array[: b_at + total]
         fill(host_in, b_at)
-        d_in = self._dev_in.ptr
-        cuda.memcpy_htod_async(d_in, host_in[: b_at + total], self._stream)
-        self.launch_vector_add(d_in, d_in + 4 * b_at, self._dev_out.ptr, total)
-        return self._fetch(total)
+        d_in, d_out = self._dev_in.ptr, self._dev_out.ptr
+        out = self._host_out.array[:total]
+
+        def queue() -> None:
+            cuda.memcpy_htod_async(d_in, host_in, self._stream)
+            self.launch_vector_add(d_in, d_in + 4 * b_at, d_out, total)
+            cuda.memcpy_dtoh_async(out, d_out, self._stream)
+
+        self._replayed(("add", total), total, queue)
+        return out
+
+    def _replayed(self, key: tuple[Any, ...], elements: int, queue: Callable[[], None]) -> None:
+        """Queue a small batch's staged work (``replays``: replayed as a graph once its key
+        came before) or a larger one's as it is, and wait for it."""
+        if elements <= REPLAY_MAX_ELEMENTS:
+            self._replays.run(key, (self._dev_in.ptr, self._dev_out.ptr, self._host_in.ptr,
+                                    self._host_out.ptr), queue)
+        else:
+            queue()
+        self._stream.synchronize()
 
     def _reduce(self, requests: Sequence[Plan], *, dot: bool) -> list[Result]:
         sizes = [int(r.a.size) for r in requests]
@@ -955,6 +974,17 @@ class CudaDevice(Device):
         d_x = self._dev_in.ptr
         d_y = d_x + 4 * y_at if dot else d_x
         d_out = self._dev_out.ptr
+        if count == 1:
+            host = host_in[:in_elements]
+            out = self._host_out.array[:1]
+
+            def queue() -> None:
+                cuda.memcpy_htod_async(d_x, host, self._stream)
+                self.launch_reduce(d_x, d_y, total, d_out, dot=dot)
+                cuda.memcpy_dtoh_async(out, d_out, self._stream)
+
+            self._replayed(("sum", total, dot), total, queue)
+            return out.astype(np.float64)
         cuda.memcpy_htod_async(d_x, host_in[:in_elements], self._stream)
         if segmented:
             self._offsets_of = None

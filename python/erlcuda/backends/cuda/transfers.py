@@ -107,6 +107,7 @@ class HostBuffer:
         self.what = what
         self.dtype = np.dtype(dtype)
         self.array: np.ndarray = np.empty(0, self.dtype)
+        self.ptr = 0  # the array's address (0 while none is pinned)
         self._pinned = False
 
     def ensure(self, count: int) -> np.ndarray:
@@ -127,6 +128,7 @@ class HostBuffer:
                 ) from exc
         self.free()
         self.array = array
+        self.ptr = int(array.ctypes.data)
         self._pinned = True
         return array
 
@@ -139,6 +141,7 @@ class HostBuffer:
             except cuda.Error:
                 pass
             self.array = np.empty(0, self.dtype)
+            self.ptr = 0
             self._pinned = False
 
 
