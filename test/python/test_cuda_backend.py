@@ -307,3 +307,34 @@ def test_a_kernel_packs_its_arguments_as_pycuda_does() -> None:
         args = [values[c] for c in signature]
         Kernel(recorder, signature)((2, 1, 1), (256, 1, 1), None, *args)
         assert recorder.call == ((2, 1, 1), (256, 1, 1), pack(signature, *args), 0, None)
+
+
+@pytest.mark.parametrize("kernel", ["vector_add", "reduce", "dot_product"])
+def test_a_small_job_that_comes_again_is_replayed_right(device: CudaDevice,
+                                                         kernel: str) -> None:
+    """The second run of a size captures its staged work as a graph and later runs replay
+    it (where the graphs extra is installed): each on its own data, and again right once
+    a larger job has moved the staging."""
+    gen = rng(7)
+    n = 3001
+    captures = device._replays.captures
+
+    def once(size: int) -> None:
+        a, b = vec(gen, size), vec(gen, size)
+        [out] = device.execute([parse(kernel, [a] if kernel == "reduce" else [a, b])])
+        if kernel == "vector_add":
+            np.testing.assert_array_equal(out, a + b)
+        else:
+            terms = a.astype(np.float64) * (1 if kernel == "reduce" else b.astype(np.float64))
+            check_sum(out, terms)
+
+    for _ in range(4):
+        once(n)
+    # a batch beyond every staging so far: it grows, and moves
+    big = [vec(gen, 1 << 21) for _ in range(4)]
+    device.execute([parse(kernel, [x] if kernel == "reduce" else [x, y])
+                    for x, y in (big[:2], big[2:])])
+    for _ in range(3):
+        once(n)
+    if device.graphs is not None:
+        assert device._replays.captures >= captures + 1
