@@ -139,19 +139,22 @@ part_name(Base, K) ->
 ceil_div(A, B) ->
     (A + B - 1) div B.
 
-%% @doc Write the planned parts, all at once (each write runs on a dirty I/O scheduler);
-%% on failure, delete them all, and the slots. A job's own part is a new file: one whose
-%% path is taken already (by a symlink, a FIFO, a directory, any file) is an error, never
-%% written through; a slot's parts are written by the processes that made them so.
+%% @doc Write the planned parts, every operand's at once (each write runs on a dirty I/O
+%% scheduler: the slots' writes are all asked for first, then a job's own files written,
+%% then the slots' awaited); on failure, delete them all, and the slots. A job's own part is
+%% a new file: one whose path is taken already (by a symlink, a FIFO, a directory, any
+%% file) is an error, never written through; a slot's parts are written by the processes
+%% that made them so.
 -spec stage(plan()) -> ok | {error, binary()}.
 stage(Plan) ->
+    Asked = [{Name, erlcuda_shm_slots:send_writes(S, Bins)}
+             || {slot, #{name := Name} = S, Bins} <- Plan],
     Own = [{F, B} || {F, B} <- Plan],
     %% Exclusive is O_CREAT | O_EXCL: any existing path fails with eexist, a symlink
     %% without being followed and a FIFO without being waited on.
     Written = in_parallel(fun({F, B}) -> {F, file:write_file(F, B, [raw, exclusive])} end,
                           Own),
-    InSlots = [{Name, erlcuda_shm_slots:write(S, Bins)}
-               || {slot, #{name := Name} = S, Bins} <- Plan],
+    InSlots = [{Name, erlcuda_shm_slots:written(Refs)} || {Name, Refs} <- Asked],
     case checked(Written ++ InSlots, [F || {F, _} <- Own]) of
         ok -> ok;
         {error, _} = Error -> delete(kept(Plan)), Error

@@ -28,8 +28,8 @@
 %% everything in it.
 -module(erlcuda_shm_slots).
 
--export([create/0, keeper/0, claim/3, write/2, release/1, discard/1, sweep/1, forget/1,
-         stats/0]).
+-export([create/0, keeper/0, claim/3, write/2, send_writes/2, written/1, release/1,
+         discard/1, sweep/1, forget/1, stats/0]).
 
 -export_type([slot/0]).
 
@@ -126,18 +126,30 @@ spawn_part(#{dir := Dir, name := Name, part_bytes := PartBytes, keeper := Keeper
 
 %% @doc Write an operand's parts into the slot, each by its part's process, all at once.
 -spec write(slot(), [binary()]) -> ok | {error, term()}.
-write(#{parts := Pids}, Bins) ->
-    Refs = [begin
-                Ref = monitor(process, Pid),
-                Pid ! {write, self(), Ref, Bin},
-                Ref
-            end || {Pid, Bin} <- lists:zip(lists:sublist(Pids, length(Bins)), Bins)],
-    case [R || R <- [written(Ref) || Ref <- Refs], R =/= ok] of
+write(Slot, Bins) ->
+    written(send_writes(Slot, Bins)).
+
+%% @doc Ask for an operand's parts to be written (`write/2' without the wait): what
+%% `written/1' waits for. The operands of a job are all asked for before any is waited for,
+%% so that they are written at once.
+-spec send_writes(slot(), [binary()]) -> [reference()].
+send_writes(#{parts := Pids}, Bins) ->
+    [begin
+         Ref = monitor(process, Pid),
+         Pid ! {write, self(), Ref, Bin},
+         Ref
+     end || {Pid, Bin} <- lists:zip(lists:sublist(Pids, length(Bins)), Bins)].
+
+%% @doc The writes asked for by `send_writes/2', once all are done: `ok' or the first
+%% error.
+-spec written([reference()]) -> ok | {error, term()}.
+written(Refs) when is_list(Refs) ->
+    case [R || R <- [written_one(Ref) || Ref <- Refs], R =/= ok] of
         [] -> ok;
         [Error | _] -> Error
     end.
 
-written(Ref) ->
+written_one(Ref) ->
     receive
         {Ref, Result} ->
             demonitor(Ref, [flush]),
@@ -229,12 +241,12 @@ part(Keeper, Path, PartBytes) ->
              end,
     part_loop(Opened, Path).
 
-written({ok, Fd}, Path, Bin) ->
+write_part({ok, Fd}, Path, Bin) ->
     case file:pwrite(Fd, 0, Bin) of
         ok -> ok;
         {error, Why} -> {error, {Path, Why}}
     end;
-written({error, Why}, Path, _) ->
+write_part({error, Why}, Path, _) ->
     {error, {Path, Why}}.
 
 %% The file as it stands after a write: `{error, deleted}' once its last name is gone (its
@@ -259,7 +271,7 @@ sized(Fd, PartBytes) ->
 part_loop(Opened, Path) ->
     receive
         {write, From, Ref, Bin} ->
-            From ! {Ref, written(Opened, Path, Bin)},
+            From ! {Ref, write_part(Opened, Path, Bin)},
             part_loop(linked(Opened), Path);
         stop ->
             %% What stands at its path goes too where the file could not be made there: a
