@@ -21,6 +21,8 @@
 -define(ERROR, 3).
 -define(DROPPED, 4).
 -define(QUIET, 5).
+-define(NO_SLOT, <<"the worker answered a result in shared memory for a job that gave it no "
+                   "result slot">>).
 -define(MISMATCH, <<"the worker's reply did not fit its job (kind, element type or length): "
                     "the worker is restarted">>).
 
@@ -38,7 +40,6 @@
               waiter = false :: boolean(),
               quiet = false :: boolean(),
               files = [] :: erlcuda_shm:kept(),
-              shm :: file:filename() | undefined,
               ctx = none :: erlcuda_protocol:ctx(),
               expect = any :: erlcuda_protocol:expect()}).
 
@@ -51,7 +52,7 @@
                    device := non_neg_integer(), queues := erlcuda_status:queues(),
                    kernel := atom(), format := erlcuda:format(), trace := boolean(),
                    quiet => boolean(),
-                   files => erlcuda_shm:kept(), shm => file:filename() | undefined,
+                   files => erlcuda_shm:kept(),
                    ctx => erlcuda_protocol:ctx(), expect => erlcuda_protocol:expect(),
                    span => erlcuda_telemetry:span()}.
 
@@ -100,7 +101,6 @@ register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
                                  %% an alias is waited on (launch_sync, a proxy)
                                  waiter = is_reference(To),
                                  files = maps:get(files, Entry, []),
-                                 shm = maps:get(shm, Entry, undefined),
                                  ctx = maps:get(ctx, Entry, none),
                                  expect = maps:get(expect, Entry, any)}),
     maps:get(quiet, Entry, false) orelse counters:add(counters_ref(), ?SUBMITTED, 1),
@@ -135,24 +135,26 @@ complete(Id, Reply) ->
 
 deliver(Taken, Reply) ->
     case Taken of
-        [#job{id = Id, files = Files} = Job] ->
-            %% Answered: the worker has done with its operands.
-            erlcuda_shm:done(Files),
-            case erlcuda_protocol:file_result(Reply) of
-                {file, Bytes, PartBytes} when Job#job.shm =/= undefined ->
-                    %% Read by a deliverer: this process serves every job. Later replies
-                    %% to the same caller wait behind it (erlcuda_delivery).
+        [#job{files = Files} = Job] ->
+            case {erlcuda_protocol:file_result(Reply), lists:keyfind(result, 1, Files)} of
+                {{file, Bytes, PartBytes}, {result, Slot}} ->
+                    %% Answered: the worker has done with its operands. The result is read
+                    %% by a deliverer: this process serves every job. Later replies to the
+                    %% same caller wait behind it (erlcuda_delivery).
+                    erlcuda_shm:done(lists:keydelete(result, 1, Files)),
                     erlcuda_status:dequeue(Job#job.queues, Job#job.device),
                     erlcuda_delivery:run(
                       Job#job.reply_to,
                       fun() ->
-                              {R, Left} = erlcuda_shm:read_result(Job#job.shm, Id, Bytes,
-                                                                  PartBytes),
-                              try reply(Job, R, false, fun(To, M) -> To ! M, ok end)
-                              after erlcuda_shm:clean(Left)
-                              end
+                              R = erlcuda_shm:take_result(Slot, Bytes, PartBytes),
+                              reply(Job, R, false, fun(To, M) -> To ! M, ok end)
                       end);
+                {{file, _, _}, false} ->
+                    erlcuda_shm:done(Files),
+                    reply(Job, {error, {internal, ?NO_SLOT}}, true,
+                          fun erlcuda_delivery:send/2);
                 _ ->
+                    erlcuda_shm:done(Files),
                     reply(Job, Reply, true, fun erlcuda_delivery:send/2)
             end;
         [] ->

@@ -54,7 +54,8 @@
 %% A result the worker left in shared memory: its size and the bytes per part file.
 -type file_result() :: {file, Bytes :: non_neg_integer(), PartBytes :: pos_integer()}.
 %% keep: the ids the job's vector results are kept under; geometry: a user kernel's shape.
--type flags() :: #{trace := boolean(), result_file := boolean(),
+%% `result_file': false, or the result slot a vector result goes to (its name and part size).
+-type flags() :: #{trace := boolean(), result_file := false | {binary(), pos_integer()},
                    keep => [erlcuda_buffers:id()], geometry => erlcuda_job:geometry(),
                    program => binary()}.
 %% How a reply of the general path is shaped: as its one record (`value'), always a list
@@ -100,14 +101,15 @@ encode_launch(JobId, Device, Kernel, Args, #{trace := Trace, result_file := Resu
         false ->
             Name = atom_to_binary(Kernel, utf8),
             Flags = case Trace of true -> ?WIRE_FLAG_TRACE; false -> 0 end
-                bor case ResultFile of true -> ?WIRE_FLAG_RESULT_FILE; false -> 0 end
+                bor case ResultFile of false -> 0; _ -> ?WIRE_FLAG_RESULT_FILE end
                 bor case Keep of none -> 0; _ -> ?WIRE_FLAG_KEEP end
                 bor case Geometry of none -> 0; _ -> ?WIRE_FLAG_GEOMETRY end
                 bor case Program of none -> 0; _ -> ?WIRE_FLAG_PROGRAM end,
             {ok, framed([<<?WIRE_LAUNCH, JobId:64, Device:16, Flags:8, (byte_size(Name)):8,
                            Name/binary, (length(Args)):8>>
                          | [arg(A) || A <- Args]]
-                        ++ keep(Keep) ++ geometry(Geometry) ++ program(Program))}
+                        ++ keep(Keep) ++ geometry(Geometry) ++ program(Program)
+                        ++ result_slot(ResultFile))}
     end.
 
 %% A frame: its length, then its bytes.
@@ -126,6 +128,9 @@ program_size(Def) -> 4 + byte_size(Def).
 
 program(none) -> [];
 program(Def) -> [<<(byte_size(Def)):32>>, Def].
+
+result_slot(false) -> [];
+result_slot({Name, PartBytes}) -> [<<PartBytes:64, (byte_size(Name)):8, Name/binary>>].
 
 geometry(none) -> [];
 geometry({{GX, GY, GZ}, {BX, BY, BZ}, Shared}) ->

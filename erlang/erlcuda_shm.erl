@@ -10,34 +10,31 @@
 %% files kept from job to job, given back when the job's reply comes and deleted when the
 %% job ends otherwise), or, where the slots have no room, to files of the job's own,
 %% `i<JobId>-<Arg>.<K>' (after the job is registered, so that every path that ends the job
-%% deletes them), which the worker unlinks once mapped. A result over the threshold comes back in `r<JobId>.0', which a deliverer
-%% (erlcuda_delivery) reads, deletes and sends, so that the shared port owner never copies it.
+%% deletes them), which the worker unlinks once mapped. A result over the threshold goes into
+%% a result slot the launch names (`result_slot/2': a slot of one part, taken with the
+%% job's operands and ended as they are), which a deliverer (erlcuda_delivery) reads with one
+%% `pread' and sends, so that the shared port owner never copies it; the slot is then given
+%% back (`take_result/3'). With no slot to be had, the result takes the pipe.
 %%
 %% An operand is written as parts: the files `<Name>.0', `<Name>.1', ... of `part_bytes/1'
 %% bytes each (the last one shorter; at most contract.json's `limits.shm_parts' parts, each
 %% a whole number of ?PART_UNIT), each by a process of its own. Writes to one tmpfs file take
 %% its inode's lock, so one file is written by one core at a time, where parts are written
-%% by several at once. The worker sends a result back as one part (`r<JobId>.0'), read into
-%% one binary in one call: parts would have to be joined into a new binary, a copy of the
-%% whole result on a normal scheduler, which would hold up small jobs of other callers.
-%% Several parts are still read, at once, if a record names them, up to as many as an
-%% operand is cut into.
+%% by several at once. A result slot is one part as large as the result: read into one
+%% binary in one call, where parts would have to be joined into a new binary, a copy of the
+%% whole result.
 %%
 %% Only regular files of this folder are written or read, never what a symlink names nor a
 %% FIFO: a part is written to a new file (whatever already stands at its path is refused),
-%% and a result's part must be a regular file of exactly its length before it is opened
-%% (file:open/2 has no O_NOFOLLOW), and the same file once open. A result record is
-%% trusted no further than the files that exist: one naming more parts than a vector is
-%% ever cut into, or more bytes than its files hold, is refused before any reader is
-%% spawned or any of its bytes allocated.
+%% and the slots' files are made here and held open, so a result is read from the file
+%% Erlang made. A result record is trusted no further than its slot: one naming another
+%% part size or more bytes than the slot holds is refused unread (and the slot deleted).
 -module(erlcuda_shm).
 
--export([folder/1, remove/1, plan/3, stage/1, kept/1, release/1, done/1, delete/1,
-         result_files/3, take_result/4, read_result/4, clean/1, read_parts/2, part_bytes/1]).
+-export([folder/1, remove/1, plan/3, result_slot/2, stage/1, kept/1, release/1, done/1,
+         delete/1, take_result/3, part_bytes/1]).
 
--export_type([folder/0, plan/0, kept/0, leftover/0]).
-
--include_lib("kernel/include/file.hrl").
+-export_type([folder/0, plan/0, kept/0]).
 
 -define(PREFIX, "erlcuda-").
 %% A part's size is a multiple of this, which is a multiple of every page size the worker
@@ -47,12 +44,12 @@
 %% A worker's folder, the size from which a vector travels through it, and the keeper of its
 %% operand slots (erlcuda_shm_slots).
 -type folder() :: #{dir := file:filename(), threshold := pos_integer(), keeper => pid()}.
-%% What to write: `{File, Binary}' (a job's own part file), or a slot and its parts.
--type plan() :: [{file:filename(), binary()} | {slot, erlcuda_shm_slots:slot(), [binary()]}].
-%% What a job holds until it ends: its own files and its slots.
--type kept() :: [file:filename() | {slot, erlcuda_shm_slots:slot()}].
-%% What a result read leaves to close and delete once its reply is sent.
--type leftover() :: {[file:fd()], [file:filename()]}.
+%% What to write: `{File, Binary}' (a job's own part file), or a slot and its parts; and
+%% the job's result slot, where it has one (nothing to write).
+-type plan() :: [{file:filename(), binary()} | {slot, erlcuda_shm_slots:slot(), [binary()]}
+                 | {result, erlcuda_shm_slots:slot()}].
+%% What a job holds until it ends: its own files, its slots, its result slot.
+-type kept() :: [file:filename() | {slot | result, erlcuda_shm_slots:slot()}].
 
 %% @doc A new, empty folder for one worker under `Base'.
 -spec folder(file:filename()) -> {ok, file:filename()} | {error, term()}.
@@ -149,7 +146,7 @@ ceil_div(A, B) ->
 stage(Plan) ->
     Asked = [{Name, erlcuda_shm_slots:send_writes(S, Bins)}
              || {slot, #{name := Name} = S, Bins} <- Plan],
-    Own = [{F, B} || {F, B} <- Plan],
+    Own = [{F, B} || {F, B} <- Plan, is_binary(B)],
     %% Exclusive is O_CREAT | O_EXCL: any existing path fails with eexist, a symlink
     %% without being followed and a FIFO without being waited on.
     Written = in_parallel(fun({F, B}) -> {F, file:write_file(F, B, [raw, exclusive])} end,
@@ -163,17 +160,24 @@ stage(Plan) ->
 %% @doc What a job keeps until it ends, of what was planned for it.
 -spec kept(plan()) -> kept().
 kept(Plan) ->
-    [case Item of {slot, S, _} -> {slot, S}; {F, _} -> F end || Item <- Plan].
+    [case Item of
+         {slot, S, _} -> {slot, S};
+         {result, S} when is_map(S) -> {result, S};
+         {F, _} -> F
+     end || Item <- Plan].
 
 %% @doc A job that was never registered gives back what was planned for it.
 -spec release(plan()) -> ok.
 release(Plan) ->
-    lists:foreach(fun({slot, S, _}) -> erlcuda_shm_slots:release(S); (_) -> ok end, Plan).
+    lists:foreach(fun({slot, S, _}) -> erlcuda_shm_slots:release(S);
+                     ({result, S}) when is_map(S) -> erlcuda_shm_slots:release(S);
+                     (_) -> ok
+                  end, Plan).
 
 %% @doc A job is answered: its slots are free for the next job, its own files deleted.
 -spec done(kept()) -> ok.
 done(Kept) ->
-    lists:foreach(fun({slot, S}) -> erlcuda_shm_slots:release(S);
+    lists:foreach(fun({_, S}) when is_map(S) -> erlcuda_shm_slots:release(S);
                      (F) -> _ = file:delete(F, [raw])
                   end, Kept).
 
@@ -206,177 +210,47 @@ checked(Results, Files) ->
 %% ended while the worker may still read them); missing ones are fine.
 -spec delete(kept()) -> ok.
 delete(Files) ->
-    lists:foreach(fun({slot, S}) -> erlcuda_shm_slots:discard(S);
+    lists:foreach(fun({_, S}) when is_map(S) -> erlcuda_shm_slots:discard(S);
                      (F) -> _ = file:delete(F, [raw])
                   end, Files).
 
-%% @doc The part files of job `JobId''s result, as its record describes it: those a worker
-%% may have written, so at most as many as a vector is ever cut into.
--spec result_files(file:filename(), erlcuda:job_id(), erlcuda_protocol:file_result()) ->
-    [file:filename()].
-result_files(Dir, JobId, {file, Bytes, PartBytes}) ->
-    [Path || {Path, _, _} <- result_parts(Dir, JobId, Bytes, PartBytes)].
-
-%% @doc Job `JobId''s result, read from its parts in `Dir' and deleted: the vector record
-%% it stands for, or `{error, {internal, Text}}' where the record names more parts than a
-%% vector is ever cut into, or a part is missing, not a regular file, or not of its length.
--spec take_result(file:filename(), erlcuda:job_id(), non_neg_integer(), pos_integer()) ->
-    erlcuda_protocol:reply() | {error, erlcuda:reason()}.
-take_result(Dir, JobId, Bytes, PartBytes) ->
-    {Reply, Leftover} = read_result(Dir, JobId, Bytes, PartBytes),
-    clean(Leftover),
-    Reply.
-
-%% @doc `take_result/4' less its last file calls: the reply at once, and what is left to
-%% close and delete (`clean/1'), so that a deliverer sends the reply first and the
-%% caller's wait holds only the calls that read it.
--spec read_result(file:filename(), erlcuda:job_id(), non_neg_integer(), pos_integer()) ->
-    {erlcuda_protocol:reply() | {error, erlcuda:reason()}, leftover()}.
-read_result(Dir, JobId, Bytes, PartBytes) ->
-    Parts = result_parts(Dir, JobId, Bytes, PartBytes),
-    Paths = [Path || {Path, _, _} <- Parts],
-    case part_count(Bytes, PartBytes) =< erlcuda_contract:shm_parts() of
-        true ->
-            case read_open_parts(Parts, Bytes) of
-                {ok, Bin, Fds} -> {erlcuda_protocol:vector_reply(Bin), {Fds, Paths}};
-                {error, Why} -> {internal("reading the result: ~0p", [Why]), {[], Paths}}
+%% @doc A result slot for a vector result of `Bytes' bytes: a slot of one part that holds
+%% it all (read with one `pread' into one binary: parts would have to be joined, a copy of
+%% the whole result), taken for the caller's job; `none' where the slots have no room (the
+%% result then takes the pipe).
+-spec result_slot(folder(), non_neg_integer()) -> {ok, erlcuda_shm_slots:slot()} | none.
+result_slot(Folder, Bytes) ->
+    case erlcuda_shm_slots:claim(Folder, max(1, ceil_div(Bytes, ?PART_UNIT)) * ?PART_UNIT, 1) of
+        {ok, Slot} ->
+            %% Its part file made before the worker looks for it (a new slot's process
+            %% makes it as it starts; an operand's write waits for that, a result has none).
+            case erlcuda_shm_slots:read(Slot, 0) of
+                {ok, _} -> {ok, Slot};
+                {error, _} -> ok = erlcuda_shm_slots:discard(Slot), none
             end;
-        false ->
-            {internal("a result record of ~b bytes in parts of ~b names more than ~b "
-                      "parts", [Bytes, PartBytes, erlcuda_contract:shm_parts()]),
-             {[], Paths}}
+        none ->
+            none
     end.
 
-%% @doc Close and delete what a result read left (`read_result/4').
--spec clean(leftover()) -> ok.
-clean({Fds, Paths}) ->
-    _ = [file:close(Fd) || Fd <- Fds],
-    delete(Paths).
+%% @doc A result the worker wrote into the job's result slot, as its record describes it,
+%% read and the slot given back: the vector record it stands for, or `{error, {internal,
+%% Text}}' where the record is not the slot's (another part size, more bytes than the part
+%% holds) or the part cannot be read, and the slot is deleted.
+-spec take_result(erlcuda_shm_slots:slot(), non_neg_integer(), pos_integer()) ->
+    erlcuda_protocol:reply() | {error, erlcuda:reason()}.
+take_result(#{part_bytes := PartBytes} = Slot, Bytes, PartBytes) when Bytes =< PartBytes ->
+    case erlcuda_shm_slots:read(Slot, Bytes) of
+        {ok, Bin} ->
+            ok = erlcuda_shm_slots:release(Slot),
+            erlcuda_protocol:vector_reply(Bin);
+        {error, Why} ->
+            ok = erlcuda_shm_slots:discard(Slot),
+            internal("reading the result: ~0p", [Why])
+    end;
+take_result(#{part_bytes := Part} = Slot, Bytes, PartBytes) ->
+    ok = erlcuda_shm_slots:discard(Slot),
+    internal("a result record of ~b bytes in parts of ~b is not its slot's (parts of ~b)",
+             [Bytes, PartBytes, Part]).
 
 internal(Format, Args) ->
     {error, {internal, iolist_to_binary(["shared memory: ", io_lib:format(Format, Args)])}}.
-
-%% The parts of a result a worker may have written: a record's first parts, at most as many
-%% as the contract lets an operand be cut into, so that a forged count makes no list, file
-%% name or process of its own.
-result_parts(Dir, JobId, Bytes, PartBytes) ->
-    Base = result_base(Dir, JobId),
-    Count = min(part_count(Bytes, PartBytes), erlcuda_contract:shm_parts()),
-    [{part_name(Base, K), K * PartBytes, min(PartBytes, Bytes - K * PartBytes)}
-     || K <- lists:seq(0, Count - 1)].
-
-part_count(Bytes, PartBytes) ->
-    max(1, ceil_div(Bytes, PartBytes)).
-
-%% @doc A vector of `Bytes' bytes read from its parts (`{Path, Offset, Length}', several at
-%% once): each part's `Length' bytes from the start of a regular file (not a symlink) that
-%% holds at least that many, checked before anything is opened or allocated (the worker
-%% writes a result into a buffer of whole MiBs, reused from job to job, and links it under
-%% the result's name). Errors: `{Path, Why}' (from file:read_link_info/2 or file:open/2),
-%% `{Path, not_regular, Type}', `{Path, holds, Size, expected, Length}', `{Path, replaced}'
-%% (not the file checked once opened), `{size, Read, Bytes}'.
--spec read_parts([{file:filename(), non_neg_integer(), non_neg_integer()}],
-                 non_neg_integer()) -> {ok, binary()} | {error, term()}.
-read_parts(Parts, Bytes) ->
-    case read_open_parts(Parts, Bytes) of
-        {ok, Bin, Fds} -> _ = [file:close(Fd) || Fd <- Fds], {ok, Bin};
-        {error, _} = Error -> Error
-    end.
-
-%% `read_parts/2' with a lone part's file left open (`{ok, Bin, Fds}'): its close waits
-%% until the reply is sent. Several parts are read by processes of their own, whose files
-%% close as they end.
-read_open_parts(Parts, Bytes) ->
-    case found(Parts, []) of
-        {ok, [{Path, Len, Info}]} ->
-            read(Path, Len, Info);
-        {ok, Found} ->
-            case read_all(Found, Bytes) of
-                {ok, Bin} -> {ok, Bin, []};
-                {error, _} = Error -> Error
-            end;
-        {error, _} = Error ->
-            Error
-    end.
-
-read_all(Found, Bytes) ->
-    Read = in_parallel(fun({Path, Len, Info}) -> read_closed(Path, Len, Info) end, Found),
-    case [Why || {error, Why} <- Read] of
-        [] ->
-            Bin = iolist_to_binary([B || {ok, B} <- Read]),
-            case byte_size(Bin) of
-                Bytes -> {ok, Bin};
-                Other -> {error, {size, Other, Bytes}}
-            end;
-        [Why | _] ->
-            {error, Why}
-    end.
-
-%% Each part as it is in the folder, `{Path, Length, Info}': the entry itself, not what a
-%% symlink names, and only a regular file of at least its length (a FIFO opened for
-%% reading would block until someone writes to it).
-found([], Acc) ->
-    {ok, lists:reverse(Acc)};
-found([{Path, _, Len} | Rest], Acc) ->
-    case file:read_link_info(Path, [raw, {time, posix}]) of
-        {ok, #file_info{type = regular, size = Size} = Info} when Size >= Len ->
-            found(Rest, [{Path, Len, Info} | Acc]);
-        {ok, #file_info{type = regular, size = Size}} ->
-            {error, {Path, holds, Size, expected, Len}};
-        {ok, #file_info{type = Type}} ->
-            {error, {Path, not_regular, Type}};
-        {error, Why} ->
-            {error, {Path, Why}}
-    end.
-
-%% Raw: in this process, not through the file server that every file:read_file/1 shares.
-%% The file opened must be the one checked: an entry swapped in between (for a symlink or
-%% another file) is refused unread. (A FIFO swapped in would still block the open; only
-%% this user can change the folder, which is mode 0700.) Read, the file is left open, for
-%% the caller to close.
-read(File, Bytes, Checked) ->
-    case file:open(File, [read, raw, binary]) of
-        {ok, Fd} ->
-            Read = case same_file(file:read_file_info(Fd, [raw, {time, posix}]), Checked) of
-                       true -> read_open(File, Fd, Bytes);
-                       false -> {error, {File, replaced}}
-                   end,
-            case Read of
-                {ok, Bin} -> {ok, Bin, [Fd]};
-                {error, _} = Error -> _ = file:close(Fd), Error
-            end;
-        {error, Why} ->
-            {error, {File, Why}}
-    end.
-
-read_closed(File, Bytes, Checked) ->
-    case read(File, Bytes, Checked) of
-        {ok, Bin, Fds} -> _ = [file:close(Fd) || Fd <- Fds], {ok, Bin};
-        {error, _} = Error -> Error
-    end.
-
-%% Exactly `Bytes' into one binary (a longer read that came back short would shrink the
-%% binary, which may copy it): the file may have shrunk since it was checked.
-read_open(File, Fd, Bytes) ->
-    case read_exactly(Fd, Bytes) of
-        {ok, Bin} when byte_size(Bin) =:= Bytes -> {ok, Bin};
-        {ok, Bin} -> {error, {File, holds, byte_size(Bin), expected, Bytes}};
-        {error, _} = Error -> Error
-    end.
-
-same_file({ok, #file_info{type = regular, major_device = Dev, inode = Inode}},
-          #file_info{major_device = Dev, inode = Inode}) ->
-    true;
-same_file(_, _) ->
-    false.
-
-read_exactly(_, 0) ->
-    {ok, <<>>};
-read_exactly(Fd, Bytes) ->
-    case file:read(Fd, Bytes) of
-        eof -> {ok, <<>>};
-        Other -> Other
-    end.
-
-result_base(Dir, JobId) ->
-    filename:join(Dir, "r" ++ integer_to_list(JobId)).

@@ -1,5 +1,6 @@
 %% @private
-%% Operand slots: part files in the worker's shared-memory folder, kept from job to job.
+%% Slots: part files in the worker's shared-memory folder, kept from job to job, which carry
+%% operands to the worker and results back.
 %%
 %% A new tmpfs file costs its pages as they are first written (allocated and zeroed): a
 %% caller writes a fresh file at a fraction of the speed it writes pages that exist, and the
@@ -12,7 +13,8 @@
 %% needed. Each part file belongs to a process of its own that holds it open and writes
 %% each job's bytes at its start on request (`write/2'): the parts of an operand are written
 %% at once, each under its own inode's lock, and a write is one call to the file driver
-%% rather than an open, a check and a close. A slot is taken by one job at a time
+%% rather than an open, a check and a close; it reads a result the worker wrote into the
+%% part (`read/2') with one `pread' in the same way. A slot is taken by one job at a time
 %% (`claim/3'), from the free slots of its part size, or made new while the slots' bytes stay
 %% within ?POOL_BYTES; none: the job's operand goes in files of its own, as before.
 %%
@@ -28,7 +30,7 @@
 %% everything in it.
 -module(erlcuda_shm_slots).
 
--export([create/0, keeper/0, claim/3, write/2, send_writes/2, written/1, release/1,
+-export([create/0, keeper/0, claim/3, write/2, send_writes/2, written/1, read/2, release/1,
          discard/1, sweep/1, forget/1, stats/0]).
 
 -export_type([slot/0]).
@@ -149,6 +151,15 @@ written(Refs) when is_list(Refs) ->
         [Error | _] -> Error
     end.
 
+%% @doc The first `Bytes' bytes of the slot's first part, read by its process with one
+%% `pread' (a result the worker wrote there): `{ok, Bin}', or `{error, Why}' where the
+%% part's file is gone or holds less.
+-spec read(slot(), non_neg_integer()) -> {ok, binary()} | {error, term()}.
+read(#{parts := [Pid | _]}, Bytes) ->
+    Ref = monitor(process, Pid),
+    Pid ! {read, self(), Ref, Bytes},
+    written_one(Ref).
+
 written_one(Ref) ->
     receive
         {Ref, Result} ->
@@ -249,6 +260,19 @@ write_part({ok, Fd}, Path, Bin) ->
 write_part({error, Why}, Path, _) ->
     {error, {Path, Why}}.
 
+%% Exactly `Bytes' from the start: a read that comes back short would shrink its binary.
+read_part({ok, _}, _, 0) ->
+    {ok, <<>>};
+read_part({ok, Fd}, Path, Bytes) ->
+    case file:pread(Fd, 0, Bytes) of
+        {ok, Bin} when byte_size(Bin) =:= Bytes -> {ok, Bin};
+        {ok, Bin} -> {error, {Path, holds, byte_size(Bin), expected, Bytes}};
+        eof -> {error, {Path, holds, 0, expected, Bytes}};
+        {error, Why} -> {error, {Path, Why}}
+    end;
+read_part({error, Why}, Path, _) ->
+    {error, {Path, Why}}.
+
 %% The file as it stands after a write: `{error, deleted}' once its last name is gone (its
 %% folder removed, say), which fails every later write. Checked after the write is
 %% answered, off the job's way: the job it carried then fails in the worker, which cannot
@@ -273,6 +297,9 @@ part_loop(Opened, Path) ->
         {write, From, Ref, Bin} ->
             From ! {Ref, write_part(Opened, Path, Bin)},
             part_loop(linked(Opened), Path);
+        {read, From, Ref, Bytes} ->
+            From ! {Ref, read_part(Opened, Path, Bytes)},
+            part_loop(Opened, Path);
         stop ->
             %% What stands at its path goes too where the file could not be made there: a
             %% name in the worker's folder is erlcuda's (file:delete/2 follows no symlink).

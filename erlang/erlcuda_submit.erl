@@ -32,11 +32,8 @@ route1(#{device := Want, kernel := Kernel, args := Args, trace := Trace,
     Shm = transport(Job, maps:get(shm, Status, none)),
     %% Operands and results over the threshold go through shared memory (traced jobs'
     %% results through the pipe: their records carry the worker's stamps).
-    {LaunchArgs, Plan} = erlcuda_shm:plan(Shm, JobId, Args),
-    ResultFile = case Shm of
-                     #{threshold := T} -> not Trace andalso ResultBytes >= T;
-                     none -> false
-                 end,
+    {LaunchArgs, Operands} = erlcuda_shm:plan(Shm, JobId, Args),
+    {ResultFile, Plan} = result_slot(Shm, Trace, ResultBytes, Operands),
     case erlcuda_status:pick(Want, Status) of
         {ok, Device} ->
             {Flags, Ctx} = general(Job, Device, Status),
@@ -52,6 +49,18 @@ route1(#{device := Want, kernel := Kernel, args := Args, trace := Trace,
         {error, _} = Error ->
             unplanned(Plan, Error)
     end.
+
+%% A result over the threshold goes into a result slot of the job's, where there is room:
+%% the launch names it, and the job holds it with its operands' files.
+result_slot(#{threshold := T} = Shm, false, ResultBytes, Plan) when ResultBytes >= T ->
+    case erlcuda_shm:result_slot(Shm, ResultBytes) of
+        {ok, #{name := Name, part_bytes := PartBytes} = Slot} ->
+            {{Name, PartBytes}, Plan ++ [{result, Slot}]};
+        none ->
+            {false, Plan}
+    end;
+result_slot(_, _, _, Plan) ->
+    {false, Plan}.
 
 %% The folder a job's vectors may take: the worker's, with the threshold it has, unless the
 %% job says which transport (erlcuda_transports' jobs).
@@ -90,7 +99,7 @@ wait_until(Ms, Job) ->
 %% caller's death while it writes. Buffers it keeps belong to this caller from now on. Its
 %% start event is this process's.
 register_job(#{kernel := Kernel, format := Format, trace := Trace} = Job, ReplyTo,
-             #{queues := Queues} = Status,
+             #{queues := Queues},
              #{id := JobId, device := Device, ctx := Ctx, plan := Plan}) ->
     ok = keep(Ctx, Device, ReplyTo),
     %% a quiet job (erlcuda_transports') is neither counted nor sent as telemetry
@@ -102,8 +111,7 @@ register_job(#{kernel := Kernel, format := Format, trace := Trace} = Job, ReplyT
     ok = erlcuda_jobs:register(#{id => JobId, reply_to => ReplyTo, caller => self(),
                                  device => Device, queues => Queues, kernel => Kernel,
                                  format => Format, trace => Trace, quiet => Quiet,
-                                 files => erlcuda_shm:kept(Plan),
-                                 shm => folder(maps:get(shm, Status, none)), ctx => Ctx,
+                                 files => erlcuda_shm:kept(Plan), ctx => Ctx,
                                  expect => expect(Job, Ctx), span => Span}),
     Span.
 
@@ -143,9 +151,6 @@ keep(#{keep := Ids, epoch := Epoch}, Device, ReplyTo) ->
 %% What the job's reply must be: a job that keeps buffers answers with the ids it was given.
 expect(_, #{keep := [_ | _] = Ids}) -> {keep, Ids};
 expect(Job, _) -> maps:get(expect, Job, any).
-
-folder(#{dir := Dir}) -> Dir;
-folder(none) -> undefined.
 
 %% The frame goes to the port through erlcuda_writer (at once, or handed to the port's
 %% writer); the job is taken back where it may never be written.

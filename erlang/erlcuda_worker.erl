@@ -291,8 +291,8 @@ data(Bytes, State, #data{port = Port, reader = R} = D0) ->
              [{next_event, internal, {frame, Port, F}} || F <- Frames]}
     end.
 
-frame({results, Records}, _, #data{os_pid = OsPid, shm = Shm} = D) ->
-    case erlcuda_protocol:each_result(fun(Id, Reply) -> complete(Id, Reply, Shm) end,
+frame({results, Records}, _, #data{os_pid = OsPid} = D) ->
+    case erlcuda_protocol:each_result(fun(Id, Reply) -> complete(Id, Reply) end,
                                       Records, erlang:monotonic_time(nanosecond)) of
         ok ->
             {keep_state, D};
@@ -331,19 +331,12 @@ frame({undecodable, Size}, _, _) ->
     ?LOG_ERROR("erlcuda: undecodable frame of ~b bytes from the worker", [Size]),
     keep_state_and_data.
 
-%% A job already answered (its caller died, or it timed out) may still have left a result
-%% in files: nobody will read them.
-complete(Id, Reply, Shm) ->
-    case {erlcuda_jobs:complete(Id, Reply), Shm} of
-        {none, #{dir := Dir}} ->
-            case erlcuda_protocol:file_result(Reply) of
-                {file, _, _} = File -> erlcuda_shm:delete(erlcuda_shm:result_files(Dir, Id, File));
-                no -> ok
-            end;
-        {mismatch, _} ->
-            mismatch;
-        _ ->
-            ok
+%% A job already answered (its caller died, or it timed out) gave its result slot up as it
+%% ended: a result the worker wrote there is nobody's.
+complete(Id, Reply) ->
+    case erlcuda_jobs:complete(Id, Reply) of
+        mismatch -> mismatch;
+        _ -> ok
     end.
 
 hello({ok, Info}, #data{os_pid = OsPid} = D) ->

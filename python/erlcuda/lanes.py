@@ -36,8 +36,8 @@ from .general import Registry
 from .kernels import DTYPES, Operand, Plan, UniformPlans
 from .program_runner import Runner
 from .protocol import Failure, Kept, Launch, Listed, Result
-from .shm import FileArg, FileResult, SharedFolder, ShmError
-from .slots import IDLE_S, SWEEP_S, OperandSlots, ResultBuffers, ResultTarget
+from .shm import FileArg, FileResult, ResultSlot, SharedFolder, ShmError
+from .slots import IDLE_S, SWEEP_S, OperandSlots, ResultTarget
 from .templates import ProgramRows
 
 log = logging.getLogger("erlcuda.lane")
@@ -59,7 +59,7 @@ class Job:
     plan: Plan | None = None  # a batched plan, checked on the reading thread
     error: Failure | None = None  # decided before the job reached the device
     trace: dict[str, int] | None = None
-    result_file: bool = False  # a vector result goes to shared memory, where there is one
+    result_file: ResultSlot | None = None  # the slot a vector result goes to, if any
     # A launch with operands in shared memory, mapped and checked on the device's own
     # thread (``Lane.prepare``), so that mapping a large launch's part files never holds up
     # the reading thread and the jobs of other devices behind it.
@@ -216,7 +216,6 @@ class Lane(threading.Thread):
         # Shared-memory files kept from job to job (``slots.py``), made once the device is
         # open (they may be pinned through it), and swept on this thread.
         self.slots: OperandSlots | None = None
-        self.results: ResultBuffers | None = None
         self._keep_s = shm_keep_s
         self._sweep_at = 0.0
 
@@ -251,25 +250,21 @@ class Lane(threading.Thread):
     def housekeep(self, now: float | None = None) -> None:
         """Sweep the shared-memory files kept from job to job, at most every ``SWEEP_S``:
         on the thread that owns the device, between jobs and when idle."""
-        if self.slots is None and self.results is None:
+        if self.slots is None:
             return
         now = time.monotonic() if now is None else now
         if now < self._sweep_at:
             return
         self._sweep_at = now + SWEEP_S
-        for kept in (self.slots, self.results):
-            if kept is not None:
-                try:
-                    kept.sweep(now)
-                except Exception:
-                    log.exception("device %d: sweeping shared-memory files failed",
-                                  self.index)
+        try:
+            self.slots.sweep(now)
+        except Exception:
+            log.exception("device %d: sweeping shared-memory files failed", self.index)
 
     def idle_wait(self) -> float | None:
         """How long this lane may sleep before its next sweep (``None``: nothing to
         sweep)."""
-        if (self.slots is None or not len(self.slots)) and (
-                self.results is None or not len(self.results)):
+        if self.slots is None or not len(self.slots):
             return None
         return min(SWEEP_S, self._keep_s)
 
@@ -281,14 +276,12 @@ class Lane(threading.Thread):
         return device
 
     def close_here(self, device: Device | None) -> None:
-        for kept in (self.slots, self.results):
-            if kept is not None:
-                try:
-                    kept.close()
-                except Exception:
-                    log.exception("device %d: releasing shared-memory files failed",
-                                  self.index)
-        self.slots = self.results = None
+        if self.slots is not None:
+            try:
+                self.slots.close()
+            except Exception:
+                log.exception("device %d: releasing shared-memory files failed", self.index)
+        self.slots = None
         if device is not None:
             try:
                 self.programs.close(device)
@@ -499,8 +492,6 @@ class Lane(threading.Thread):
             self.memory = int(self.device_info.get("total_memory", self.memory))
             if self.shm is not None:
                 self.slots = OperandSlots(self.shm, device.pinning, idle_s=self._keep_s)
-                self.results = ResultBuffers(self.shm, self.index, device.pinning,
-                                             idle_s=self._keep_s)
             return device
         except BackendError as exc:
             self.unavailable = f"device {self.index}: {exc.message}"
@@ -598,8 +589,8 @@ class Lane(threading.Thread):
             assert result is not None  # every job was answered above
             if job.trace is not None:
                 job.trace.update(take=t_take, run=t_run, done=t_done, encode=t_encode)
-            elif job.result_file and self.shm is not None and type(result) is np.ndarray:
-                result = self._write_result(job.job_id, result)
+            elif job.result_file is not None and type(result) is np.ndarray:
+                result = self._write_result(job, result)
             records.append((job.job_id, result, job.stamps()))
         self._reply(records)
         if fatal is not None:
@@ -635,7 +626,7 @@ class Lane(threading.Thread):
             plans: list[Plan] = [batch[i].plan for i in indices]  # type: ignore[misc]
             targets: list[ResultTarget | None] = (
                 [self._result_target(batch[i]) for i in indices]
-                if self.results is not None and any(batch[i].result_file for i in indices)
+                if any(batch[i].result_file is not None for i in indices)
                 else [None] * len(indices))
             into = ([t.view(kernels.F32) if t is not None else None for t in targets]
                     if any(t is not None for t in targets) else None)
@@ -646,8 +637,7 @@ class Lane(threading.Thread):
                 if values is None:
                     results[i] = failure
                 elif target is not None and into is not None and values[n] is into[n]:
-                    results[i] = self._commit(batch[i].job_id, target)
-                    target = None
+                    results[i] = target.commit()
                 else:
                     value = values[n]
                     # A backend's arrays may live in its staging memory, valid only until
@@ -655,28 +645,21 @@ class Lane(threading.Thread):
                     if g < last:
                         value = _own(value)
                     results[i] = value
-                if target is not None:
-                    target.release()
         return fatal
 
     def _result_target(self, job: Job) -> ResultTarget | None:
-        """A result buffer for the job's vector result, where it goes to a file and one is
-        free."""
+        """The job's result slot, mapped for its vector result, where it goes to a file
+        (``None`` where the slot cannot be had: the result then takes the pipe)."""
         plan = job.plan
-        if (not job.result_file or job.trace is not None or self.results is None
+        if (job.result_file is None or job.trace is not None or self.slots is None
                 or plan is None or plan.action != "batched" or plan.scalar
                 or plan.out_elements <= 0):
             return None
-        return self.results.take(plan.out_elements * kernels.F32.itemsize)
-
-    def _commit(self, job_id: int, target: ResultTarget) -> Result:
-        """The record of a result written into ``target``; the result itself (a copy:
-        the buffer is given back) where the file cannot be named."""
         try:
-            return target.commit(job_id)
+            return self.slots.result(job.result_file, plan.out_elements * kernels.F32.itemsize)
         except ShmError as exc:
-            log.warning("job %d: the result goes through the pipe: %s", job_id, exc)
-            return target.view(kernels.F32).copy()
+            log.warning("job %d: the result goes through the pipe: %s", job.job_id, exc)
+            return None
 
     # -- the general path ------------------------------------------------------------------
     def _general(self, job: Job, device: Device | None) -> None:
@@ -726,10 +709,10 @@ class Lane(threading.Thread):
         if job.trace is not None:
             job.trace.update(take=t_take, run=t_run, done=time.perf_counter_ns(),
                              encode=time.perf_counter_ns())
-        elif (job.result_file and self.shm is not None and type(result) is np.ndarray
+        elif (job.result_file is not None and type(result) is np.ndarray
               and result.dtype == kernels.F32):
             # shared memory carries f32 results only (the record names no type)
-            result = self._write_result(job.job_id, result)
+            result = self._write_result(job, result)
         self._reply([(job.job_id, result, job.stamps())])
         if fatal is not None:
             self.on_fatal(fatal)
@@ -836,19 +819,19 @@ class Lane(threading.Thread):
             return self.slots.open(arg)
         return self.shm.open_input(arg)
 
-    def _write_result(self, job_id: int, result: np.ndarray) -> np.ndarray | FileResult:
-        """A vector result in a result file: a buffer kept from job to job where there is
-        one, else a new file; the result itself (through the pipe) where neither works."""
-        assert self.shm is not None
-        try:
-            target = self.results.take(result.nbytes) if self.results is not None else None
-            if target is not None:
-                np.copyto(target.view(result.dtype), result.reshape(-1))
-                return target.commit(job_id)
-            return self.shm.write_result(job_id, result)
-        except ShmError as exc:
-            log.warning("job %d: the result goes through the pipe: %s", job_id, exc)
+    def _write_result(self, job: Job, result: np.ndarray) -> np.ndarray | FileResult:
+        """A vector result copied into the job's result slot: its record; the result
+        itself (through the pipe) where the slot cannot be had."""
+        assert job.result_file is not None
+        if self.slots is None:
             return result
+        try:
+            target = self.slots.result(job.result_file, result.nbytes)
+        except ShmError as exc:
+            log.warning("job %d: the result goes through the pipe: %s", job.job_id, exc)
+            return result
+        np.copyto(target.view(result.dtype), result.reshape(-1))
+        return target.commit()
 
     def free_buffers(self, device: Device | None, ids: Sequence[int]) -> None:
         """Free the buffers ``ids`` (those held: others are ignored), on the lane's thread.

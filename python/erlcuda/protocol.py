@@ -56,7 +56,7 @@ import numpy as np
 
 from . import contract, etf
 from .kernels import DTYPES
-from .shm import FileArg, FileResult
+from .shm import FileArg, FileResult, ResultSlot
 
 __all__ = [
     "OK",
@@ -167,7 +167,7 @@ class Launch:
     args: list[Any]
     trace: bool = False  # flag_trace: the reply carries the worker's time stamps
     error: str | None = None
-    result_file: bool = False  # flag_result_file: a vector result goes to a file
+    result_file: ResultSlot | None = None  # flag_result_file: the slot a vector result goes to
     keep: tuple[int, ...] | None = None  # flag_keep: the ids the vector results stay under
     geometry: Geometry | None = None  # flag_geometry
     general: bool = False
@@ -209,6 +209,7 @@ _GEOMETRY = struct.Struct(">7I")  # Grid x, y, z, Block x, y, z, SharedBytes
 _W_LAUNCH = _W.launch
 _W_BATCH = _W.batch
 _U32 = struct.Struct(">I")
+_RESULT_SLOT = struct.Struct(">QB")  # a result slot's PartBytes and NameLen
 # The argument kinds and launch flags, as module constants for the decoder's loop.
 (_W_VECTOR, _W_DIM, _W_FILE, _W_HANDLE, _W_SCALAR, _W_EMPTY) = (
     _W.arg_vector, _W.arg_dim, _W.arg_file, _W.arg_handle, _W.arg_scalar, _W.arg_empty)
@@ -308,13 +309,14 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
         args, general, pos = _decode_args(frame, pos, size)
         keep, geometry, pos = _decode_tail(frame, pos, size, flags)
         program, pos = _decode_program(frame, pos, size, flags)
+        result_file, pos = _decode_result_slot(frame, pos, size, flags)
     except _Malformed as exc:
         return Launch(job_id, device, kernel, [], trace, str(exc))
     if pos != size:
         return Launch(job_id, device, kernel, [], trace,
                       f"{size - pos} trailing bytes after the last argument")
     return Launch(job_id, device, kernel, args, trace,
-                  result_file=flags & _W_RESULT_FILE != 0, keep=keep, geometry=geometry,
+                  result_file=result_file, keep=keep, geometry=geometry,
                   general=general or flags & (_W_KEEP | _W_GEOMETRY | _W_PROGRAM) != 0,
                   program=program)
 
@@ -441,6 +443,22 @@ def _decode_tail(frame: bytes | bytearray | memoryview, pos: int, size: int,
         pos += _GEOMETRY.size
         geometry = ((gx, gy, gz), (bx, by, bz), shared)
     return keep, geometry, pos
+
+
+def _decode_result_slot(frame: bytes | bytearray | memoryview, pos: int, size: int,
+                        flags: int) -> tuple[ResultSlot | None, int]:
+    """The result slot after the program (if any), where flag_result_file says so: its
+    part size and name (checked where it is mapped, ``slots.py``), and where they end."""
+    if not flags & _W_RESULT_FILE:
+        return None, pos
+    if _RESULT_SLOT.size > size - pos:
+        raise _Malformed(f"launch of {size} bytes ends before its result slot")
+    part_bytes, length = _RESULT_SLOT.unpack_from(frame, pos)
+    pos += _RESULT_SLOT.size
+    if length > size - pos:
+        raise _Malformed(f"a result slot's name of {length} bytes announced, {size - pos} left")
+    name = bytes(frame[pos : pos + length]).decode("latin-1")
+    return ResultSlot(name, part_bytes), pos + length
 
 
 def _decode_program(frame: bytes | bytearray | memoryview, pos: int, size: int,

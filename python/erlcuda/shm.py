@@ -4,19 +4,16 @@ Erlang gives each worker a folder of its own in ``/dev/shm`` (``--shm-dir``, nam
 ``erlcuda-*``). A caller writes an operand over the threshold to files there and the launch
 names them (``arg.file``); the worker maps them and unlinks them at once, so the names are
 gone while the job runs and the memory with the last view of it. A result asked for in a
-file (``flags.result_file``) is written to ``r<JobId>.0`` and the record says only its size
-and part size; the caller's side reads and deletes it.
+file (``flags.result_file``) is written into the result slot the launch names (Erlang's
+file, ``slots.py``) and the record says only its size and part size; Erlang reads it
+from the file it holds open.
 
 A vector is a series of part files, ``<Name>.0``, ``<Name>.1``, ... of one size (the last one
 shorter). Erlang writes an operand as up to 8 parts, each from a process of its own: a tmpfs
 file is written under its inode's lock, one core at a time, and one 64 MiB file took five
 times as long as eight parts written at once. The worker maps an operand's parts side by
 side into one span of address space, so the backends see one contiguous read-only array.
-Only regular files are used: nothing is opened through a symlink or waited on as a FIFO,
-and a result is written to a new file only (``O_EXCL``), never over whatever stands there.
-A result goes back as one part: Erlang reads one file into one binary in one call, where
-several parts would have to be joined into a new binary, a copy of the whole result on a
-normal scheduler that would hold up the small jobs of other callers.
+Only regular files are used: nothing is opened through a symlink or waited on as a FIFO.
 
 Clean-up never depends on this process ending well: a reaper (a small process of its own,
 started here) waits for the worker to end, however it ends (SIGKILL included, or the node's
@@ -47,14 +44,14 @@ import numpy as np
 
 from . import elements
 
-__all__ = ["FileArg", "FileResult", "SharedFolder", "ShmError"]
+__all__ = ["FileArg", "FileResult", "ResultSlot", "SharedFolder", "ShmError"]
 
 #: The prefix of every folder Erlang makes; nothing else is ever removed.
 PREFIX = "erlcuda-"
 #: A folder younger than this is never taken for stale: its worker may not hold its lock yet.
 STALE_AFTER_S = 60.0
 LOCK = ".lock"
-#: The part size a result's record names is its size rounded up to a multiple of this.
+#: Part sizes are multiples of this (Erlang's ``erlcuda_shm``).
 PART_UNIT = 1 << 20
 #: An operand is in this many parts at most, as Erlang cuts it: each part is a mapping of its
 #: own while the job waits, and a process may hold only so many.
@@ -87,16 +84,20 @@ class FileArg:
 
 
 @dataclass(frozen=True, slots=True)
-class FileResult:
-    """A vector result written to ``r<JobId>.<K>``: what its record carries."""
+class ResultSlot:
+    """Where ``flags.result_file`` puts a vector result: from the start of Erlang's part
+    file ``<name>.0`` of ``part_bytes`` bytes (a slot, ``slots.py``)."""
 
-    nbytes: int
+    name: str
     part_bytes: int
 
 
-def result_part_bytes(nbytes: int) -> int:
-    """The part size a result's record names: all of it in one part."""
-    return max(1, -(-nbytes // PART_UNIT)) * PART_UNIT
+@dataclass(frozen=True, slots=True)
+class FileResult:
+    """A vector result written into its result slot: what its record carries."""
+
+    nbytes: int
+    part_bytes: int
 
 
 def part_sizes(nbytes: int, part_bytes: int) -> list[int]:
@@ -217,17 +218,6 @@ class SharedFolder:
             for path in paths:
                 _unlink(path)  # Erlang deletes them too, when the job ends
 
-    def write_result(self, job_id: int, result: np.ndarray) -> FileResult:
-        """Write ``result``'s bytes to the new file ``r<JobId>.0``, its only part; what the
-        record says of it."""
-        data = memoryview(np.ascontiguousarray(result)).cast("B")
-        path = os.path.join(self.path, f"r{job_id}.0")
-        failed = _write_part(path, data)
-        if failed is not None:
-            _unlink(path)
-            raise ShmError(f"shared memory: writing r{job_id}: {failed}")
-        return FileResult(len(data), result_part_bytes(len(data)))
-
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
 
@@ -271,24 +261,6 @@ def _open_part(path: str, size: int) -> int:
         os.close(fd)
         raise ShmError(f"shared memory: {name:.80} holds {held} bytes, the launch says {size}")
     return fd
-
-
-def _write_part(path: str, data: memoryview) -> str | None:
-    """Write ``data`` to the new file ``path``; the reason it failed, or None."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-    except OSError as exc:
-        return f"{os.path.basename(path)}: {exc.strerror}"
-    try:
-        done = 0
-        while done < len(data):
-            done += os.write(fd, data[done:])
-    except OSError as exc:
-        return f"{os.path.basename(path)}: {exc.strerror}"
-    finally:
-        os.close(fd)
-    return None
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -1,5 +1,5 @@
-"""Shared-memory files kept from job to job: Erlang's operand slots and the worker's result
-buffers, each mapped once and pinned through the device where the budget allows.
+"""Shared-memory files kept from job to job: Erlang's slots, which carry operands and
+results, each mapped once and pinned through the device where the budget allows.
 
 A new file costs both sides: its pages are allocated and zeroed as they are first written,
 Erlang's writes of a fresh file run at a fraction of the speed of writes over pages that
@@ -18,18 +18,15 @@ goes idle, or whose job ended while it may still have been read (a caller that d
 stopped waiting). A slot whose files are gone, or that no job used for ``IDLE_S``, is
 unregistered and unmapped (``sweep``).
 
-Result buffers (``ResultBuffers``) are the worker's: a file ``p<Lane>-<N>`` of whole MiBs,
-its pages allocated once (so that a full ``/dev/shm`` fails here, not as a fault in the
-middle of a copy), mapped and registered once. A job's vector result is written straight
-into a free buffer (by the device's copy where the buffer is pinned) and given the name
-Erlang reads, ``r<JobId>.0``, as a second link to the same file: Erlang reads the result
-and deletes that name, and the buffer is free again once its link count is back to one.
-Nothing is ever written to a file Erlang may still be reading. A buffer holds at least its
-result's bytes (Erlang reads the result's length from its start). Free buffers that no
-result used for ``IDLE_S`` are dropped.
+A result slot is a slot of one part that a launch names for its vector result
+(``flags.result_file``): the worker writes the result from the part's start (by the
+device's copy where the slot is registered) and answers its size; Erlang reads it with one
+``pread`` from the file it holds open, and gives the slot back once read. A slot is
+Erlang's from end to end, so nothing here waits on what Erlang does with it: the next job
+that takes it comes after Erlang read it.
 
-Both are a lane's own: made, registered, used and dropped on the thread that owns the
-device, which sweeps them between jobs and when it has been idle.
+The mappings are a lane's own: made, registered, used and dropped on the thread that owns
+the device, which sweeps them between jobs and when it has been idle.
 """
 
 from __future__ import annotations
@@ -46,16 +43,16 @@ from .shm import (
     MAX_PARTS,
     FileArg,
     FileResult,
+    ResultSlot,
     SharedFolder,
     ShmError,
     Span,
     check_arg,
     open_regular,
     part_sizes,
-    result_part_bytes,
 )
 
-__all__ = ["IDLE_S", "SLOT_PREFIX", "OperandSlots", "ResultBuffers", "ResultTarget"]
+__all__ = ["IDLE_S", "SLOT_PREFIX", "OperandSlots", "ResultTarget"]
 
 #: Erlang's operand slots are named ``s<N>`` (``erlcuda_shm_slots``); a job's own operand
 #: files ``i<JobId>-<Arg>``.
@@ -64,8 +61,7 @@ SLOT_PREFIX = "s"
 IDLE_S = 10.0
 #: How often (seconds) a lane sweeps at most.
 SWEEP_S = 1.0
-#: The most bytes of result buffers a lane keeps (free or in use).
-RESULT_BYTES = 1 << 30
+_BYTES = np.dtype("u1")
 
 
 class _Slot:
@@ -110,6 +106,24 @@ class OperandSlots:
     def open(self, arg: FileArg) -> np.ndarray:
         """The operand's elements: a read-only view of the slot's mapping, the slot mapped
         (and, once used again, registered) as needed."""
+        slot = self._mapped(arg)
+        if not arg.nbytes:
+            return np.empty(0, arg.dtype)
+        return slot.span.array(arg.dtype, arg.nbytes)
+
+    def result(self, where: ResultSlot, nbytes: int) -> ResultTarget:
+        """A vector result of ``nbytes`` in the result slot ``where``: a writable view of
+        its part from the start. ``ShmError`` where it is no slot, or too small."""
+        if not self.owns(where.name):
+            raise ShmError(f"shared memory: {where.name!r:.80} is not a slot")
+        if nbytes > where.part_bytes:
+            raise ShmError(f"shared memory: a result of {nbytes} bytes is over its slot's "
+                           f"{where.part_bytes}")
+        slot = self._mapped(FileArg(where.name, _BYTES, where.part_bytes, where.part_bytes))
+        return ResultTarget(slot.span.bytes(0, nbytes), slot.pinned > 0, where.part_bytes)
+
+    def _mapped(self, arg: FileArg) -> _Slot:
+        """The slot ``arg`` names, its parts mapped, and registered from its second use."""
         check_arg(arg)
         count = len(part_sizes(arg.nbytes, arg.part_bytes))
         now = self._clock()
@@ -127,11 +141,9 @@ class OperandSlots:
             self._map_part(slot)
         slot.uses += 1
         slot.last = now
-        if not arg.nbytes:
-            return np.empty(0, arg.dtype)
-        if slot.uses >= 2:
+        if arg.nbytes and slot.uses >= 2:
             self._pin(slot)
-        return slot.span.array(arg.dtype, arg.nbytes)
+        return slot
 
     def _map_part(self, slot: _Slot) -> None:
         k = slot.parts
@@ -185,164 +197,21 @@ class OperandSlots:
             self._drop(slot)
 
 
-class _Buffer:
-    __slots__ = ("capacity", "fd", "last", "path", "pinned", "reserved", "span")
-
-    def __init__(self, path: str, fd: int, capacity: int, span: Span, now: float) -> None:
-        self.path = path
-        self.fd = fd
-        self.capacity = capacity
-        self.span = span
-        self.pinned = False
-        self.reserved = False  # taken for a result not yet linked or given back
-        self.last = now
-
-    def free(self) -> bool:
-        """Not taken, and no name but its own: Erlang has read and deleted the last
-        result it carried."""
-        if self.reserved:
-            return False
-        try:
-            return os.fstat(self.fd).st_nlink == 1
-        except OSError:
-            return False
-
-
 class ResultTarget:
-    """A result buffer taken for one job's vector result: write ``array``, then ``commit``
-    (the record to send), or ``release`` it unused."""
+    """A job's vector result in its result slot: write ``array`` (or ``view``), then
+    ``commit`` for the record to send."""
 
-    def __init__(self, pool: ResultBuffers, buffer: _Buffer, nbytes: int) -> None:
-        self._pool = pool
-        self._buffer = buffer
-        self.nbytes = nbytes
-        self.array = buffer.span.bytes(0, nbytes)
+    __slots__ = ("_part_bytes", "array", "nbytes", "pinned")
 
-    @property
-    def pinned(self) -> bool:
-        return self._buffer.pinned
+    def __init__(self, array: np.ndarray, pinned: bool, part_bytes: int) -> None:
+        self.array = array
+        self.nbytes = array.nbytes
+        self.pinned = pinned
+        self._part_bytes = part_bytes
 
     def view(self, dtype: np.dtype[Any]) -> np.ndarray:
         """``array`` as elements of ``dtype`` (writable)."""
         return self.array.view(dtype)
 
-    def commit(self, job_id: int) -> FileResult:
-        """Give the buffer the result's name, ``r<JobId>.0`` (a new link: nothing standing
-        there is ever written); the record. ``ShmError`` where the name cannot be made, and
-        the buffer is released."""
-        path = os.path.join(self._pool.folder.path, f"r{job_id}.0")
-        buffer = self._buffer
-        try:
-            os.link(buffer.path, path, follow_symlinks=False)
-        except OSError as exc:
-            self.release()
-            raise ShmError(f"shared memory: r{job_id}: {exc.strerror}") from exc
-        buffer.reserved = False
-        buffer.last = self._pool.clock()
-        return FileResult(self.nbytes, result_part_bytes(self.nbytes))
-
-    def release(self) -> None:
-        self._buffer.reserved = False
-
-
-class ResultBuffers:
-    """A lane's result buffers (see the module doc); ``limit``: their bytes at most."""
-
-    def __init__(self, folder: SharedFolder, lane: int, pinning: Pinning | None = None,
-                 limit: int = RESULT_BYTES, clock: Callable[[], float] = time.monotonic,
-                 idle_s: float = IDLE_S) -> None:
-        self.folder = folder
-        self.clock = clock
-        self._idle_s = idle_s
-        self._lane = lane
-        self._pinning = pinning
-        self._limit = limit
-        self._buffers: list[_Buffer] = []
-        self._made = 0
-
-    def __len__(self) -> int:
-        return len(self._buffers)
-
-    @property
-    def bytes(self) -> int:
-        return sum(b.capacity for b in self._buffers)
-
-    @property
-    def pinned_bytes(self) -> int:
-        return sum(b.capacity for b in self._buffers if b.pinned)
-
-    def take(self, nbytes: int) -> ResultTarget | None:
-        """A buffer for a result of ``nbytes``: a free one of about its size, else a new
-        one; ``None`` where there is none to have (the result then goes the old way)."""
-        if nbytes <= 0:
-            return None
-        size = result_part_bytes(nbytes)
-        fits = [b for b in self._buffers if nbytes <= b.capacity <= 2 * size and b.free()]
-        buffer = min(fits, key=lambda b: b.capacity) if fits else self._make(size)
-        if buffer is None:
-            return None
-        buffer.reserved = True
-        buffer.last = self.clock()
-        return ResultTarget(self, buffer, nbytes)
-
-    def _make(self, capacity: int) -> _Buffer | None:
-        if self.bytes + capacity > self._limit:
-            self._evict(capacity)
-            if self.bytes + capacity > self._limit:
-                return None
-        path = os.path.join(self.folder.path, f"p{self._lane}-{self._made}")
-        self._made += 1
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600)
-        except OSError:
-            return None
-        try:
-            os.posix_fallocate(fd, 0, capacity)  # a full /dev/shm fails here, not mid-copy
-            span = Span(capacity)
-            span.map(0, fd, capacity, writable=True)
-        except OSError:
-            os.close(fd)
-            _unlink(path)
-            return None
-        buffer = _Buffer(path, fd, capacity, span, self.clock())
-        if self._pinning is not None:
-            buffer.pinned = self._pinning.pin(span.bytes(0, capacity))
-        self._buffers.append(buffer)
-        return buffer
-
-    def _evict(self, room: int) -> None:
-        """Drop free buffers, the largest first, until ``room`` more bytes fit."""
-        for buffer in sorted(self._buffers, key=lambda b: -b.capacity):
-            if self.bytes + room <= self._limit:
-                return
-            if buffer.free():
-                self._drop(buffer)
-
-    def _drop(self, buffer: _Buffer) -> None:
-        if buffer.pinned and self._pinning is not None:
-            self._pinning.unpin(buffer.span.bytes(0, buffer.capacity))
-        buffer.pinned = False
-        os.close(buffer.fd)
-        _unlink(buffer.path)
-        self._buffers.remove(buffer)
-
-    def sweep(self, now: float | None = None) -> None:
-        """Drop the free buffers that no result used for ``idle_s``."""
-        now = self.clock() if now is None else now
-        for buffer in list(self._buffers):
-            if now - buffer.last > self._idle_s and buffer.free():
-                self._drop(buffer)
-
-    def close(self) -> None:
-        """Drop every buffer (a result Erlang has not read yet keeps its own name)."""
-        for buffer in list(self._buffers):
-            buffer.reserved = False
-            self._drop(buffer)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+    def commit(self) -> FileResult:
+        return FileResult(self.nbytes, self._part_bytes)

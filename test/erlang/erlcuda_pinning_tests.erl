@@ -1,5 +1,5 @@
-%% The worker's registrations of shared-memory files (python/erlcuda/slots.py: operand slots
-%% from their second use, result buffers), followed through a double of the registration
+%% The worker's registrations of shared-memory files (python/erlcuda/slots.py: slots, for
+%% operands and results, from their second use), followed through a double of the registration
 %% calls (the test worker with ERLCUDA_TEST_PIN set: the CPU backend's devices count what
 %% they register, and info/0 shows it) on every way a job ends. Files are kept for a minute
 %% here, so that what goes, goes with its job, not with idleness.
@@ -33,8 +33,8 @@ pinned() ->
     #{device_info := [Device]} = erlcuda:info(),
     maps:get(pinned_bytes, Device).
 
-%% Two slots registered from their second use, and a result buffer: three MiB, the same
-%% however many jobs of that size follow (the registrations are kept for the next job).
+%% Two operand slots and a result slot, registered from their second use: three MiB, the
+%% same however many jobs of that size follow (the registrations are kept for the next job).
 reply_keeps_them_for_the_next_job() ->
     A = vec(?N, 1), B = vec(?N, 2),
     [?assertEqual({ok, vec(?N, 3)}, erlcuda:launch_sync(vector_add, [A, B],
@@ -45,12 +45,12 @@ reply_keeps_them_for_the_next_job() ->
      || _ <- lists:seq(1, 10)],
     ?assertEqual(3 * ?MIB, pinned()).
 
-%% A caller that dies with its job waiting: its slots are deleted, and the worker drops
-%% their registrations once it sees their files gone; the result buffer stays.
+%% A caller that dies with its job waiting: its slots (its result slot too) are deleted,
+%% and the worker drops their registrations once it sees their files gone.
 caller_death_drops_its_slots() ->
     ?assertEqual(3 * ?MIB, pinned()),
     ?assert(died_waiting(5)),
-    ?assertEqual(ok, erlcuda_test_util:wait_for(fun() -> pinned() =:= ?MIB end, 50)).
+    ?assertEqual(ok, erlcuda_test_util:wait_for(fun() -> pinned() =:= 0 end, 50)).
 
 %% A caller killed while its job waits behind a stalled device: true once its job was
 %% dropped for its caller's death. The stall call and the launch reach the worker by

@@ -29,11 +29,13 @@ with_app(Env, Test) ->
 plain_frame_is_byte_identical_test() ->
     Data = <<1.0:32/float-little, 2.0:32/float-little>>,
     {ok, Frame} = erlcuda_protocol:encode_launch(7, 1, matmul, [Data, Data, 1, 1, 2],
-                                                 #{trace => false, result_file => true}),
+                                                 #{trace => false,
+                                                   result_file => {<<"s12">>, 3145728}}),
     Head = <<?WIRE_LAUNCH, 7:64, 1:16, ?WIRE_FLAG_RESULT_FILE, 6, "matmul", 5>>,
     Vec = <<?WIRE_ARG_VECTOR, 0, 8:64, Data/binary>>,
+    %% the result slot last: its part size and name
     ?assertEqual(<<Head/binary, Vec/binary, Vec/binary, ?WIRE_ARG_DIM, 1:64,
-                   ?WIRE_ARG_DIM, 1:64, ?WIRE_ARG_DIM, 2:64>>,
+                   ?WIRE_ARG_DIM, 1:64, ?WIRE_ARG_DIM, 2:64, 3145728:64, 3, "s12">>,
                  body(Frame)).
 
 %% A frame's bytes after its length, which must be theirs.

@@ -5,6 +5,7 @@
 -module(erlcuda_shm_slots_tests).
 
 -include_lib("eunit/include/eunit.hrl").
+-include("erlcuda_contract.hrl").
 
 -define(MIB, 1048576).
 
@@ -35,7 +36,8 @@ slots_test_() ->
                           {"within the pool's bytes", fun bounded/1},
                           {"swept when idle or orphaned", fun swept/1},
                           {"gone with the keeper", fun keeper_gone/1},
-                          {"refused once its file is deleted", fun deleted/1}]]}.
+                          {"refused once its file is deleted", fun deleted/1},
+                          {"a result read from its slot", fun result_read/1}]]}.
 
 part(#{dir := Dir}, #{name := Name}, K) ->
     filename:join(Dir, binary_to_list(Name) ++ "." ++ integer_to_list(K)).
@@ -69,6 +71,30 @@ deleted(Folder) ->
     {error, {Got, deleted}} = erlcuda_shm_slots:write(Slot, [<<3>>]),
     ?assertEqual(part(Folder, Slot, 0), unicode:characters_to_list(Got)),
     ?assertMatch({error, {_, deleted}}, erlcuda_shm_slots:write(Slot, [<<4>>])).
+
+%% A result the worker wrote into a result slot is read from the start of its part with one
+%% pread, and the slot given back; a record that is not the slot's (more bytes than its
+%% part, another part size) is refused unread, and the slot deleted.
+result_read(Folder) ->
+    {ok, Slot} = erlcuda_shm:result_slot(Folder, 8),
+    ?assertMatch(#{part_bytes := ?MIB, parts := [_]}, Slot),
+    %% the worker writes its result from the part's start, as a mapping of the file does
+    {ok, Fd} = file:open(part(Folder, Slot, 0), [read, write, raw, binary]),
+    ok = file:pwrite(Fd, 0, <<1.0:32/float-little, 2.0:32/float-little, 9>>),
+    ok = file:close(Fd),
+    ?assertEqual({wire, ?WIRE_TAG_VECTOR, <<1.0:32/float-little, 2.0:32/float-little>>},
+                 erlcuda_shm:take_result(Slot, 8, ?MIB)),
+    ?assertMatch(#{claimed := 0, free := 1}, erlcuda_shm_slots:stats()),
+    {ok, Again} = erlcuda_shm:result_slot(Folder, 8),
+    ?assertEqual(maps:get(name, Slot), maps:get(name, Again)),
+    ?assertEqual({wire, ?WIRE_TAG_VECTOR, <<>>}, erlcuda_shm:take_result(Again, 0, ?MIB)),
+    [begin
+         {ok, S} = erlcuda_shm:result_slot(Folder, 8),
+         ?assertMatch({error, {internal, _}}, erlcuda_shm:take_result(S, Bytes, PartBytes)),
+         ?assertEqual(ok, erlcuda_test_util:wait_until(
+                            fun() -> not filelib:is_file(part(Folder, S, 0)) end, 50))
+     end || {Bytes, PartBytes} <- [{?MIB + 1, ?MIB}, {8, 2 * ?MIB}, {1 bsl 40, 1 bsl 24}]],
+    ?assertMatch(#{claimed := 0, free := 0}, erlcuda_shm_slots:stats()).
 
 once(Folder) ->
     {ok, Slot} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),

@@ -1,8 +1,8 @@
 %% Large operands and results through shared memory, and that every way a job, a worker or
 %% a node ends leaves no file behind. The folders go under a base of the test's own (the
 %% `shm_dir' setting), with a threshold of 4 KiB so that 10,000-element vectors use it.
-%% Operand slots and result buffers are kept from job to job for `shm_keep_ms' (300 ms
-%% here): a job leaves none of its own files, and nothing at all is left once that passed.
+%% Slots (operands' and results') are kept from job to job for `shm_keep_ms' (300 ms here):
+%% a job leaves none of its own files, and nothing at all is left once that passed.
 -module(erlcuda_shm_tests).
 
 -include_lib("eunit/include/eunit.hrl").
@@ -53,9 +53,9 @@ claimed_files() ->
                 || {_, _, #{name := Name, parts := Parts}} <- ets:tab2list(erlcuda_shm_claimed),
                    K <- lists:seq(0, length(Parts) - 1)]).
 
-%% Files of jobs (their own operand files `i*', results `r*'): none once they are answered.
+%% Files of jobs (their own operand files `i*'): none once they are answered.
 job_files() ->
-    [F || F <- files(), lists:member(hd(filename:basename(F)), "ir")].
+    [F || F <- files(), hd(filename:basename(F)) =:= $i].
 
 folders() ->
     filelib:wildcard(filename:join(base(), "erlcuda-*")).
@@ -84,13 +84,14 @@ results_through_files() ->
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
     erlcuda_test_util:no_message().
 
-%% While the device is busy the operands wait in the two slots their job took; once it is
-%% answered the slots are free for the next job, and once idle, nothing is left.
+%% While the device is busy the operands wait in the two slots their job took, beside the
+%% slot its result goes to; once it is answered the slots are free for the next job, and
+%% once idle, nothing is left.
 operands_wait_in_files_until_mapped() ->
     erlcuda_test_util:stall(0, 600),
     {ok, Id} = erlcuda:launch(vector_add, [vec(?N, 1), vec(?N, 1)], [{format, binary}]),
     Taken = claimed_files(),
-    ?assertMatch([_, _], Taken),
+    ?assertMatch([_, _, _], Taken),
     ?assertEqual(Taken, [F || F <- Taken, filelib:is_regular(F)]),
     receive {erlcuda, Id, R} -> ?assertEqual({ok, vec(?N, 2)}, R) after 10000 -> error(timeout)
     end,
@@ -99,9 +100,8 @@ operands_wait_in_files_until_mapped() ->
     ?assertEqual([], job_files()),
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
 
-%% Jobs one after another take the same slot (and the worker writes their results into the
-%% same buffer): no new file for a job of a size seen before; an operand of more parts than
-%% its slot has grows it.
+%% Jobs one after another take the same slots (the worker writes their results into the
+%% same result slot): no new file for a job of a size seen before.
 slots_are_written_again() ->
     N = 2 * erlcuda_shm:part_bytes(0) div 4 + 1000,  % three parts
     A = vec(N, 1), B = vec(N, 2),
@@ -111,7 +111,7 @@ slots_are_written_again() ->
     [?assertEqual({ok, vec(N, K + 2)},
                   erlcuda:launch_sync(vector_add, [A, vec(N, K + 1)], [{format, binary}]))
      || K <- lists:seq(1, 5)],
-    ?assertMatch(#{made := Made, claimed := 0, free := 2}, erlcuda_shm_slots:stats()),
+    ?assertMatch(#{made := Made, claimed := 0, free := 3}, erlcuda_shm_slots:stats()),
     ?assertEqual(After1, lists:sort(files())),
     ?assertEqual([], job_files()),
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
@@ -136,7 +136,7 @@ vectors_in_several_parts() ->
                    end),
     receive {launched, _} -> ok after 5000 -> error(not_launched) end,
     Taken = claimed_files(),
-    ?assertEqual(6, length(Taken)),  % two slots of three parts
+    ?assertEqual(7, length(Taken)),  % two slots of three parts, and the result slot's one
     ?assertEqual(Taken, [F || F <- Taken, filelib:is_regular(F)]),
     exit(Caller, kill),
     receive {stalled, _} -> ok after 5000 -> error(no_stall) end,
@@ -150,18 +150,6 @@ part_bytes_test() ->
                  [erlcuda_shm:part_bytes(N) || N <- [0, 1, MiB, 8 * MiB, 8 * MiB + 1,
                                                      64 * MiB, 400 * MiB]]).
 
-%% The part files of a result, as the port owner deletes them when nobody waits for it.
-result_files_test() ->
-    Part = 1 bsl 20,
-    ?assertEqual(["/d/r7.0"], erlcuda_shm:result_files("/d", 7, {file, 0, Part})),
-    ?assertEqual(["/d/r7.0"], erlcuda_shm:result_files("/d", 7, {file, Part, Part})),
-    ?assertEqual(["/d/r7.0", "/d/r7.1"], erlcuda_shm:result_files("/d", 7, {file, Part + 1, Part})),
-    %% a record naming 65,536 parts: only those a worker could have written
-    ?assertEqual(["/d/r7." ++ integer_to_list(K) || K <- lists:seq(0, 7)],
-                 erlcuda_shm:result_files("/d", 7, {file, 1 bsl 40, 1 bsl 24})).
-
-%% A result record names its parts; one that would have this side open files without
-%% bound (parts under a page, or too many) is no file result, and reads as malformed.
 file_result_test() ->
     File = fun(Payload) -> erlcuda_protocol:file_result({wire, ?WIRE_TAG_FILE, Payload}) end,
     ?assertEqual({file, 100, 8388608}, File(<<100:64, 8388608:64>>)),
@@ -181,7 +169,7 @@ killed_worker_leaves_no_file() ->
     erlcuda_test_util:stall(0, 3000),
     Ids = [element(2, {ok, _} = erlcuda:launch(vector_add, [vec(?N, 1), vec(?N, 1)]))
            || _ <- lists:seq(1, 5)],
-    ?assertEqual(10, length(claimed_files())),
+    ?assertEqual(15, length(claimed_files())),  % each job's two operand slots and result slot
     os:cmd("kill -9 " ++ integer_to_list(Old)),
     [receive {erlcuda, Id, R} -> ?assertMatch({error, {worker_down, _}}, R)
      after 10000 -> error({no_reply, Id}) end || Id <- Ids],
@@ -196,8 +184,8 @@ killed_worker_leaves_no_file() ->
                                                        [{format, binary}])),
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
 
-%% A caller that dies with its job in flight: its operands go with the sweep of dead
-%% callers, the result file that comes later is deleted unread.
+%% A caller that dies with its job in flight: its slots go with the sweep of dead callers,
+%% its result slot with them (the result the worker writes there is nobody's).
 killed_caller_leaves_no_file() ->
     erlcuda_test_util:stall(0, 800),
     Self = self(),
@@ -208,7 +196,7 @@ killed_caller_leaves_no_file() ->
                    end),
     receive launched -> ok after 5000 -> error(not_launched) end,
     Taken = claimed_files(),
-    ?assertEqual(2, length(Taken)),
+    ?assertEqual(3, length(Taken)),
     exit(Caller, kill),
     receive {stalled, _} -> ok after 5000 -> error(no_stall) end,
     %% its slots were deleted (not given back: the worker may still have been reading them)
@@ -216,12 +204,12 @@ killed_caller_leaves_no_file() ->
                        fun() -> [F || F <- Taken, filelib:is_regular(F)] =:= []
                                     andalso erlcuda_jobs:size() =:= 0 end, 50)),
     ?assertMatch(#{claimed := 0}, erlcuda_shm_slots:stats()),
-    %% and the job that ran after the sweep left its result file nowhere
+    %% and the job that ran after the sweep left its result nowhere
     timer:sleep(300),
     ?assertEqual([], job_files()),
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
 
-%% launch_sync that gives up: its job still runs and its result file is deleted unread.
+%% launch_sync that gives up: its job still runs, its result slot already deleted.
 timed_out_caller_leaves_no_file() ->
     erlcuda_test_util:stall(0, 500),
     ?assertEqual({error, timeout},
@@ -347,7 +335,8 @@ node_halt_leaves_no_folder() ->
                                 ok
                         end, []]),
         {ok, Names} = file:list_dir(Folder),
-        ?assertEqual(6, length([N || N <- Names, hd(N) =:= $s])),  % two slots a job
+        %% two operand slots and a result slot a job
+        ?assertEqual(9, length([N || N <- Names, hd(N) =:= $s])),
         catch peer:call(Peer, erlang, halt, [], 1000),
         ?assertEqual(ok, erlcuda_test_util:wait_until(
                            fun() -> filelib:wildcard(filename:join(Base, "*")) =:= [] end,
@@ -355,32 +344,6 @@ node_halt_leaves_no_folder() ->
     after
         catch peer:stop(Peer),
         _ = file:del_dir_r(Base)
-    end.
-
-%% A part's length is read from the start of a file that holds at least that much (a
-%% result buffer holds whole MiBs): shorter or missing is an error, not a padded vector;
-%% several parts are read in order.
-read_parts_test() ->
-    Dir = filename:join("/tmp", "erlcuda-read-parts-" ++ os:getpid()),
-    ok = filelib:ensure_path(Dir),
-    P = fun(N) -> filename:join(Dir, "p" ++ integer_to_list(N)) end,
-    try
-        ok = file:write_file(P(0), <<1, 2, 3, 4>>),
-        ok = file:write_file(P(1), <<5, 6>>),
-        ok = file:write_file(P(2), <<>>),
-        ?assertEqual({ok, <<1, 2, 3, 4>>}, erlcuda_shm:read_parts([{P(0), 0, 4}], 4)),
-        ?assertEqual({ok, <<1, 2, 3, 4, 5, 6>>},
-                     erlcuda_shm:read_parts([{P(0), 0, 4}, {P(1), 4, 2}], 6)),
-        ?assertEqual({ok, <<>>}, erlcuda_shm:read_parts([{P(2), 0, 0}], 0)),
-        ?assertEqual({ok, <<1, 2, 3>>}, erlcuda_shm:read_parts([{P(0), 0, 3}], 3)),
-        ?assertEqual({ok, <<1, 2, 3, 5>>},
-                     erlcuda_shm:read_parts([{P(0), 0, 3}, {P(1), 3, 1}], 4)),
-        ?assertMatch({error, {_, holds, 4, expected, 5}},
-                     erlcuda_shm:read_parts([{P(0), 0, 5}], 5)),
-        ?assertEqual({ok, <<>>}, erlcuda_shm:read_parts([{P(1), 0, 0}], 0)),
-        ?assertMatch({error, {_, enoent}}, erlcuda_shm:read_parts([{P(0), 0, 4}, {P(9), 4, 2}], 6))
-    after
-        file:del_dir_r(Dir)
     end.
 
 scratch(Name) ->
@@ -414,74 +377,6 @@ stage_writes_only_new_files() ->
         file:del_dir_r(Dir)
     end.
 
-%% A result is read only from a regular file of its own name: a symlink (to a file of the
-%% right size), a FIFO or a directory in its place is refused at once, and what the symlink
-%% names is neither read nor deleted.
-take_result_reads_only_regular_files_test_() ->
-    {timeout, 60, fun take_result_reads_only_regular_files/0}.
-
-take_result_reads_only_regular_files() ->
-    Dir = scratch("take"),
-    Target = filename:join(Dir, "target"),
-    Result = fun(Id) -> filename:join(Dir, "r" ++ integer_to_list(Id) ++ ".0") end,
-    Part = 1 bsl 20,
-    try
-        ok = file:write_file(Target, <<7:64>>),
-        ok = file:write_file(Result(1), <<1:64>>),
-        ?assertEqual({wire, ?WIRE_TAG_VECTOR, <<1:64>>}, erlcuda_shm:take_result(Dir, 1, 8, Part)),
-        ?assertEqual({error, enoent}, file:read_link_info(Result(1))),
-        [begin
-             plant(Kind, Result(Id), Target),
-             Got = unblocked(fun() -> erlcuda_shm:take_result(Dir, Id, 8, Part) end,
-                             "timeout 5 sh -c ': >" ++ Result(Id) ++ "'"),
-             ?assertMatch({Kind, {error, {internal, _}}}, {Kind, Got}),
-             ?assertEqual({Kind, {ok, <<7:64>>}}, {Kind, file:read_file(Target)})
-         end || {Id, Kind} <- [{2, symlink}, {3, fifo}, {4, directory}]]
-    after
-        file:del_dir_r(Dir)
-    end.
-
-%% A record is trusted no further than the files that exist. 2^40 bytes in parts of 2^24
-%% (65,536 parts, more than a vector is ever cut into) is refused before a reader is
-%% spawned; one part longer than its file is refused before its bytes are allocated.
-take_result_trusts_no_record_beyond_its_files_test_() ->
-    {timeout, 60, fun take_result_trusts_no_record_beyond_its_files/0}.
-
-take_result_trusts_no_record_beyond_its_files() ->
-    Dir = scratch("forged"),
-    try
-        Self = self(),
-        Taker = spawn(fun() ->
-                              receive go -> ok end,
-                              Self ! {taken, erlcuda_shm:take_result(Dir, 5, 1 bsl 40, 1 bsl 24)}
-                      end),
-        1 = erlang:trace(Taker, true, [procs]),
-        Taker ! go,
-        Reply = receive {taken, R} -> R after 120000 -> error(timeout) end,
-        Ref = erlang:trace_delivered(Taker),
-        receive {trace_delivered, Taker, Ref} -> ok end,
-        ?assertMatch({error, {internal, _}}, Reply),
-        ?assertEqual(0, spawns(Taker, 0)),
-        Path = filename:join(Dir, "r6.0"),
-        ok = file:write_file(Path, <<1, 2, 3, 4>>),
-        ?assertMatch({error, {_, holds, 4, expected, 1099511627776}},
-                     erlcuda_shm:read_parts([{Path, 0, 1 bsl 40}], 1 bsl 40)),
-        ?assertMatch({error, {internal, _}}, erlcuda_shm:take_result(Dir, 6, 1 bsl 40, 1 bsl 40)),
-        ?assertEqual({error, enoent}, file:read_link_info(Path))
-    after
-        file:del_dir_r(Dir)
-    end.
-
-%% The processes Pid spawned, from its trace messages (all of them taken).
-spawns(Pid, N) ->
-    receive
-        {trace, Pid, spawn, _, _} -> spawns(Pid, N + 1);
-        {trace, Pid, _, _} -> spawns(Pid, N);
-        {trace, Pid, _, _, _} -> spawns(Pid, N)
-    after 0 ->
-        N
-    end.
-
 %%% A hostile worker's file records, through the application: a stand-in worker (see
 %%% fake_worker/0) answers reduce([S]) with scenario S's record.
 
@@ -491,24 +386,22 @@ hostile_file_records_test_() ->
      fun() -> _ = file:del_dir_r(Base), ok = file:make_dir(Base) end,
      fun(_) -> file:del_dir_r(Base) end,
      erlcuda_test_util:with_app(?DEFAULTS, [{python, fake_worker()}, {start_timeout, 10000},
-                                            {shm_dir, Base}, {shm_threshold, 4096}],
+                                            {shm_dir, Base}, {shm_threshold, 4}],
                                 {timeout, 120, fun() -> hostile_file_records(Base) end})}.
 
-%% Each job is answered once, within its timeout: a result in a regular file of its own
-%% name as that file holds it, and with an error when a symlink, a FIFO or a directory
-%% stands there. The symlink's target is neither read nor removed. A record that names
-%% more than its job's result (a forged one of 65,536 parts, or 2^40 bytes in one part) is
-%% answered with an error at once, with no process spawned to read it, and the worker that
-%% sent it is restarted (erlcuda_shm bounds such records by their files too: see
-%% take_result_trusts_no_record_beyond_its_files). Nothing is left registered or queued.
-hostile_file_records(Base) ->
-    Target = filename:join(Base, "target"),
-    ok = file:write_file(Target, <<7.0:32/float-little, 7.0:32/float-little>>),
+%% Each job is answered once, within its timeout: a result in its result slot as the slot
+%% holds it, and with an error when the record is not its slot's (another part size), or
+%% comes for a job that gave the worker no slot (a traced one). A record that names more
+%% than its job's result (more bytes than its slot, 2^40 bytes in parts of 2^24) is answered
+%% with an error at once, with no process spawned to read it, and the worker that sent it is
+%% restarted. Nothing is left registered or queued.
+hostile_file_records(_) ->
     Owner = whereis(erlcuda_worker),
     Sync = fun(S) -> erlcuda:launch_sync(copy, [[float(S), 0.0]], [{timeout, 3000}]) end,
     ?assertEqual({ok, [1.0, 2.0]}, Sync(1)),
-    [?assertMatch({S, {error, {internal, _}}}, {S, Sync(S)}) || S <- [2, 3, 4]],
-    ?assertEqual({ok, <<7.0:32/float-little, 7.0:32/float-little>>}, file:read_file(Target)),
+    ?assertMatch({error, {internal, _}}, Sync(2)),
+    ?assertMatch({error, {internal, _}, _},
+                 erlcuda:launch_sync(copy, [[3.0, 0.0]], [{timeout, 3000}, {trace, true}])),
     lists:foreach(
       fun(S) ->
               #{worker_os_pid := Os} = erlcuda:info(),
@@ -520,7 +413,7 @@ hostile_file_records(Base) ->
               ?assertEqual([], [P || {trace, P, spawn, _, _} <- trace_messages([]),
                                      P =/= Owner]),
               erlcuda_test_util:wait_restarted(Os, 100)
-      end, [5, 6]),
+      end, [4, 5]),
     ?assertEqual({ok, [1.0, 2.0]}, Sync(1)),
     %% async: exactly one message each
     Ids = [element(2, {ok, _} = erlcuda:launch(copy, [[float(S), 0.0]])) || S <- [1, 2, 3, 4, 5]],
@@ -529,6 +422,7 @@ hostile_file_records(Base) ->
     erlcuda_test_util:no_message(),
     ?assertEqual(0, erlcuda_jobs:size()),
     ?assertEqual(0, erlcuda_test_util:in_flight()),
+    ?assertMatch(#{claimed := 0}, erlcuda_shm_slots:stats()),
     ?assertEqual(Owner, whereis(erlcuda_worker)).
 
 trace_messages(Acc) ->
@@ -539,34 +433,34 @@ trace_messages(Acc) ->
         lists:reverse(Acc)
     end.
 
-%% A stand-in worker: control calls are answered with a valid hello map; copy([S, _]) with
-%% a file record for r<JobId>.0 in its folder (--shm-dir), having put there:
-%%   1 a regular file of two f32 (1.0, 2.0), the record saying 8 bytes
-%%   2 a symlink to <Base>/target (8 bytes)      3 a FIFO      4 a directory
-%%   5 nothing, the record saying 2^40 bytes in parts of 2^24
-%%   6 a regular file of 8 bytes, the record saying 2^40 bytes in one part
+%% A stand-in worker: control calls are answered with a valid hello map; copy([S, _]) (its
+%% operand in a slot: the threshold is 4 bytes) with a file record for the job's result
+%% slot, having written the two f32 1.0, 2.0 at its start:
+%%   1 the record saying 8 bytes in the slot's parts      2 in parts of twice the slot's
+%%   3 (a traced job, which has no slot) 8 bytes in parts of a MiB
+%%   4 the slot's part size and 8 bytes more               5 2^40 bytes in parts of 2^24
 fake_worker() ->
     erlcuda_test_util:fake_worker(
       "fake_shm_worker", 1,
       ["DIR = sys.argv[sys.argv.index('--shm-dir') + 1]\n"
-       "TARGET = os.path.join(os.path.dirname(DIR), 'target')\n"
        "MIB = 1 << 20\n"], [
 "def file_record(j, nbytes, part):\n"
 "    payload = struct.pack('>QQ', nbytes, part)\n"
 "    send(b'R' + struct.pack('>IQBI', 1, j, ord('f'), len(payload)) + payload)\n"
-"def put(path, data):\n"
-"    with open(path, 'wb') as f:\n"
-"        f.write(data)\n"
-"def answer(j, s):\n"
-"    path = os.path.join(DIR, 'r%d.0' % j)\n"
-"    if s == 1: put(path, struct.pack('<2f', 1.0, 2.0)); file_record(j, 8, MIB)\n"
-"    elif s == 2: os.symlink(TARGET, path); file_record(j, 8, MIB)\n"
-"    elif s == 3: os.mkfifo(path); file_record(j, 8, MIB)\n"
-"    elif s == 4: os.mkdir(path); file_record(j, 8, MIB)\n"
-"    elif s == 5: file_record(j, 1 << 40, 1 << 24)\n"
-"    elif s == 6: put(path, bytes(8)); file_record(j, 1 << 40, 1 << 40)\n"
+"def scenario(arg):\n"
+"    with open(os.path.join(DIR, arg.name + '.0'), 'rb') as f:\n"
+"        return int(struct.unpack('<f', f.read(4))[0])\n"
 "def launch(m):\n"
-"    answer(m.job_id, int(m.args[0][0]))\n"]).
+"    s, slot = scenario(m.args[0]), m.result_file\n"
+"    if slot is not None:\n"
+"        with open(os.path.join(DIR, slot.name + '.0'), 'r+b') as f:\n"
+"            f.write(struct.pack('<2f', 1.0, 2.0))\n"
+"    part = slot.part_bytes if slot is not None else MIB\n"
+"    if s == 1: file_record(m.job_id, 8, part)\n"
+"    elif s == 2: file_record(m.job_id, 8, 2 * part)\n"
+"    elif s == 3: file_record(m.job_id, 8, MIB)\n"
+"    elif s == 4: file_record(m.job_id, part + 8, part)\n"
+"    elif s == 5: file_record(m.job_id, 1 << 40, 1 << 24)\n"]).
 
 %% The plan of a launch's operand files, without the application.
 shm_plan_keeps_the_type_test() ->

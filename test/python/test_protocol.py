@@ -26,6 +26,7 @@ from erlcuda.backends.base import ERROR_CODES, BackendError
 from erlcuda.backends.cpu import CpuBackend
 from erlcuda.etf import Atom, ImproperList
 from erlcuda.protocol import Call, Failure, Launch, ProtocolError
+from erlcuda.shm import ResultSlot
 from strategies import PID
 from workerpipe import (
     BENCH_WORKER,
@@ -242,14 +243,24 @@ def test_decode_gives_typed_messages() -> None:
     assert vector.dtype == np.dtype("<f4") and vector.tolist() == a.tolist()
     assert np.shares_memory(vector, np.frombuffer(frame, np.uint8))  # a view, no copy
     assert launch.args[1].size == 0
-    # Flag bits the protocol does not define are ignored (keep, geometry and program add
-    # fields).
-    flags = 0xFF ^ (W.flag_trace | W.flag_keep | W.flag_geometry | W.flag_program)
+    # Flag bits the protocol does not define are ignored (keep, geometry, program and
+    # result_file add fields).
+    flags = 0xFF ^ (W.flag_trace | W.flag_keep | W.flag_geometry | W.flag_program
+                    | W.flag_result_file)
     plain = protocol.decode(memoryview(launch_frame(1, "reduce", [a], flags=flags)))
     assert isinstance(plain, Launch) and not plain.trace and plain.error is None
     assert plain.keep is None and plain.geometry is None and not plain.general
     assert plain.program is None
     assert protocol.decode(launch_frame(1, "тест", [])).kernel == "тест"
+    # flag_result_file: the result slot after the rest, its part size and name
+    slotted = protocol.decode(launch_frame(1, "reduce", [a], result_file=("s12", 3 << 20)))
+    assert isinstance(slotted, Launch) and slotted.error is None
+    assert slotted.result_file == ResultSlot("s12", 3 << 20)
+    whole = launch_frame(1, "reduce", [a], result_file=("s12", 3 << 20))
+    # (the slot is PartBytes:u64, NameLen:u8 and the name's 3 bytes: 12 at the end)
+    for cut, why in ((8, "ends before its result slot"), (1, "name of 3 bytes announced")):
+        broken = protocol.decode(whole[:-cut])
+        assert isinstance(broken, Launch) and why in (broken.error or ""), broken.error
     call = protocol.decode(etf.encode_bytes((Atom("C"), 9, Atom("erlcuda"), Atom("info"), [])))
     assert call == Call(9, "info", [])
     for bad in (b"", b"\x83\xff", b"Z", bytes((W.launch,)) + bytes(7),
@@ -498,12 +509,11 @@ def test_erlang_decodes_every_frame_with_safe(tmp_path: Path) -> None:
 
 
 def test_a_result_file_of_4_gib_or_more_has_a_record() -> None:
-    # A single-part result file over 4 GiB names a part size over 32 bits.
-    from erlcuda.shm import FileResult, result_part_bytes
+    # A result slot over 4 GiB names a part size over 32 bits.
+    from erlcuda.shm import FileResult
 
     nbytes = (1 << 32) + 4
-    encoded = protocol.encode_results([(1, FileResult(nbytes, result_part_bytes(nbytes)),
-                                        None)])
+    encoded = protocol.encode_results([(1, FileResult(nbytes, (1 << 32) + (1 << 20)), None)])
     (reply,) = parse_results(b"".join(bytes(c) for c in encoded.frames[0]))
     assert reply.result == ("file", (nbytes, (1 << 32) + (1 << 20)))
 

@@ -32,11 +32,10 @@ from erlcuda.shm import (
     FileArg,
     SharedFolder,
     ShmError,
-    result_part_bytes,
 )
 from erlcuda.worker import Options, Worker
 from programdefs import definition, inp, step
-from workerpipe import FileVector, WorkerPipe
+from workerpipe import FileVector, WorkerPipe, read_slot, result_slot
 
 BACKENDS = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
 _ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -67,23 +66,8 @@ def _stage(folder: Path, name: str, values: np.ndarray, part_bytes: int = 8 << 2
     return FileVector(name, len(data), part_bytes=part_bytes)
 
 
-def _result(folder: Path, job_id: int, nbytes: int, part_bytes: int) -> np.ndarray:
-    """A result the worker left in parts, read as Erlang does: each part's length from the
-    start of a file that holds at least that (a result buffer may be larger)."""
-    count = max(1, -(-nbytes // part_bytes))
-    data = b""
-    for k in range(count):
-        length = min(part_bytes, nbytes - k * part_bytes)
-        part = (folder / f"r{job_id}.{k}").read_bytes()
-        assert len(part) >= length
-        data += part[:length]
-    assert len(data) == nbytes
-    return np.frombuffer(data, "<f4")
-
-
 def _names(folder: Path) -> list[str]:
-    """The folder's files but the worker's result buffers (``p<Lane>-<N>``)."""
-    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("p"))
+    return sorted(p.name for p in folder.iterdir())
 
 
 def wait_gone(path: Path, timeout: float = 10.0) -> bool:
@@ -98,13 +82,14 @@ def wait_gone(path: Path, timeout: float = 10.0) -> bool:
 def test_operands_in_files_and_the_result_in_a_file(worker: WorkerPipe, folder: Path) -> None:
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((2, 300_000), dtype=np.float32)
+    slot = result_slot(folder, "s7", 2 * PART_UNIT)
     worker.launch(7, "vector_add", [_stage(folder, "i7-1", a), _stage(folder, "i7-2", b)],
-                  result_file=True)
+                  result_file=slot)
     reply = worker.reply()
     assert reply.result == ("file", (a.nbytes, 2 * PART_UNIT))
-    np.testing.assert_array_equal(_result(folder, 7, a.nbytes, 2 * PART_UNIT), a + b)
-    # inputs are unlinked once mapped: only the result is left for Erlang to take
-    assert _names(folder) == [".lock", "r7.0"]
+    np.testing.assert_array_equal(read_slot(folder, "s7", a.nbytes), a + b)
+    # inputs are unlinked once mapped: only the result slot is left, Erlang's
+    assert _names(folder) == [".lock", "s7.0"]
 
 
 def test_operands_and_the_result_in_many_parts(worker: WorkerPipe, folder: Path) -> None:
@@ -118,10 +103,10 @@ def test_operands_and_the_result_in_many_parts(worker: WorkerPipe, folder: Path)
     assert -(-a.nbytes // part) == MAX_PARTS
     worker.launch(3, "vector_add",
                   [_stage(folder, "i3-1", a, part), _stage(folder, "i3-2", b)],
-                  result_file=True)
+                  result_file=result_slot(folder, "s3", 3 * PART_UNIT))
     assert worker.reply().result == ("file", (a.nbytes, 3 * PART_UNIT))
-    np.testing.assert_array_equal(_result(folder, 3, a.nbytes, 3 * PART_UNIT), a + b)
-    assert _names(folder) == [".lock", "r3.0"]
+    np.testing.assert_array_equal(read_slot(folder, "s3", a.nbytes), a + b)
+    assert _names(folder) == [".lock", "s3.0"]
     worker.launch(4, "dot_product", [_stage(folder, "i4-1", a, part),
                                      _stage(folder, "i4-2", b, 2 * part)])
     job_id, (status, value) = worker.result()
@@ -129,10 +114,29 @@ def test_operands_and_the_result_in_many_parts(worker: WorkerPipe, folder: Path)
     assert value == pytest.approx(float(np.dot(a.astype(np.float64), b)), rel=1e-4)
 
 
-@pytest.mark.parametrize(("nbytes", "part"), [
-    (0, 1), (1, 1), (PART_UNIT, 1), (PART_UNIT + 1, 2), (400 * PART_UNIT, 400)])
-def test_a_result_is_one_part_of_whole_units(nbytes: int, part: int) -> None:
-    assert result_part_bytes(nbytes) == part * PART_UNIT
+@pytest.mark.parametrize(("slot", "part", "why"), [
+    ("s8", 4096, "over its slot's 4096"),  # too small for the result
+    ("i8-1", PART_UNIT, "is not a slot"),
+    ("s9", PART_UNIT, "No such file"),  # named, never made
+])
+def test_a_result_slot_that_cannot_take_the_result_sends_it_through_the_pipe(
+        worker: WorkerPipe, folder: Path, slot: str, part: int, why: str) -> None:
+    if slot == "s8":
+        result_slot(folder, slot, part)
+    a = np.arange(2000, dtype=np.float32)
+    worker.launch(1, "vector_add", [a.tobytes(), a.tobytes()], result_file=(slot, part))
+    job_id, (status, values) = worker.result()
+    assert (job_id, status) == (1, "ok") and values == (a * 2).tolist()
+    wait_logged(worker, why)
+
+
+def wait_logged(worker: WorkerPipe, text: str) -> None:
+    """Until the worker has logged ``text`` (log lines come in their own frames, among the
+    answers)."""
+    deadline = time.monotonic() + 5
+    while not any(text in logged for _, logged in worker.logs):
+        assert time.monotonic() < deadline, worker.logs
+        worker.call("info")
 
 
 @pytest.mark.parametrize(("part_bytes", "damage", "why"), [
@@ -174,12 +178,13 @@ def test_bad_parts_are_bad_args_and_their_files_go(worker: WorkerPipe, folder: P
 def test_a_file_operand_with_the_result_through_the_pipe(worker: WorkerPipe,
                                                          folder: Path) -> None:
     a = np.arange(1000, dtype=np.float32)
-    worker.launch(1, "reduce", [_stage(folder, "i1-1", a)], result_file=True)  # a scalar
+    worker.launch(1, "reduce", [_stage(folder, "i1-1", a)],
+                  result_file=result_slot(folder, "s1"))  # a scalar: through the pipe
     assert worker.result() == (1, ("ok", float(a.sum())))
     worker.launch(2, "vector_add", [_stage(folder, "i2-1", a), a.tobytes()])
     job_id, (status, values) = worker.result()
     assert (job_id, status) == (2, "ok") and values == (a * 2).tolist()
-    assert [p.name for p in folder.iterdir()] == [".lock"]
+    assert _names(folder) == [".lock", "s1.0"]
 
 
 def test_a_program_naming_a_file_input_twice_reads_it_once(worker: WorkerPipe,
@@ -221,7 +226,7 @@ def test_without_a_folder_a_file_operand_is_refused_and_results_use_the_pipe() -
         assert (job_id, status, reason) == (1, "error", "bad_args")
         assert "without --shm-dir" in bytes(text).decode()
         a = np.ones(4, np.float32)
-        pipe.launch(2, "vector_add", [a.tobytes(), a.tobytes()], result_file=True)
+        pipe.launch(2, "vector_add", [a.tobytes(), a.tobytes()], result_file=("s1", PART_UNIT))
         assert pipe.result() == (2, ("ok", [2.0] * 4))
     finally:
         assert pipe.close() == 0
@@ -245,7 +250,8 @@ def test_a_folder_not_made_by_erlang_is_not_used(tmp_path: Path) -> None:
 def test_the_folder_goes_when_the_worker_ends(folder: Path, how: str) -> None:
     pipe = WorkerPipe("--backend", "cpu", "--shm-dir", str(folder))
     a = np.ones(10, np.float32)
-    pipe.launch(1, "vector_add", [_stage(folder, "i1-1", a), a.tobytes()], result_file=True)
+    pipe.launch(1, "vector_add", [_stage(folder, "i1-1", a), a.tobytes()],
+                result_file=result_slot(folder, "s1"))
     assert pipe.result() == (1, ("file", (40, PART_UNIT)))
     (folder / "i9-1.0").write_bytes(b"\0" * 4)  # staged for a job that never ran
     if how == "eof":
@@ -368,12 +374,13 @@ def test_what_stands_at_an_operand_s_path_is_never_followed(worker: WorkerPipe, 
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
 def test_what_stands_at_a_result_s_path_is_never_written(worker: WorkerPipe, folder: Path,
                                                          tmp_path: Path, kind: str) -> None:
-    # The result is written to a new file only: in any other case it comes through the pipe.
+    # A result slot is a regular file of its own name: in any other case the result comes
+    # through the pipe.
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep")
-    _plant(folder / "r1.0", kind, victim)
+    _plant(folder / "s1.0", kind, victim)
     a = np.arange(6, dtype=np.float32)
-    worker.launch(1, "vector_add", [a.tobytes(), a.tobytes()], result_file=True)
+    worker.launch(1, "vector_add", [a.tobytes(), a.tobytes()], result_file=("s1", PART_UNIT))
     assert worker.result() == (1, ("ok", (a * 2).tolist()))
     assert victim.read_bytes() == b"keep"
 
@@ -392,18 +399,15 @@ def test_a_folder_of_another_user_is_never_removed(tmp_path: Path) -> None:
     assert theirs.exists()
 
 
-def test_a_result_that_cannot_be_written_comes_through_the_pipe(worker: WorkerPipe,
+def test_a_result_slot_that_cannot_be_mapped_sends_it_through_the_pipe(worker: WorkerPipe,
                                                                  folder: Path) -> None:
     a = np.arange(6, dtype=np.float32)
     worker.launch(9, "reduce", [a.tobytes()])  # the worker is up, with its folder
     assert worker.result() == (9, ("ok", 15.0))
-    shutil.rmtree(folder)  # as if shared memory were gone or full: the file cannot be made
-    worker.launch(1, "vector_add", [a.tobytes(), a.tobytes()], result_file=True)
+    shutil.rmtree(folder)  # as if shared memory were gone: the slot's file cannot be mapped
+    worker.launch(1, "vector_add", [a.tobytes(), a.tobytes()], result_file=("s1", PART_UNIT))
     assert worker.result() == (1, ("ok", (a * 2).tolist()))
-    deadline = time.monotonic() + 5
-    while not any("goes through the pipe" in text for _, text in worker.logs):
-        assert time.monotonic() < deadline, worker.logs
-        worker.call("info")  # log lines come in their own frames, among the answers
+    wait_logged(worker, "goes through the pipe")
 
 
 def test_an_operand_of_many_parts_holds_one_descriptor_at_a_time(

@@ -1,11 +1,9 @@
-"""Shared-memory files kept from job to job (``slots.py``): Erlang's operand slots, mapped
-once and registered from their second use, and the worker's result buffers, linked under
-each result's name and used again once Erlang deleted that name. Registrations go through
-a double (``cudadouble.Pinner``) and are undone on every way a slot or buffer goes."""
+"""Shared-memory files kept from job to job (``slots.py``): Erlang's slots, mapped once and
+registered from their second use, read as operands and written as results. Registrations
+go through a double (``cudadouble.Pinner``) and are undone on every way a slot goes."""
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
@@ -15,8 +13,8 @@ import pytest
 import cudadouble
 from erlcuda import shm, slots
 from erlcuda.hostmem import Budget, Pinning
-from erlcuda.shm import PART_UNIT, FileArg, SharedFolder, ShmError
-from erlcuda.slots import IDLE_S, OperandSlots, ResultBuffers
+from erlcuda.shm import PART_UNIT, FileArg, ResultSlot, SharedFolder, ShmError
+from erlcuda.slots import IDLE_S, OperandSlots
 
 F32 = np.dtype("<f4")
 
@@ -130,110 +128,64 @@ def test_a_slot_part_that_is_a_symlink_is_refused(folder: SharedFolder, tmp_path
         OperandSlots(folder).open(FileArg("s6", F32, 16, PART_UNIT))
 
 
-def test_a_result_buffer_is_linked_under_the_result_s_name(folder: SharedFolder) -> None:
-    pool = ResultBuffers(folder, 0)
-    target = pool.take(4000)
-    assert target is not None
+def make_slot(folder: SharedFolder, name: str, part_bytes: int = PART_UNIT) -> ResultSlot:
+    """A result slot as erlcuda_shm_slots makes one: its part file, a part long."""
+    with open(Path(folder.path) / f"{name}.0", "wb") as f:
+        f.truncate(part_bytes)
+    return ResultSlot(name, part_bytes)
+
+
+def test_a_result_is_written_from_its_slot_s_start(folder: SharedFolder) -> None:
+    kept = OperandSlots(folder)
+    target = kept.result(make_slot(folder, "s7"), 4000)
     values = np.arange(1000, dtype=np.float32)
     target.view(F32)[:] = values
-    record = target.commit(7)
-    assert record == shm.FileResult(4000, PART_UNIT)
-    data = (Path(folder.path) / "r7.0").read_bytes()
-    assert len(data) == PART_UNIT  # a whole buffer: Erlang reads the record's length
+    assert target.commit() == shm.FileResult(4000, PART_UNIT)
+    data = (Path(folder.path) / "s7.0").read_bytes()
+    assert len(data) == PART_UNIT  # Erlang's file, as long as it made it
     np.testing.assert_array_equal(np.frombuffer(data[:4000], F32), values)
+    # the next job that takes the slot writes over it: the same mapping
+    again = kept.result(ResultSlot("s7", PART_UNIT), 8)
+    again.view(F32)[:] = [5.0, 6.0]
+    assert (Path(folder.path) / "s7.0").read_bytes()[:8] == np.float32([5, 6]).tobytes()
+    assert len(kept) == 1
 
 
-def test_a_buffer_is_used_again_once_erlang_deleted_its_result(folder: SharedFolder) -> None:
-    pool = ResultBuffers(folder, 0)
-    first = pool.take(4000)
-    assert first is not None
-    first.commit(1)
-    second = pool.take(4000)  # the first is still being read: another buffer
-    assert second is not None
-    second.commit(2)
-    assert len(pool) == 2
-    os.unlink(os.path.join(folder.path, "r1.0"))  # Erlang has read it
-    third = pool.take(100)
-    assert third is not None
-    third.commit(3)
-    assert len(pool) == 2
-    assert os.path.samefile(os.path.join(folder.path, "r3.0"),
-                            os.path.join(folder.path, "p0-0"))
+@pytest.mark.parametrize(("name", "nbytes", "why"), [
+    ("s1", PART_UNIT + 4, "over its slot's"),
+    ("i1-1", 8, "is not a slot"),
+    ("s404", 8, "No such file"),
+])
+def test_a_result_slot_that_cannot_take_the_result_is_refused(folder: SharedFolder, name: str,
+                                                              nbytes: int, why: str) -> None:
+    make_slot(folder, "s1")
+    with pytest.raises(ShmError, match=why):
+        OperandSlots(folder).result(ResultSlot(name, PART_UNIT), nbytes)
 
 
-def test_a_released_buffer_is_free_at_once(folder: SharedFolder) -> None:
-    pool = ResultBuffers(folder, 0)
-    target = pool.take(10)
-    assert target is not None and pool.take(10) is not target
-    target.release()
-    assert len(pool) == 2
-    pool.take(10)
-    assert len(pool) == 2
-
-
-def test_nothing_is_written_through_what_stands_at_a_result_s_name(folder: SharedFolder,
-                                                                  tmp_path: Path) -> None:
-    pool = ResultBuffers(folder, 0)
-    target = pool.take(8)
-    assert target is not None
+def test_nothing_is_written_through_what_stands_at_a_result_slot_s_path(
+        folder: SharedFolder, tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep")
-    os.symlink(victim, Path(folder.path) / "r9.0")
+    os.symlink(victim, Path(folder.path) / "s9.0")
     with pytest.raises(ShmError):
-        target.commit(9)
+        OperandSlots(folder).result(ResultSlot("s9", PART_UNIT), 4)
     assert victim.read_bytes() == b"keep"
-    assert pool.take(8) is not None and len(pool) == 1  # released
 
 
-def test_result_buffers_are_registered_and_unregistered_with_them(
+def test_a_result_slot_is_registered_from_its_second_use_and_unregistered_with_it(
         folder: SharedFolder) -> None:
     pinner = cudadouble.Pinner()
     clock = Clock()
-    pool = ResultBuffers(folder, 0, Pinning(pinner, Budget(1 << 30)), clock=clock)
-    target = pool.take(PART_UNIT + 1)
-    assert target is not None and target.pinned
+    kept = OperandSlots(folder, Pinning(pinner, Budget(1 << 30)), clock=clock)
+    slot = make_slot(folder, "s2", 2 * PART_UNIT)
+    assert not kept.result(slot, PART_UNIT + 1).pinned
+    assert kept.result(slot, PART_UNIT + 1).pinned
     assert list(pinner.live.values()) == [2 * PART_UNIT]
-    target.commit(1)
     clock.now += IDLE_S + 1
-    pool.sweep()
-    assert len(pinner.live) == 1  # Erlang has not read it yet: kept
-    os.unlink(os.path.join(folder.path, "r1.0"))
-    pool.sweep()
-    assert pinner.live == {} and len(pool) == 0
-    assert sorted(os.listdir(folder.path)) == [".lock"]
-
-
-def test_buffers_stay_within_their_bytes(folder: SharedFolder) -> None:
-    pool = ResultBuffers(folder, 0, limit=3 * PART_UNIT)
-    big = pool.take(2 * PART_UNIT)
-    assert big is not None
-    assert pool.take(2 * PART_UNIT) is None  # no room, the first is in use
-    big.release()
-    assert pool.take(PART_UNIT) is not None  # made room: the free one went
-    assert pool.bytes <= 3 * PART_UNIT
-
-
-def test_a_full_dev_shm_gives_no_buffer(folder: SharedFolder,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    def full(fd: int, offset: int, length: int) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "posix_fallocate", full)
-    pool = ResultBuffers(folder, 0)
-    assert pool.take(100) is None
-    assert sorted(os.listdir(folder.path)) == [".lock"]
-
-
-def test_closing_drops_every_buffer_but_results_not_yet_read(folder: SharedFolder) -> None:
-    pinner = cudadouble.Pinner()
-    pool = ResultBuffers(folder, 0, Pinning(pinner, Budget(1 << 30)))
-    taken = pool.take(10)
-    assert taken is not None
-    taken.commit(5)
-    assert pool.take(10) is not None
-    pool.close()
-    assert pinner.live == {}
-    assert sorted(os.listdir(folder.path)) == [".lock", "r5.0"]
+    kept.sweep()
+    assert pinner.live == {} and len(kept) == 0
+    assert sorted(os.listdir(folder.path)) == [".lock", "s2.0"]  # Erlang's: left be
 
 
 def test_the_sweep_interval_is_short_of_the_idle_time() -> None:

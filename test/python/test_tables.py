@@ -82,7 +82,7 @@ def _differing(kernel: str, change: str) -> bytes:
         launches = [launch_frame(1 + i, kernel, args, trace=True)
                     for i, args in enumerate(jobs)]
     elif change == "result_file":
-        launches = [launch_frame(1 + i, kernel, args, result_file=True)
+        launches = [launch_frame(1 + i, kernel, args, result_file=("s1", 1 << 20))
                     for i, args in enumerate(jobs)]
     elif change == "file":
         launches = [launch_frame(1 + i, kernel, [FileVector(f"i{i}", 400), args[1]])

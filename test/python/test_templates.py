@@ -130,7 +130,7 @@ def test_templates_are_kept_up_to_a_bound_and_can_be_cleared() -> None:
 def test_a_traced_or_malformed_launch_teaches_no_template() -> None:
     templates = cache.Templates()
     for frame in (bytearray(launch_frame(1, "reduce", [f32(4)], trace=True)),
-                  bytearray(launch_frame(1, "reduce", [f32(4)], result_file=True))):
+                  bytearray(launch_frame(1, "reduce", [f32(4)], result_file=("s1", 1 << 20)))):
         launch = protocol.decode(frame)
         assert isinstance(launch, Launch)
         templates.learn(frame, launch, kernels.parse("reduce", launch.args))
@@ -269,7 +269,7 @@ def test_no_general_template_for_data_shared_memory_or_a_trace() -> None:
                   bytearray(launch_frame(1, "copy", [Vector(f32(4).tobytes())], keep=[9])),
                   bytearray(launch_frame(1, "reduce", [FileVector("i1-0", 16, 1)])),
                   bytearray(launch_frame(1, "reduce", [Buffer(1)], trace=True)),
-                  bytearray(launch_frame(1, "copy", [Buffer(1)], result_file=True))):
+                  bytearray(launch_frame(1, "copy", [Buffer(1)], result_file=("s1", 1 << 20)))):
         templates = general_learned(frame, held)
         assert templates.find_general(frame) is None
 

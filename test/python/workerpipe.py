@@ -88,7 +88,7 @@ def typed(values: Any, etype: str) -> Vector:
 
 def launch_frame(job_id: int, kernel: str | bytes, args: list[Any], *, device: int = 0,
                  trace: bool = False, flags: int | None = None,
-                 result_file: bool = False, keep: list[int] | None = None,
+                 result_file: tuple[str, int] | None = None, keep: list[int] | None = None,
                  geometry: tuple[tuple[int, int, int], tuple[int, int, int], int] | None = None,
                  program: bytes | None = None) -> bytes:
     """The launch frame Erlang writes: bytes (or a numpy array) are an f32 vector argument,
@@ -96,10 +96,12 @@ def launch_frame(job_id: int, kernel: str | bytes, args: list[Any], *, device: i
     shared memory, a ``Buffer`` a buffer, a ``Number`` a scalar, a ``Zeroed`` an empty
     argument; ``keep`` (flag keep) the ids to keep the results under, ``geometry`` (flag
     geometry) a user kernel's grid, block and shared bytes, ``program`` (flag program) a
-    program's definition (the arguments are its inputs)."""
+    program's definition (the arguments are its inputs), ``result_file`` (flag result_file)
+    the name and part size of the slot a vector result goes to (``result_slot``)."""
     name = kernel.encode() if isinstance(kernel, str) else kernel
     if flags is None:
-        flags = ((W.flag_trace if trace else 0) | (W.flag_result_file if result_file else 0)
+        flags = ((W.flag_trace if trace else 0)
+                 | (W.flag_result_file if result_file is not None else 0)
                  | (W.flag_keep if keep is not None else 0)
                  | (W.flag_geometry if geometry is not None else 0)
                  | (W.flag_program if program is not None else 0))
@@ -139,7 +141,24 @@ def launch_frame(job_id: int, kernel: str | bytes, args: list[Any], *, device: i
         parts.append(struct.pack(">7I", gx, gy, gz, bx, by, bz, shared))
     if program is not None:
         parts += [struct.pack(">I", len(program)), program]
+    if result_file is not None:
+        slot, part_bytes = result_file
+        parts += [struct.pack(">QB", part_bytes, len(slot)), slot.encode()]
     return b"".join(parts)
+
+
+def result_slot(folder: Path, name: str = "s900", part_bytes: int = 1 << 20) -> tuple[str, int]:
+    """A result slot as Erlang makes one in the worker's folder (its part file, as long as
+    a part): what ``launch_frame``'s ``result_file`` takes."""
+    with open(folder / f"{name}.0", "wb") as f:
+        f.truncate(part_bytes)
+    return name, part_bytes
+
+
+def read_slot(folder: Path, name: str, nbytes: int, dtype: str = "<f4") -> np.ndarray:
+    """The first ``nbytes`` of a slot's part, as Erlang reads a result from it."""
+    with open(folder / f"{name}.0", "rb") as f:
+        return np.frombuffer(f.read(nbytes), dtype)
 
 
 def batch_frame(launches: list[bytes]) -> bytes:
@@ -288,7 +307,8 @@ class WorkerPipe:
         self.writer.write([frame])
 
     def launch(self, job_id: int, kernel: str, args: list[Any], *, device: int = 0,
-               trace: bool = False, result_file: bool = False, keep: list[int] | None = None,
+               trace: bool = False, result_file: tuple[str, int] | None = None,
+               keep: list[int] | None = None,
                geometry: tuple[tuple[int, int, int], tuple[int, int, int], int] | None = None,
                program: bytes | None = None) -> None:
         if self.record:
