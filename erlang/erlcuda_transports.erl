@@ -29,7 +29,7 @@
 %% shared memory.
 -type figure() :: {pos_integer(), non_neg_integer(), non_neg_integer()}.
 
--define(MIN_SIZE, 65536).
+-define(MIN_SIZE, 16384).
 -define(MAX_SIZE, 16777216).
 %% The sizes go up by this factor.
 -define(STEP, 4).

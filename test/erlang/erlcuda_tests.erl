@@ -212,14 +212,15 @@ caller(C, Jobs) ->
     receive {erlcuda, _, _} = Extra -> error({extra, Extra}) after 0 -> ok end,
     ok.
 
-%% 200 callers of 64 KiB jobs keep the port busy: their frames go through the port's writer,
-%% several to a batch frame, and every caller still gets its own results, in order. The
-%% worker is stopped while they start, so that the port is busy whatever the machine's speed.
+%% 200 callers of 4 KiB jobs (under any shared-memory threshold: their frames carry their
+%% data) keep the port busy: their frames go through the port's writer, several to a batch
+%% frame, and every caller still gets its own results, in order. The worker is stopped while
+%% they start, so that the port is busy whatever the machine's speed.
 writer() ->
     #{writer := #{jobs := Before}, worker_os_pid := Os} = erlcuda:info(),
     erlcuda_test_util:signal(Os, "STOP"),
     Self = self(),
-    N = 16384,
+    N = 1024,
     Pids = [spawn_link(fun() ->
                                V = binary:copy(<<(float(C)):32/float-little>>, N),
                                Ids = [begin {ok, Id} = erlcuda:launch(reduce, [V]), Id end
