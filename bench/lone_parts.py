@@ -147,6 +147,7 @@ def main() -> int:
             worker._take(body)
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    worker.lanes[0].close_here(worker._device)  # its context off the stack before exit
     os.close(dead_w)
     return 0
 
