@@ -222,10 +222,11 @@ delete(Files) ->
 result_slot(Folder, Bytes) ->
     case erlcuda_shm_slots:claim(Folder, max(1, ceil_div(Bytes, ?PART_UNIT)) * ?PART_UNIT, 1) of
         {ok, Slot} ->
-            %% Its part file made before the worker looks for it (a new slot's process
-            %% makes it as it starts; an operand's write waits for that, a result has none).
-            case erlcuda_shm_slots:read(Slot, 0) of
-                {ok, _} -> {ok, Slot};
+            %% Its part file made, and its pages allocated, before the worker looks for it
+            %% (a new slot's process makes the file as it starts; the worker writes through
+            %% a mapping, where a page a full /dev/shm cannot give would kill it).
+            case erlcuda_shm_slots:reserve(Slot) of
+                ok -> {ok, Slot};
                 {error, _} -> ok = erlcuda_shm_slots:discard(Slot), none
             end;
         none ->

@@ -30,8 +30,8 @@
 %% everything in it.
 -module(erlcuda_shm_slots).
 
--export([create/0, keeper/0, claim/3, write/2, send_writes/2, written/1, read/2, release/1,
-         discard/1, sweep/1, forget/1, stats/0]).
+-export([create/0, keeper/0, claim/3, write/2, send_writes/2, written/1, reserve/1, read/2,
+         release/1, discard/1, sweep/1, forget/1, stats/0]).
 
 -export_type([slot/0]).
 
@@ -119,6 +119,7 @@ grow(#{parts := Pids, part_bytes := PartBytes} = Slot, Parts) ->
         false ->
             atomics:sub(counters(), ?BYTES, More),
             delete_slot(Slot),
+            uncount(Slot),
             none
     end.
 
@@ -158,6 +159,14 @@ written(Refs) when is_list(Refs) ->
 read(#{parts := [Pid | _]}, Bytes) ->
     Ref = monitor(process, Pid),
     Pid ! {read, self(), Ref, Bytes},
+    written_one(Ref).
+
+%% @doc The slot's first part made and its pages allocated, for a result the worker writes
+%% into it: `ok', or `{error, Why}' where it cannot be (a full /dev/shm: `enospc').
+-spec reserve(slot()) -> ok | {error, term()}.
+reserve(#{parts := [Pid | _]}) ->
+    Ref = monitor(process, Pid),
+    Pid ! {reserve, self(), Ref},
     written_one(Ref).
 
 written_one(Ref) ->
@@ -236,9 +245,11 @@ stats() ->
 
 %% A part file's process: it makes the file (new, never through what stands at its path),
 %% as long as a part, and writes each job's bytes at its start until told to stop, when it
-%% deletes it. A file deleted under it (its folder removed, say) fails every write after
-%% the one that found it gone (`linked/1'): the worker could not map it. It dies with the
-%% worker's keeper.
+%% deletes it. A file deleted under it (its folder removed, say) fails the write that finds
+%% it gone and every later one (`linked/2'): the worker could not map it, and the job's data
+%% takes the pipe. Taken for a result, the part's pages are allocated first (`reserve/1'),
+%% once: the worker writes a result through its mapping, where a page a full /dev/shm
+%% cannot give would kill it (SIGBUS). It dies with the worker's keeper.
 part(Keeper, Path, PartBytes) ->
     link(Keeper),
     Opened = case file:open(Path, [raw, read, write, binary, exclusive]) of
@@ -250,14 +261,34 @@ part(Keeper, Path, PartBytes) ->
                  {error, _} = Error ->
                      Error
              end,
-    part_loop(Opened, Path).
+    part_loop(Opened, Path, PartBytes, false).
 
-write_part({ok, Fd}, Path, Bin) ->
+write_part({ok, Fd} = Opened, Path, Bin) ->
     case file:pwrite(Fd, 0, Bin) of
+        ok -> linked(Opened, Path);
+        {error, Why} -> {{error, {Path, Why}}, Opened}
+    end;
+write_part({error, Why} = Failed, Path, _) ->
+    {{error, {Path, Why}}, Failed}.
+
+%% After a write: `ok', or `{error, {Path, deleted}}' once the file's last name is gone (its
+%% folder removed, say), which fails every later write too; and the file as it stands.
+linked({ok, Fd} = Opened, Path) ->
+    case file:read_file_info(Fd, [raw, {time, posix}]) of
+        {ok, #file_info{links = 0}} ->
+            _ = file:close(Fd),
+            {{error, {Path, deleted}}, {error, deleted}};
+        {ok, _} -> {ok, Opened};
+        {error, Why} = Error -> _ = file:close(Fd), {{error, {Path, Why}}, Error}
+    end.
+
+%% The part's pages allocated (once), for a result the worker writes through its mapping.
+reserve_part({ok, Fd}, Path, PartBytes) ->
+    case file:allocate(Fd, 0, PartBytes) of
         ok -> ok;
         {error, Why} -> {error, {Path, Why}}
     end;
-write_part({error, Why}, Path, _) ->
+reserve_part({error, Why}, Path, _) ->
     {error, {Path, Why}}.
 
 %% Exactly `Bytes' from the start: a read that comes back short would shrink its binary.
@@ -273,33 +304,28 @@ read_part({ok, Fd}, Path, Bytes) ->
 read_part({error, Why}, Path, _) ->
     {error, {Path, Why}}.
 
-%% The file as it stands after a write: `{error, deleted}' once its last name is gone (its
-%% folder removed, say), which fails every later write. Checked after the write is
-%% answered, off the job's way: the job it carried then fails in the worker, which cannot
-%% map the file, and the slot is deleted at its next write.
-linked({ok, Fd} = Opened) ->
-    case file:read_file_info(Fd, [raw, {time, posix}]) of
-        {ok, #file_info{links = 0}} -> _ = file:close(Fd), {error, deleted};
-        {ok, _} -> Opened;
-        {error, _} = Error -> _ = file:close(Fd), Error
-    end;
-linked(Failed) ->
-    Failed.
-
 sized(Fd, PartBytes) ->
     case file:position(Fd, PartBytes) of
         {ok, _} -> file:truncate(Fd);
         {error, _} = Error -> Error
     end.
 
-part_loop(Opened, Path) ->
+part_loop(Opened, Path, PartBytes, Reserved) ->
     receive
         {write, From, Ref, Bin} ->
-            From ! {Ref, write_part(Opened, Path, Bin)},
-            part_loop(linked(Opened), Path);
+            {Written, Now} = write_part(Opened, Path, Bin),
+            From ! {Ref, Written},
+            part_loop(Now, Path, PartBytes, Reserved);
+        {reserve, From, Ref} when Reserved ->
+            From ! {Ref, ok},
+            part_loop(Opened, Path, PartBytes, Reserved);
+        {reserve, From, Ref} ->
+            Done = reserve_part(Opened, Path, PartBytes),
+            From ! {Ref, Done},
+            part_loop(Opened, Path, PartBytes, Done =:= ok);
         {read, From, Ref, Bytes} ->
             From ! {Ref, read_part(Opened, Path, Bytes)},
-            part_loop(Opened, Path);
+            part_loop(Opened, Path, PartBytes, Reserved);
         stop ->
             %% What stands at its path goes too where the file could not be made there: a
             %% name in the worker's folder is erlcuda's (file:delete/2 follows no symlink).

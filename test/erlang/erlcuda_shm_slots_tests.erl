@@ -37,7 +37,8 @@ slots_test_() ->
                           {"swept when idle or orphaned", fun swept/1},
                           {"gone with the keeper", fun keeper_gone/1},
                           {"refused once its file is deleted", fun deleted/1},
-                          {"a result read from its slot", fun result_read/1}]]}.
+                          {"a result read from its slot", fun result_read/1},
+                          {"a free slot that cannot grow is uncounted", fun not_grown/1}]]}.
 
 part(#{dir := Dir}, #{name := Name}, K) ->
     filename:join(Dir, binary_to_list(Name) ++ "." ++ integer_to_list(K)).
@@ -60,17 +61,24 @@ written_again(Folder) ->
     {ok, <<9, 2, 3, _/binary>>} = file:read_file(part(Folder, Slot, 0)),
     ?assertEqual(Made + 2, maps:get(made, erlcuda_shm_slots:stats())).
 
-%% A part's file deleted under it (its folder removed) is found after the write that
-%% follows, off that job's way (the worker, which cannot map it, fails that job): every
-%% later write is refused, and the slot is deleted by the job that gets the refusal.
+%% A part's file deleted under it (its folder removed) fails the write that finds it gone
+%% (the job's data then takes the pipe: the worker could not map it) and every later one.
 deleted(Folder) ->
     {ok, Slot} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
     ?assertEqual(ok, erlcuda_shm_slots:write(Slot, [<<1>>])),
     ok = file:delete(part(Folder, Slot, 0)),
-    ?assertEqual(ok, erlcuda_shm_slots:write(Slot, [<<2>>])),
-    {error, {Got, deleted}} = erlcuda_shm_slots:write(Slot, [<<3>>]),
+    {error, {Got, deleted}} = erlcuda_shm_slots:write(Slot, [<<2>>]),
     ?assertEqual(part(Folder, Slot, 0), unicode:characters_to_list(Got)),
-    ?assertMatch({error, {_, deleted}}, erlcuda_shm_slots:write(Slot, [<<4>>])).
+    ?assertMatch({error, {_, deleted}}, erlcuda_shm_slots:write(Slot, [<<3>>])).
+
+%% A free slot taken for an operand of more parts than the pool has room for is deleted,
+%% and its bytes leave the pool's count with it.
+not_grown(Folder) ->
+    {ok, Slot} = erlcuda_shm_slots:claim(Folder, 256 * ?MIB, 1),
+    ok = erlcuda_shm_slots:release(Slot),
+    ?assertMatch(#{bytes := Bytes} when Bytes =:= 256 * ?MIB, erlcuda_shm_slots:stats()),
+    ?assertEqual(none, erlcuda_shm_slots:claim(Folder, 256 * ?MIB, 8)),  % 2 GiB: no room
+    ?assertMatch(#{bytes := 0, free := 0, claimed := 0}, erlcuda_shm_slots:stats()).
 
 %% A result the worker wrote into a result slot is read from the start of its part with one
 %% pread, and the slot given back; a record that is not the slot's (more bytes than its
@@ -78,6 +86,10 @@ deleted(Folder) ->
 result_read(Folder) ->
     {ok, Slot} = erlcuda_shm:result_slot(Folder, 8),
     ?assertMatch(#{part_bytes := ?MIB, parts := [_]}, Slot),
+    %% its pages allocated before the worker writes through its mapping: a page a full
+    %% /dev/shm could not give there would kill the worker
+    Blocks = list_to_integer(string:trim(os:cmd("stat -c %b " ++ part(Folder, Slot, 0)))),
+    ?assert(Blocks * 512 >= ?MIB),
     %% the worker writes its result from the part's start, as a mapping of the file does
     {ok, Fd} = file:open(part(Folder, Slot, 0), [read, write, raw, binary]),
     ok = file:pwrite(Fd, 0, <<1.0:32/float-little, 2.0:32/float-little, 9>>),
