@@ -638,6 +638,10 @@ class Lane(threading.Thread):
                     results[i] = failure
                 elif target is not None and into is not None and values[n] is into[n]:
                     results[i] = target.commit()
+                elif target is not None and _fits(values[n], target):
+                    # written elsewhere by the backend: copied into the slot taken for it
+                    np.copyto(target.view(kernels.F32), values[n].reshape(-1))  # type: ignore[union-attr]
+                    results[i] = target.commit()
                 else:
                     value = values[n]
                     # A backend's arrays may live in its staging memory, valid only until
@@ -659,6 +663,7 @@ class Lane(threading.Thread):
             return self.slots.result(job.result_file, plan.out_elements * kernels.F32.itemsize)
         except ShmError as exc:
             log.warning("job %d: the result goes through the pipe: %s", job.job_id, exc)
+            job.result_file = None  # not tried again when the reply is written
             return None
 
     # -- the general path ------------------------------------------------------------------
@@ -847,6 +852,12 @@ class Lane(threading.Thread):
                     raise
                 log.warning("device %d: freeing buffer %d: %s", self.index, buffer_id,
                             exc.message)
+
+
+def _fits(value: Result, target: ResultTarget) -> bool:
+    """Whether ``value`` is an f32 vector of ``target``'s bytes."""
+    return (type(value) is np.ndarray and value.dtype == kernels.F32
+            and value.nbytes == target.nbytes)
 
 
 def _own(value: Result) -> Result:

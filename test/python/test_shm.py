@@ -128,6 +128,8 @@ def test_a_result_slot_that_cannot_take_the_result_sends_it_through_the_pipe(
     job_id, (status, values) = worker.result()
     assert (job_id, status) == (1, "ok") and values == (a * 2).tolist()
     wait_logged(worker, why)
+    worker.call("info")  # what else it logged about the job has come by now: tried once
+    assert sum(why in text for _, text in worker.logs) == 1, worker.logs
 
 
 def wait_logged(worker: WorkerPipe, text: str) -> None:
