@@ -550,9 +550,10 @@ bandwidth_size(K, N, B, Shm) ->
                    pure_ns => Pure}).
 
 %% One round of the shared-memory floor: the operands over the threshold written to fresh
-%% files, a result of OutBytes (written beforehand, untimed, as the worker would) read back;
-%% every file deleted, untimed. As erlcuda moves them (erlcuda_shm): operands in parts
-%% written at once, the result one file, in a folder like a worker's.
+%% files, a result of OutBytes (written beforehand, untimed, as the worker would) read back
+%% with one pread from a file held open, as a result slot's process reads it; every file
+%% deleted, untimed. As erlcuda moves them (erlcuda_shm): operands in parts written at once,
+%% the result one file, in a folder like a worker's.
 shm_floor(Args, OutBytes) ->
     {ok, Dir} = erlcuda_shm:folder("/dev/shm"),
     {_, Ins} = erlcuda_shm:plan(#{dir => Dir, threshold => shm_threshold()},
@@ -560,10 +561,12 @@ shm_floor(Args, OutBytes) ->
     Out = [{filename:join(Dir, "r.0"), binary:copy(<<0>>, OutBytes)}
            || OutBytes >= shm_threshold()],
     ok = erlcuda_shm:stage(Out),
+    Fds = [begin {ok, Fd} = file:open(F, [read, raw, binary]), Fd end || {F, _} <- Out],
     T0 = now_ns(),
     ok = erlcuda_shm:stage(Ins),
-    _ = [{ok, _} = erlcuda_shm:read_parts([{F, 0, OutBytes}], OutBytes) || {F, _} <- Out],
+    _ = [{ok, _} = file:pread(Fd, 0, OutBytes) || Fd <- Fds],
     T = now_ns() - T0,
+    _ = [file:close(Fd) || Fd <- Fds],
     erlcuda_shm:remove(Dir),
     T.
 

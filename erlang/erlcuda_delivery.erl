@@ -1,7 +1,7 @@
 %% @private
 %% Replies in the order launched when some of them take a while to deliver.
 %%
-%% A result in a shared-memory file is read, deleted and sent by a process of its own (a
+%% A result in shared memory (a result slot) is read and sent by a process of its own (a
 %% deliverer), so that the port owner never copies it. A later reply to the same caller must
 %% not overtake it: while a caller (a pid or an alias) has a deliverer, every reply to it
 %% goes through that deliverer, in order. A deliverer that has nothing left asks the port

@@ -19,8 +19,8 @@ Erlang -> worker (``decode``):
 Worker -> Erlang:
     results frame: WIRE.results, Count:u32, then per job JobId:u64, Tag:u8, Len:u32 and the
                    payload: raw f32 (tag_vector), an f64 (tag_scalar), the ETF of the reason
-                   (tag_error), Bytes:u64 and PartBytes:u64 (tag_file: the vector is in the
-                   part files r<JobId>.0, r<JobId>.1, ...), Type:u8 and raw elements
+                   (tag_error), Bytes:u64 and PartBytes:u64 (tag_file: the vector is in
+                   the result slot its launch named), Type:u8 and raw elements
                    of that type (tag_typed: a vector of another type than f32),
                    BufferId:u64, Type:u8, Elements:u64 (tag_handle: a vector kept on the
                    device, ``Kept``), Count:u32 and per item Tag:u8, Len:u32, payload
