@@ -216,11 +216,17 @@ delete(Files) ->
 
 %% @doc A result slot for a vector result of `Bytes' bytes: a slot of one part that holds
 %% it all (read with one `pread' into one binary: parts would have to be joined, a copy of
-%% the whole result), taken for the caller's job; `none' where the slots have no room (the
-%% result then takes the pipe).
+%% the whole result), taken for the caller's job, and made past the pool's bytes where it
+%% has no room (the pipe would hold every other job up); `none' where its pages cannot be
+%% had (the result then takes the pipe).
 -spec result_slot(folder(), non_neg_integer()) -> {ok, erlcuda_shm_slots:slot()} | none.
 result_slot(Folder, Bytes) ->
-    case erlcuda_shm_slots:claim(Folder, max(1, ceil_div(Bytes, ?PART_UNIT)) * ?PART_UNIT, 1) of
+    PartBytes = max(1, ceil_div(Bytes, ?PART_UNIT)) * ?PART_UNIT,
+    Claimed = case erlcuda_shm_slots:claim(Folder, PartBytes, 1) of
+                  none -> erlcuda_shm_slots:claim_over(Folder, PartBytes);
+                  Taken -> Taken
+              end,
+    case Claimed of
         {ok, Slot} ->
             %% Its part file made, and its pages allocated, before the worker looks for it
             %% (a new slot's process makes the file as it starts; the worker writes through

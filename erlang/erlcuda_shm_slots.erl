@@ -30,7 +30,7 @@
 %% everything in it.
 -module(erlcuda_shm_slots).
 
--export([create/0, keeper/0, claim/3, write/2, send_writes/2, written/1, reserve/1, read/2,
+-export([create/0, keeper/0, claim/3, claim_over/2, write/2, send_writes/2, written/1, reserve/1, read/2,
          release/1, discard/1, sweep/1, forget/1, stats/0]).
 
 -export_type([slot/0]).
@@ -85,6 +85,21 @@ claim(#{dir := Dir, keeper := Keeper}, PartBytes, Parts) ->
             none
     end;
 claim(_, _, _) ->
+    none.
+
+%% @doc A new slot of one part of `PartBytes' for the caller's job, made whatever room the
+%% pool has left (a result has no other way to shared memory): counted, and deleted when
+%% given back while the pool is over its bytes.
+-spec claim_over(erlcuda_shm:folder(), pos_integer()) -> {ok, slot()} | none.
+claim_over(#{dir := Dir, keeper := Keeper}, PartBytes) ->
+    Seq = atomics:add_get(counters(), ?SEQ, 1),
+    Slot = #{seq => Seq, dir => Dir, part_bytes => PartBytes, keeper => Keeper,
+             name => <<"s", (integer_to_binary(Seq))/binary>>, parts => []},
+    atomics:add(counters(), ?BYTES, PartBytes),
+    Made = Slot#{parts := [spawn_part(Slot, 0)]},
+    true = ets:insert(?CLAIMED, {Seq, self(), Made}),
+    {ok, Made};
+claim_over(_, _) ->
     none.
 
 take_free(_, _, 0) ->
@@ -178,15 +193,17 @@ written_one(Ref) ->
             {error, {slot_gone, Why}}
     end.
 
-%% @doc The job that took the slot is answered: the slot is free for the next one. Only the
-%% first of release/1 and discard/1 does anything.
+%% @doc The job that took the slot is answered: the slot is free for the next one (deleted
+%% where the pool is over its bytes, `claim_over/2'). Only the first of release/1 and
+%% discard/1 does anything.
 -spec release(slot()) -> ok.
 release(#{seq := Seq, keeper := Keeper} = Slot) ->
     case ets:take(?CLAIMED, Seq) of
         [_] ->
-            case is_process_alive(Keeper) of
+            case is_process_alive(Keeper) andalso
+                atomics:get(counters(), ?BYTES) =< ?POOL_BYTES of
                 true -> free(Slot, now_ms());
-                false -> uncount(Slot)
+                false -> delete_slot(Slot), uncount(Slot)
             end;
         [] ->
             ok

@@ -38,7 +38,8 @@ slots_test_() ->
                           {"gone with the keeper", fun keeper_gone/1},
                           {"refused once its file is deleted", fun deleted/1},
                           {"a result read from its slot", fun result_read/1},
-                          {"a free slot that cannot grow is uncounted", fun not_grown/1}]]}.
+                          {"a free slot that cannot grow is uncounted", fun not_grown/1},
+                          {"a result past the pool's room", fun over/1}]]}.
 
 part(#{dir := Dir}, #{name := Name}, K) ->
     filename:join(Dir, binary_to_list(Name) ++ "." ++ integer_to_list(K)).
@@ -79,6 +80,23 @@ not_grown(Folder) ->
     ?assertMatch(#{bytes := Bytes} when Bytes =:= 256 * ?MIB, erlcuda_shm_slots:stats()),
     ?assertEqual(none, erlcuda_shm_slots:claim(Folder, 256 * ?MIB, 8)),  % 2 GiB: no room
     ?assertMatch(#{bytes := 0, free := 0, claimed := 0}, erlcuda_shm_slots:stats()).
+
+%% A result finds a slot past the pool's bytes (a slot of its own, counted), and it is
+%% deleted when given back while the pool is over them; within them, a slot goes back free.
+over(Folder) ->
+    {ok, Full} = erlcuda_shm_slots:claim(Folder, 512 * ?MIB, 2),
+    ?assertEqual(none, erlcuda_shm_slots:claim(Folder, 512 * ?MIB, 1)),
+    {ok, Over} = erlcuda_shm_slots:claim_over(Folder, 512 * ?MIB),
+    ?assertMatch(#{bytes := B, claimed := 2} when B =:= 1536 * ?MIB, erlcuda_shm_slots:stats()),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(
+                       fun() -> filelib:is_file(part(Folder, Over, 0)) end, 50)),
+    ok = erlcuda_shm_slots:release(Over),
+    ?assertMatch(#{bytes := B, claimed := 1, free := 0} when B =:= 1024 * ?MIB,
+                 erlcuda_shm_slots:stats()),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(
+                       fun() -> not filelib:is_file(part(Folder, Over, 0)) end, 50)),
+    ok = erlcuda_shm_slots:release(Full),
+    ?assertMatch(#{claimed := 0, free := 1}, erlcuda_shm_slots:stats()).
 
 %% A result the worker wrote into a result slot is read from the start of its part with one
 %% pread, and the slot given back; a record that is not the slot's (more bytes than its
