@@ -618,8 +618,8 @@ class Lane(threading.Thread):
     def _run_groups(self, batch: list[Job], groups: dict[tuple[Any, ...], list[int]],
                     results: list[Result | None], device: Device | None) -> str | None:
         """One backend call a group, each answer in ``results``; why the device is lost,
-        where it is. A result that goes to a file is written straight into a result buffer
-        where one is free (``into``)."""
+        where it is. A result that goes to a file is written straight into its result slot
+        (``into``), or copied there where the backend wrote it elsewhere."""
         fatal: str | None = None
         last = len(groups) - 1
         for g, indices in enumerate(groups.values()):
@@ -639,9 +639,7 @@ class Lane(threading.Thread):
                 elif target is not None and into is not None and values[n] is into[n]:
                     results[i] = target.commit()
                 elif target is not None and _fits(values[n], target):
-                    # written elsewhere by the backend: copied into the slot taken for it
-                    np.copyto(target.view(kernels.F32), values[n].reshape(-1))  # type: ignore[union-attr]
-                    results[i] = target.commit()
+                    results[i] = _into(target, values[n])  # type: ignore[arg-type]
                 else:
                     value = values[n]
                     # A backend's arrays may live in its staging memory, valid only until
@@ -652,18 +650,23 @@ class Lane(threading.Thread):
         return fatal
 
     def _result_target(self, job: Job) -> ResultTarget | None:
-        """The job's result slot, mapped for its vector result, where it goes to a file
-        (``None`` where the slot cannot be had: the result then takes the pipe)."""
+        """The job's result slot, mapped for its vector result, where it goes to a file."""
         plan = job.plan
-        if (job.result_file is None or job.trace is not None or self.slots is None
-                or plan is None or plan.action != "batched" or plan.scalar
+        if (job.trace is not None or plan is None or plan.action != "batched" or plan.scalar
                 or plan.out_elements <= 0):
             return None
+        return self._slot_for(job, plan.out_elements * kernels.F32.itemsize)
+
+    def _slot_for(self, job: Job, nbytes: int) -> ResultTarget | None:
+        """The job's result slot mapped for ``nbytes``; ``None`` where it has none or it
+        cannot be had: the result then takes the pipe, and the slot is not tried again."""
+        if job.result_file is None or self.slots is None:
+            return None
         try:
-            return self.slots.result(job.result_file, plan.out_elements * kernels.F32.itemsize)
+            return self.slots.result(job.result_file, nbytes)
         except ShmError as exc:
             log.warning("job %d: the result goes through the pipe: %s", job.job_id, exc)
-            job.result_file = None  # not tried again when the reply is written
+            job.result_file = None
             return None
 
     # -- the general path ------------------------------------------------------------------
@@ -827,16 +830,8 @@ class Lane(threading.Thread):
     def _write_result(self, job: Job, result: np.ndarray) -> np.ndarray | FileResult:
         """A vector result copied into the job's result slot: its record; the result
         itself (through the pipe) where the slot cannot be had."""
-        assert job.result_file is not None
-        if self.slots is None:
-            return result
-        try:
-            target = self.slots.result(job.result_file, result.nbytes)
-        except ShmError as exc:
-            log.warning("job %d: the result goes through the pipe: %s", job.job_id, exc)
-            return result
-        np.copyto(target.view(result.dtype), result.reshape(-1))
-        return target.commit()
+        target = self._slot_for(job, result.nbytes)
+        return result if target is None else _into(target, result)
 
     def free_buffers(self, device: Device | None, ids: Sequence[int]) -> None:
         """Free the buffers ``ids`` (those held: others are ignored), on the lane's thread.
@@ -852,6 +847,12 @@ class Lane(threading.Thread):
                     raise
                 log.warning("device %d: freeing buffer %d: %s", self.index, buffer_id,
                             exc.message)
+
+
+def _into(target: ResultTarget, value: np.ndarray) -> FileResult:
+    """``value`` copied into its result slot: the record to send."""
+    np.copyto(target.view(value.dtype), value.reshape(-1))
+    return target.commit()
 
 
 def _fits(value: Result, target: ResultTarget) -> bool:

@@ -26,6 +26,7 @@ class Graphs(Protocol):
 
     def release(self, handle: Any) -> None: ...
 
+
 #: A batch up to this many elements is replayed: above it the copies outweigh the calls.
 REPLAY_MAX_ELEMENTS = 1 << 16
 #: Graphs kept per device, the least recently used dropped first.
