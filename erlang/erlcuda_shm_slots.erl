@@ -11,8 +11,8 @@
 %% A slot `s<N>' holds an operand of up to the contract's part count of parts, each part in
 %% a file `s<N>.<K>' of the slot's part size, made that long (sparse) when the part is first
 %% needed. Each part file belongs to a process of its own that holds it open and writes
-%% each job's bytes at its start on request (`write/2'): the parts of an operand are written
-%% at once, each under its own inode's lock, and a write is one call to the file driver
+%% each job's bytes at its start on request (`send_writes/2'): the parts of an operand are
+%% written at once, each under its own inode's lock, and a write is one call to the file driver
 %% rather than an open, a check and a close; it reads a result the worker wrote into the
 %% part (`read/2') with one `pread' in the same way. A slot is taken by one job at a time
 %% (`claim/3'), from the free slots of its part size, or made new while the slots' bytes stay
@@ -30,8 +30,8 @@
 %% everything in it.
 -module(erlcuda_shm_slots).
 
--export([create/0, keeper/0, claim/3, claim_over/2, write/2, send_writes/2, written/1, reserve/1, read/2,
-         release/1, discard/1, sweep/1, forget/1, stats/0]).
+-export([create/0, keeper/0, claim/3, claim_over/2, send_writes/2, written/1, reserve/1,
+         read/2, release/1, discard/1, sweep/1, forget/1, stats/0]).
 
 -export_type([slot/0]).
 
@@ -92,9 +92,7 @@ claim(_, _, _) ->
 %% given back while the pool is over its bytes.
 -spec claim_over(erlcuda_shm:folder(), pos_integer()) -> {ok, slot()} | none.
 claim_over(#{dir := Dir, keeper := Keeper}, PartBytes) ->
-    Seq = atomics:add_get(counters(), ?SEQ, 1),
-    Slot = #{seq => Seq, dir => Dir, part_bytes => PartBytes, keeper => Keeper,
-             name => <<"s", (integer_to_binary(Seq))/binary>>, parts => []},
+    #{seq := Seq} = Slot = blank(Dir, Keeper, PartBytes),
     atomics:add(counters(), ?BYTES, PartBytes),
     Made = Slot#{parts := [spawn_part(Slot, 0)]},
     true = ets:insert(?CLAIMED, {Seq, self(), Made}),
@@ -116,10 +114,13 @@ take_free(Dir, PartBytes, Tries) ->
     end.
 
 new(Dir, Keeper, PartBytes, Parts) ->
+    grow(blank(Dir, Keeper, PartBytes), Parts).
+
+%% A new slot's description, with its name (never used again) and no part yet.
+blank(Dir, Keeper, PartBytes) ->
     Seq = atomics:add_get(counters(), ?SEQ, 1),
-    Slot = #{seq => Seq, dir => Dir, part_bytes => PartBytes, keeper => Keeper,
-             name => <<"s", (integer_to_binary(Seq))/binary>>, parts => []},
-    grow(Slot, Parts).
+    #{seq => Seq, dir => Dir, part_bytes => PartBytes, keeper => Keeper,
+      name => <<"s", (integer_to_binary(Seq))/binary>>, parts => []}.
 
 %% The slot with `Parts' part processes at least, or `none' (the slot deleted) where the
 %% pool has no room for the parts it lacks.
@@ -142,27 +143,18 @@ spawn_part(#{dir := Dir, name := Name, part_bytes := PartBytes, keeper := Keeper
     Path = filename:join(Dir, <<Name/binary, ".", (integer_to_binary(K))/binary>>),
     spawn(fun() -> part(Keeper, Path, PartBytes) end).
 
-%% @doc Write an operand's parts into the slot, each by its part's process, all at once.
--spec write(slot(), [binary()]) -> ok | {error, term()}.
-write(Slot, Bins) ->
-    written(send_writes(Slot, Bins)).
-
-%% @doc Ask for an operand's parts to be written (`write/2' without the wait): what
-%% `written/1' waits for. The operands of a job are all asked for before any is waited for,
-%% so that they are written at once.
+%% @doc Ask for an operand's parts to be written into the slot, each by its part's process:
+%% what `written/1' waits for. The operands of a job are all asked for before any is waited
+%% for, so that they are written at once.
 -spec send_writes(slot(), [binary()]) -> [reference()].
 send_writes(#{parts := Pids}, Bins) ->
-    [begin
-         Ref = monitor(process, Pid),
-         Pid ! {write, self(), Ref, Bin},
-         Ref
-     end || {Pid, Bin} <- lists:zip(lists:sublist(Pids, length(Bins)), Bins)].
+    [ask(Pid, {write, Bin}) || {Pid, Bin} <- lists:zip(lists:sublist(Pids, length(Bins)), Bins)].
 
 %% @doc The writes asked for by `send_writes/2', once all are done: `ok' or the first
 %% error.
 -spec written([reference()]) -> ok | {error, term()}.
 written(Refs) when is_list(Refs) ->
-    case [R || R <- [written_one(Ref) || Ref <- Refs], R =/= ok] of
+    case [R || R <- [answer(Ref) || Ref <- Refs], R =/= ok] of
         [] -> ok;
         [Error | _] -> Error
     end.
@@ -172,19 +164,21 @@ written(Refs) when is_list(Refs) ->
 %% part's file is gone or holds less.
 -spec read(slot(), non_neg_integer()) -> {ok, binary()} | {error, term()}.
 read(#{parts := [Pid | _]}, Bytes) ->
-    Ref = monitor(process, Pid),
-    Pid ! {read, self(), Ref, Bytes},
-    written_one(Ref).
+    answer(ask(Pid, {read, Bytes})).
 
 %% @doc The slot's first part made and its pages allocated, for a result the worker writes
 %% into it: `ok', or `{error, Why}' where it cannot be (a full /dev/shm: `enospc').
 -spec reserve(slot()) -> ok | {error, term()}.
 reserve(#{parts := [Pid | _]}) ->
-    Ref = monitor(process, Pid),
-    Pid ! {reserve, self(), Ref},
-    written_one(Ref).
+    answer(ask(Pid, reserve)).
 
-written_one(Ref) ->
+%% A request to a part's process, answered `{Ref, Result}' (`answer/1').
+ask(Pid, Request) ->
+    Ref = monitor(process, Pid),
+    Pid ! {Request, self(), Ref},
+    Ref.
+
+answer(Ref) ->
     receive
         {Ref, Result} ->
             demonitor(Ref, [flush]),
@@ -329,7 +323,7 @@ sized(Fd, PartBytes) ->
 
 part_loop(Opened, Path, PartBytes, Reserved) ->
     receive
-        {write, From, Ref, Bin} ->
+        {{write, Bin}, From, Ref} ->
             {Written, Now} = write_part(Opened, Path, Bin),
             From ! {Ref, Written},
             part_loop(Now, Path, PartBytes, Reserved);
@@ -340,7 +334,7 @@ part_loop(Opened, Path, PartBytes, Reserved) ->
             Done = reserve_part(Opened, Path, PartBytes),
             From ! {Ref, Done},
             part_loop(Opened, Path, PartBytes, Done =:= ok);
-        {read, From, Ref, Bytes} ->
+        {{read, Bytes}, From, Ref} ->
             From ! {Ref, read_part(Opened, Path, Bytes)},
             part_loop(Opened, Path, PartBytes, Reserved);
         stop ->

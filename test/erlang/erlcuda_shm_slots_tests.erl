@@ -41,13 +41,17 @@ slots_test_() ->
                           {"a free slot that cannot grow is uncounted", fun not_grown/1},
                           {"a result past the pool's room", fun over/1}]]}.
 
+%% An operand's parts written into a slot, as erlcuda_shm:stage/1 writes them.
+write(Slot, Bins) ->
+    erlcuda_shm_slots:written(erlcuda_shm_slots:send_writes(Slot, Bins)).
+
 part(#{dir := Dir}, #{name := Name}, K) ->
     filename:join(Dir, binary_to_list(Name) ++ "." ++ integer_to_list(K)).
 
 written_again(Folder) ->
     #{made := Made} = erlcuda_shm_slots:stats(),  % node-wide: the names are never reused
     {ok, Slot} = erlcuda_shm_slots:claim(Folder, ?MIB, 2),
-    ?assertEqual(ok, erlcuda_shm_slots:write(Slot, [<<1, 2, 3>>, <<4>>])),
+    ?assertEqual(ok, write(Slot, [<<1, 2, 3>>, <<4>>])),
     {ok, Part0} = file:read_file(part(Folder, Slot, 0)),
     ?assertEqual(?MIB, byte_size(Part0)),  % a part's size: the worker maps it whole
     ?assertEqual(<<1, 2, 3>>, binary:part(Part0, 0, 3)),
@@ -58,7 +62,7 @@ written_again(Folder) ->
     ok = erlcuda_shm_slots:release(Slot),
     {ok, Again} = erlcuda_shm_slots:claim(Folder, ?MIB, 2),
     ?assertEqual(maps:get(name, Slot), maps:get(name, Again)),
-    ?assertEqual(ok, erlcuda_shm_slots:write(Again, [<<9>>])),
+    ?assertEqual(ok, write(Again, [<<9>>])),
     {ok, <<9, 2, 3, _/binary>>} = file:read_file(part(Folder, Slot, 0)),
     ?assertEqual(Made + 2, maps:get(made, erlcuda_shm_slots:stats())).
 
@@ -66,11 +70,11 @@ written_again(Folder) ->
 %% (the job's data then takes the pipe: the worker could not map it) and every later one.
 deleted(Folder) ->
     {ok, Slot} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
-    ?assertEqual(ok, erlcuda_shm_slots:write(Slot, [<<1>>])),
+    ?assertEqual(ok, write(Slot, [<<1>>])),
     ok = file:delete(part(Folder, Slot, 0)),
-    {error, {Got, deleted}} = erlcuda_shm_slots:write(Slot, [<<2>>]),
+    {error, {Got, deleted}} = write(Slot, [<<2>>]),
     ?assertEqual(part(Folder, Slot, 0), unicode:characters_to_list(Got)),
-    ?assertMatch({error, {_, deleted}}, erlcuda_shm_slots:write(Slot, [<<3>>])).
+    ?assertMatch({error, {_, deleted}}, write(Slot, [<<3>>])).
 
 %% A free slot taken for an operand of more parts than the pool has room for is deleted,
 %% and its bytes leave the pool's count with it.
@@ -128,7 +132,7 @@ result_read(Folder) ->
 
 once(Folder) ->
     {ok, Slot} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
-    ok = erlcuda_shm_slots:write(Slot, [<<1>>]),
+    ok = write(Slot, [<<1>>]),
     ok = erlcuda_shm_slots:discard(Slot),
     ok = erlcuda_shm_slots:release(Slot),  % too late: the slot was deleted
     ?assertEqual(ok, erlcuda_test_util:wait_until(
@@ -144,7 +148,7 @@ grown(Folder) ->
     ok = erlcuda_shm_slots:release(Slot),
     {ok, Grown} = erlcuda_shm_slots:claim(Folder, ?MIB, 3),
     ?assertEqual(maps:get(name, Slot), maps:get(name, Grown)),
-    ?assertEqual(ok, erlcuda_shm_slots:write(Grown, [<<1>>, <<2>>, <<3>>])),
+    ?assertEqual(ok, write(Grown, [<<1>>, <<2>>, <<3>>])),
     ?assertEqual({ok, 3}, {ok, length(maps:get(parts, Grown))}),
     ?assertMatch(#{bytes := 3 * ?MIB}, erlcuda_shm_slots:stats()).
 
@@ -159,7 +163,7 @@ bounded(Folder) ->
 
 swept(Folder) ->
     {ok, Idle} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
-    ok = erlcuda_shm_slots:write(Idle, [<<1>>]),
+    ok = write(Idle, [<<1>>]),
     ok = erlcuda_shm_slots:release(Idle),
     ok = erlcuda_shm_slots:sweep(60000),
     ?assertMatch(#{free := 1}, erlcuda_shm_slots:stats()),
@@ -173,7 +177,7 @@ swept(Folder) ->
     Taker = spawn(fun() -> Self ! {taken, erlcuda_shm_slots:claim(Folder, ?MIB, 1)} end),
     {ok, Orphan} = receive {taken, T} -> T after 5000 -> error(timeout) end,
     ok = erlcuda_test_util:wait_until(fun() -> not is_process_alive(Taker) end, 50),
-    ok = erlcuda_shm_slots:write(Orphan, [<<1>>]),
+    ok = write(Orphan, [<<1>>]),
     ok = erlcuda_shm_slots:sweep(60000),
     ?assertMatch(#{claimed := 0, free := 0, bytes := 0}, erlcuda_shm_slots:stats()),
     ?assertEqual(ok, erlcuda_test_util:wait_until(
@@ -189,6 +193,6 @@ keeper_gone(#{dir := Dir, keeper := Keeper} = Folder) ->
     ok = erlcuda_shm_slots:forget(Dir),
     ?assertMatch(#{free := 0, bytes := 2 * ?MIB}, erlcuda_shm_slots:stats()),
     %% the job that held one ends: nothing to give back to
-    ?assertMatch({error, _}, erlcuda_shm_slots:write(Taken, [<<1>>])),
+    ?assertMatch({error, _}, write(Taken, [<<1>>])),
     ok = erlcuda_shm_slots:release(Taken),
     ?assertMatch(#{free := 0, claimed := 0, bytes := 0}, erlcuda_shm_slots:stats()).
