@@ -313,8 +313,9 @@ def test_a_kernel_packs_its_arguments_as_pycuda_does() -> None:
 def test_a_small_job_that_comes_again_is_replayed_right(device: CudaDevice,
                                                          kernel: str) -> None:
     """The second run of a size captures its staged work as a graph and later runs replay
-    it (where the graphs extra is installed): each on its own data, and again right once
-    a larger job has moved the staging."""
+    it (where the graphs extra is installed), a lone job by its size's quick entry
+    (``backends.quick``): each on its own data, and again right once a larger job has
+    moved the staging."""
     gen = rng(7)
     n = 3001
     captures = device._replays.captures
@@ -338,3 +339,5 @@ def test_a_small_job_that_comes_again_is_replayed_right(device: CudaDevice,
         once(n)
     if device.graphs is not None:
         assert device._replays.captures >= captures + 1
+        staging = device._staging()
+        assert device._quicks.find((kernel, n), staging) is not None

@@ -7,7 +7,8 @@ where the device's staging lies, so the second time a key comes its calls are ca
 (``backends.cuda.graphs``) and from then on replayed by one ``cuGraphLaunch``. A replay is valid
 only while the staging is where it was captured (the graph holds its addresses): a key
 captured over other addresses is captured again. Kept per device, the most recent
-``MAX_REPLAYS``; none where the graphs extra is not installed.
+``MAX_REPLAYS``; none where the graphs extra is not installed. ``generation`` counts the
+graphs released, so that what holds a handle (``run``'s answer) can tell it is gone.
 """
 
 from __future__ import annotations
@@ -43,39 +44,53 @@ class Replays:
         self._kept: OrderedDict[Hashable, tuple[tuple[int, ...], Any]] = OrderedDict()
         self._seen: OrderedDict[Hashable, int] = OrderedDict()
         self.captures = 0
+        self.generation = 0
 
     def __len__(self) -> int:
         return len(self._kept)
 
     def run(self, key: Hashable, addresses: tuple[int, ...],
-            queue: Callable[[], None]) -> None:
+            queue: Callable[[], None]) -> Any:
         """Queue ``queue``'s work on the stream: its graph's replay where ``key`` was
-        captured over these ``addresses``, a new capture on its second run, else as it is."""
+        captured over these ``addresses``, a new capture on its second run, else as it is.
+        The graph's handle where it was replayed (``launch`` replays it again while
+        ``generation`` stays), else ``None``."""
         graphs = self._graphs
         if graphs is None:
             queue()
-            return
+            return None
         kept = self._kept.get(key)
         if kept is not None:
             if kept[0] == addresses:
                 self._kept.move_to_end(key)
                 graphs.launch(kept[1])
-                return
+                return kept[1]
             del self._kept[key]
-            graphs.release(kept[1])
+            self._release(kept[1])
         elif self._count(key) <= CAPTURE_AFTER:
             queue()
-            return
+            return None
         try:
             handle = graphs.capture(queue)
         except Exception:  # the capture queued nothing: the work runs as it is
             queue()
-            return
+            return None
         self.captures += 1
         self._kept[key] = (addresses, handle)
         if len(self._kept) > MAX_REPLAYS:
-            graphs.release(self._kept.popitem(last=False)[1][1])
+            self._release(self._kept.popitem(last=False)[1][1])
         graphs.launch(handle)
+        return handle
+
+    def launch(self, handle: Any) -> None:
+        """Replay a graph ``run`` answered, while ``generation`` is what it was then."""
+        assert self._graphs is not None
+        self._graphs.launch(handle)
+
+    def _release(self, handle: Any) -> None:
+        assert self._graphs is not None
+        self.generation += 1
+        self._graphs.release(handle)
 
     def _count(self, key: Hashable) -> int:
         """How often ``key`` has come, this time included."""
@@ -89,6 +104,6 @@ class Replays:
         """Release every graph (while the device's context is current)."""
         if self._graphs is not None:
             for _, handle in self._kept.values():
-                self._graphs.release(handle)
+                self._release(handle)
         self._kept.clear()
         self._seen.clear()

@@ -33,6 +33,7 @@ from ..pipeline import (
     Upload,
 )
 from ..pool import DevicePool, default_limit, size_class
+from ..quick import Quick, Quicks
 from ..replays import REPLAY_MAX_ELEMENTS, Replays
 from .context import (
     cuda_errors,
@@ -189,6 +190,7 @@ class CudaDevice(Device):
         self.arch = arch_of((int(major), int(minor)))
         self.graphs = graphs_for(self._stream)
         self._replays = Replays(self.graphs)
+        self._quicks = Quicks(self._replays)
         # Large lone jobs: chunked copies on two streams, straight from and into the host
         # memory registered here (backends/pipeline.py), staged through pinned chunks otherwise.
         self.pinning = Pinning(CudaPinner())
@@ -224,6 +226,10 @@ class CudaDevice(Device):
             raise BackendError("invalid_value", "device is closed")
         if not requests:
             return []
+        if len(requests) == 1:
+            quick = self._quicks.find((kernel, requests[0].a.size), self._staging())
+            if quick is not None and not self._lone(requests):
+                return [self._run_quick(quick, requests[0])]
         for r in requests:
             if r.key != requests[0].key or r.kernel != kernel:
                 raise BackendError("invalid_value", "a batch mixes kernels or matmul shapes")
@@ -249,6 +255,18 @@ class CudaDevice(Device):
             with cuda_errors():
                 return [self._vector_add_lone(requests[0], target)]
         return super()._run_batch_into(kernel, requests, into)
+
+    def _run_quick(self, quick: Quick, r: Plan) -> Result:
+        """A lone small job by its kernel and size's replay (``quick.py``)."""
+        try:
+            np.copyto(quick.ins[0], r.a)
+            if len(quick.ins) > 1:
+                np.copyto(quick.ins[1], _b(r))
+            self._replays.launch(quick.handle)
+            self._stream.synchronize()
+        except (cuda.Error, MemoryError) as exc:
+            raise to_backend_error(exc) from exc
+        return float(quick.out[0]) if quick.scalar else quick.out
 
     def _lone(self, requests: Sequence[Plan]) -> bool:
         """Whether a batch is one job that the pipeline runs: large, or with an operand in
@@ -286,6 +304,7 @@ class CudaDevice(Device):
             return
         self._closed = True
         self.pinning.close()  # before the context: registrations belong to it
+        self._quicks.clear()
         self._replays.close()
         self._pipeline_chunks.close(lambda buffer: buffer.base.free())
         self._pool.close()  # cached blocks and those of arrays never freed
@@ -856,7 +875,7 @@ class CudaDevice(Device):
         count, size = batch.a.shape
         with cuda_errors():
             if batch.kernel == "vector_add" and batch.b is not None:
-                out = self._add(count * size, fill_blocks(batch.a, batch.b))
+                out, _ = self._add(count * size, fill_blocks(batch.a, batch.b))
                 return out.reshape(count, size)
             if batch.kernel in ("reduce", "dot_product"):
                 dot = batch.kernel == "dot_product"
@@ -880,7 +899,12 @@ class CudaDevice(Device):
                 pack(host_in[start : start + size], r.a)
                 pack(host_in[b_at + start : b_at + start + size], _b(r))
 
-        out = self._add(sum(sizes), fill)
+        out, replayed = self._add(sum(sizes), fill)
+        if replayed is not None and len(requests) == 1:
+            host_in, n = self._host_in.array, sizes[0]
+            b_at = round_up(n, PACK_ALIGN)
+            self._quicks.keep(("vector_add", n), self._staging(),
+                              (host_in[:n], host_in[b_at : b_at + n]), out, replayed)
         return [out[start : start + size] for start, size in zip(starts, sizes, strict=True)]
 
     def _vector_add_lone(self, r: Plan, into: np.ndarray | None) -> np.ndarray:
@@ -918,9 +942,11 @@ class CudaDevice(Device):
         self.launch_reduce(d_x, d_y, n, d_out, dot=dot)
         return float(self._fetch(1)[0])
 
-    def _add(self, total: int, fill: Fill) -> np.ndarray:
+    def _add(self, total: int, fill: Fill) -> tuple[np.ndarray, Any]:
+        """The sums of the operands ``fill`` packs (a view of the output staging), and the
+        graph that replayed the work where one did."""
         if total == 0:
-            return np.empty(0, F32)
+            return np.empty(0, F32), None
         b_at = round_up(total, PACK_ALIGN)  # b's operands start here in the input staging
         self._ensure_capacity(b_at + total, total)
         host_in = self._host_in.array[: b_at + total]
@@ -933,18 +959,23 @@ class CudaDevice(Device):
             self.launch_vector_add(d_in, d_in + 4 * b_at, d_out, total)
             cuda.memcpy_dtoh_async(out, d_out, self._stream)
 
-        self._replayed(("add", total), total, queue)
-        return out
+        return out, self._replayed(("add", total), total, queue)
 
-    def _replayed(self, key: tuple[Any, ...], elements: int, queue: Callable[[], None]) -> None:
+    def _staging(self) -> tuple[int, int, int, int]:
+        """Where the staging lies: what a replay of staged work holds."""
+        return self._dev_in.ptr, self._dev_out.ptr, self._host_in.ptr, self._host_out.ptr
+
+    def _replayed(self, key: tuple[Any, ...], elements: int, queue: Callable[[], None]) -> Any:
         """Queue a small batch's staged work (``replays``: replayed as a graph once its key
-        came before) or a larger one's as it is, and wait for it."""
+        came before) or a larger one's as it is, and wait for it; the graph that replayed
+        it, where one did."""
+        replayed = None
         if elements <= REPLAY_MAX_ELEMENTS:
-            self._replays.run(key, (self._dev_in.ptr, self._dev_out.ptr, self._host_in.ptr,
-                                    self._host_out.ptr), queue)
+            replayed = self._replays.run(key, self._staging(), queue)
         else:
             queue()
         self._stream.synchronize()
+        return replayed
 
     def _reduce(self, requests: Sequence[Plan], *, dot: bool) -> list[Result]:
         sizes = [int(r.a.size) for r in requests]
@@ -957,6 +988,14 @@ class CudaDevice(Device):
                     pack(host_in[y_at + start : y_at + start + size], _b(r))
 
         return [float(v) for v in self._sums(sizes, fill, dot=dot)]
+
+    def _keep_sum(self, n: int, dot: bool, out: np.ndarray, replayed: Any) -> None:
+        """Keep a lone reduce (dot: dot_product) of ``n`` elements's replay (``quick.py``)."""
+        host_in = self._host_in.array
+        y_at = round_up(n, PACK_ALIGN)
+        ins = (host_in[:n], host_in[y_at : y_at + n]) if dot else (host_in[:n],)
+        self._quicks.keep(("dot_product" if dot else "reduce", n), self._staging(), ins, out,
+                          replayed, scalar=True)
 
     def _sums(self, sizes: list[int], fill: Fill, *, dot: bool) -> np.ndarray:
         """Each segment's sum (dot: of products), as f32 values in an f64 array."""
@@ -983,7 +1022,9 @@ class CudaDevice(Device):
                 self.launch_reduce(d_x, d_y, total, d_out, dot=dot)
                 cuda.memcpy_dtoh_async(out, d_out, self._stream)
 
-            self._replayed(("sum", total, dot), total, queue)
+            replayed = self._replayed(("sum", total, dot), total, queue)
+            if replayed is not None:
+                self._keep_sum(total, dot, out, replayed)
             return out.astype(np.float64)
         cuda.memcpy_htod_async(d_x, host_in[:in_elements], self._stream)
         if segmented:

@@ -47,13 +47,9 @@ class DeviceBuffer:
         self.what = what
         self.itemsize = np.dtype(dtype).itemsize
         self.capacity = 0  # elements
+        self.ptr = 0  # the buffer's address (0 while none is allocated)
         self._alloc: cuda.DeviceAllocation | None = None
         self._reclaim = reclaim
-
-    @property
-    def ptr(self) -> int:
-        assert self._alloc is not None, f"{self.what}: not allocated"
-        return int(self._alloc)
 
     def ensure(self, count: int) -> int:
         """The buffer's address, after growing it to hold ``count`` elements if need be.
@@ -71,6 +67,7 @@ class DeviceBuffer:
         self.free()
         self._alloc = alloc
         self.capacity = want
+        self.ptr = int(alloc)
         return self.ptr
 
     def _alloc_exactly(self, count: int) -> cuda.DeviceAllocation:
@@ -98,6 +95,7 @@ class DeviceBuffer:
                 pass  # a poisoned context; the driver frees it with the context
             self._alloc = None
             self.capacity = 0
+            self.ptr = 0
 
 
 class HostBuffer:
