@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -566,8 +566,9 @@ class Lane(threading.Thread):
             return
         job.unmapped = None
         try:
-            mapped = [self._map(a) if type(a) is FileArg else a for a in launch.args]
-            job.plan = general.check(replace(launch, args=mapped), self.registry)
+            # The launch is the job's alone: its file operands are replaced by their arrays.
+            launch.args = [self._map(a) if type(a) is FileArg else a for a in launch.args]
+            job.plan = general.check(launch, self.registry)
         except ShmError as exc:
             job.error = protocol.bad_args(str(exc))
         except general.Refused as exc:

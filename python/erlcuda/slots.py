@@ -49,7 +49,6 @@ from .shm import (
     Span,
     check_arg,
     open_regular,
-    part_sizes,
 )
 
 __all__ = ["IDLE_S", "SLOT_PREFIX", "OperandSlots", "ResultTarget"]
@@ -125,7 +124,7 @@ class OperandSlots:
     def _mapped(self, arg: FileArg) -> _Slot:
         """The slot ``arg`` names, its parts mapped, and registered from its second use."""
         check_arg(arg)
-        count = len(part_sizes(arg.nbytes, arg.part_bytes))
+        count = max(1, -(-arg.nbytes // arg.part_bytes))  # as many as ``part_sizes``
         now = self._clock()
         slot = self._slots.get(arg.name)
         if slot is not None and slot.part_bytes != arg.part_bytes:
