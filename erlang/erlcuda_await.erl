@@ -14,11 +14,15 @@
 -module(erlcuda_await).
 
 -export([deadline/1, remaining/1, reply/3, drop/3, result/1, message/1, job/2, answered/2,
-         take/2, spin_us/2]).
+         take/2, spin_us/3]).
 
 %% How long a lone job's caller polls its mailbox with `caller_spin_us' `auto': longer
 %% than a small job's round trip on a GPU, so that its reply finds the caller awake.
 -define(AUTO_SPIN_US, 200).
+%% `auto' spins only on a host with at least this many cores: the spinning caller holds one,
+%% and the worker, the port owner and the reply's scheduler need theirs. With fewer, the
+%% spin takes the core the worker needs to answer, and every lone job waits it out.
+-define(AUTO_SPIN_MIN_CORES, 4).
 
 %% How long a job answered as the wait ended may take to arrive: its reply was sent, or is
 %% read from a shared-memory file by a deliverer.
@@ -54,7 +58,7 @@ reply(Alias, Deadline, none) ->
                    auto -> erlcuda_status:in_flight();
                    _ -> 0
                end,
-    case spin_us(Setting, InFlight) of
+    case spin_us(Setting, InFlight, cores()) of
         0 -> wait(Alias, Deadline, none);
         Us -> spin(Alias, Deadline, spin_until(Us, Deadline))
     end;
@@ -63,14 +67,24 @@ reply(Alias, Deadline, Mon) ->
 
 %% @doc How long a caller polls for its reply: `caller_spin_us' where it is a number;
 %% with `auto', ?AUTO_SPIN_US while its job is the one in flight (`InFlight' jobs on the
-%% worker's devices, its own among them), else not at all: a lone caller's wait is mostly
-%% the wake-up the spin saves, and many callers' spinning would take the schedulers their
-%% replies need. So at most about one caller a node spins, for ?AUTO_SPIN_US at most.
--spec spin_us(auto | non_neg_integer(), non_neg_integer()) -> non_neg_integer().
-spin_us(auto, InFlight) when InFlight =< 1 -> ?AUTO_SPIN_US;
-spin_us(auto, _) -> 0;
-spin_us(Us, _) when is_integer(Us), Us >= 0 -> Us;
-spin_us(_, _) -> 0.
+%% worker's devices, its own among them) on a host of `Cores' cores that has one to spare
+%% (?AUTO_SPIN_MIN_CORES), else not at all: a lone caller's wait is mostly the wake-up the
+%% spin saves, and many callers' spinning would take the schedulers their replies need. So
+%% at most about one caller a node spins, for ?AUTO_SPIN_US at most.
+-spec spin_us(auto | non_neg_integer(), non_neg_integer(), pos_integer()) ->
+    non_neg_integer().
+spin_us(auto, InFlight, Cores) when InFlight =< 1, Cores >= ?AUTO_SPIN_MIN_CORES ->
+    ?AUTO_SPIN_US;
+spin_us(auto, _, _) -> 0;
+spin_us(Us, _, _) when is_integer(Us), Us >= 0 -> Us;
+spin_us(_, _, _) -> 0.
+
+%% The cores the host lets this node run on (its schedulers where the OS does not say).
+cores() ->
+    case erlang:system_info(logical_processors_available) of
+        unknown -> erlang:system_info(schedulers_online);
+        N -> N
+    end.
 
 %% The spin ends by the wait's deadline: a reply that comes after it is a timeout.
 spin_until(Us, Deadline) ->

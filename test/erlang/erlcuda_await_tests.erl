@@ -17,13 +17,17 @@ await_test_() ->
        {"the jobs in flight, which decide whether a caller spins", {timeout, 60,
                                                                     fun in_flight/0}}]).
 
-%% With `caller_spin_us' `auto' a caller spins while its job is the only one in flight.
+%% With `caller_spin_us' `auto' a caller spins while its job is the only one in flight, on a
+%% host with cores to spare.
 spin_us_test() ->
-    ?assertEqual(200, erlcuda_await:spin_us(auto, 0)),
-    ?assertEqual(200, erlcuda_await:spin_us(auto, 1)),
-    ?assertEqual(0, erlcuda_await:spin_us(auto, 2)),
-    ?assertEqual(50, erlcuda_await:spin_us(50, 1000)),
-    ?assertEqual(0, erlcuda_await:spin_us(0, 1)).
+    ?assertEqual(200, erlcuda_await:spin_us(auto, 0, 16)),
+    ?assertEqual(200, erlcuda_await:spin_us(auto, 1, 4)),
+    ?assertEqual(0, erlcuda_await:spin_us(auto, 2, 16)),
+    %% a host of few cores: the spin would take the worker's core
+    ?assertEqual(0, erlcuda_await:spin_us(auto, 1, 2)),
+    ?assertEqual(0, erlcuda_await:spin_us(auto, 0, 3)),
+    ?assertEqual(50, erlcuda_await:spin_us(50, 1000, 2)),
+    ?assertEqual(0, erlcuda_await:spin_us(0, 1, 16)).
 
 in_flight() ->
     ?assertEqual(0, erlcuda_status:in_flight()),
