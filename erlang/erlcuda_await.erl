@@ -47,7 +47,7 @@ remaining(Deadline) -> max(Deadline - erlang:monotonic_time(millisecond), 0).
 %% ends the wait too, and a result it holds (`held': one that names buffers, which it gives
 %% once told it is taken) is one more answer; `none' for a local job.
 %%
-%% A local job's caller first polls its mailbox for a while (`spin_us/2'), yielding between
+%% A local job's caller first polls its mailbox for a while (`spin_us/3'), yielding between
 %% looks: a scheduler that has gone to sleep costs a wake-up when the reply comes, more than
 %% a small job takes on a GPU.
 -spec reply(reference(), deadline(), reference() | none) ->
@@ -79,11 +79,17 @@ spin_us(auto, _, _) -> 0;
 spin_us(Us, _, _) when is_integer(Us), Us >= 0 -> Us;
 spin_us(_, _, _) -> 0.
 
-%% The cores the host lets this node run on (its schedulers where the OS does not say).
+%% The cores this node may use: those the OS lets it run on (its schedulers where the OS
+%% does not say), and no more than its CPU quota (a container's `--cpus'), which the
+%% affinity mask does not show.
 cores() ->
-    case erlang:system_info(logical_processors_available) of
-        unknown -> erlang:system_info(schedulers_online);
-        N -> N
+    Available = case erlang:system_info(logical_processors_available) of
+                    unknown -> erlang:system_info(schedulers_online);
+                    N -> N
+                end,
+    case erlang:system_info(cpu_quota) of
+        unknown -> Available;
+        Quota -> min(Available, Quota)
     end.
 
 %% The spin ends by the wait's deadline: a reply that comes after it is a timeout.
