@@ -819,6 +819,10 @@ class Lane(threading.Thread):
             return op.value  # type: ignore[no-any-return]
         return self._map(op.value)
 
+    def map_files(self, args: Sequence[FileArg]) -> list[np.ndarray]:
+        """The elements of ``args``, mapped (``ShmError`` where one cannot be)."""
+        return [self._map(arg) for arg in args]
+
     def _map(self, arg: FileArg) -> np.ndarray:
         """A file operand's elements: an operand slot's (kept mapped), or a job's own files
         (mapped and unlinked)."""

@@ -553,6 +553,35 @@ def buffer_id_spans(launch: Launch) -> tuple[tuple[int, ...], int, int] | None:
     return tuple(handles), keep_at, pos
 
 
+def slot_name_spans(launch: Launch, files: Sequence[Any]
+                    ) -> tuple[list[tuple[int, int]], tuple[int, int] | None, int] | None:
+    """Where the names of a launch's shared-memory operands lie in its frame (``(start,
+    end)``, in argument order), where its result slot's name lies (``None`` without one),
+    and where the frame ends, worked out from the decoded launch and its arguments as
+    decoded (``files``: ``FileArg`` and dims); ``None`` where any other argument, a kept id,
+    a geometry or a program is in it. Everything else in such a frame (the JobId aside) is
+    header: two launch frames whose headers are equal differ in their slots' names only."""
+    if launch.keep is not None or launch.geometry is not None or launch.program is not None:
+        return None
+    pos = _HEAD_SIZE + len(launch.kernel.encode()) + 1
+    names: list[tuple[int, int]] = []
+    for arg in files:
+        if type(arg) is int:
+            pos += 1 + _DIM.size
+        elif type(arg) is FileArg:
+            start = pos + 2 + _FILE_HEAD.size
+            pos = start + len(arg.name.encode())
+            names.append((start, pos))
+        else:
+            return None
+    result = None
+    if launch.result_file is not None:
+        start = pos + _RESULT_SLOT.size
+        pos = start + len(launch.result_file.name.encode("latin-1"))
+        result = (start, pos)
+    return names, result, pos
+
+
 def _truncated_head(frame: bytes | bytearray | memoryview, size: int) -> Launch:
     """A launch frame shorter than its fixed part: an error for its JobId, if it has one."""
     if size < 1 + _JOB_ID.size:

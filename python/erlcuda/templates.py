@@ -17,6 +17,13 @@ later frame whose buffers are of the same types and lengths has that plan with i
 The check reads nothing else, so it would say the same again. A frame whose buffers differ,
 or are not held (``buffer_lost``), is checked as ever.
 
+A launch whose operands and result are in Erlang's shared-memory slots (``slots.py``) sends
+frames that differ only in their JobId and the slots' names (``s<N>``: a few slots taken in
+turn). Its template keeps the checked plan's kernel and shape and each operand as it was
+decoded; a later frame of the same length whose other bytes are equal names other slots of
+the same sizes, whose mappings make the plan (``SlotTemplate``). Mapping them checks them as
+before; the check of the launch itself read nothing that differs.
+
 A batch frame whose launches are all one template's (the same kernel on operands of the
 same sizes, as Erlang's writer sends many callers' launches under load) is a table: its
 first launch is looked up here (decoded, checked and learned where it is new), and every
@@ -31,12 +38,14 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from . import contract, general, kernels, protocol
 from .general import Held
 from .kernels import Operand, Plan, UniformPlans
+from .shm import FileArg, ResultSlot
 
 #: Templates kept at most; past it, the oldest goes (a caller with ever new shapes).
 MAX_TEMPLATES = 32
@@ -84,6 +93,36 @@ class Template:
         m, n, k, elements, out_elements = self.dims
         return UniformPlans(self.kernel, blocks[0], blocks[1] if len(blocks) > 1 else None,
                             m, n, k, int(table.shape[0]), elements, out_elements, self.scalar)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotTemplate:
+    header: tuple[tuple[int, int, bytes], ...]  # every byte but the JobId and slot names
+    names: tuple[tuple[int, int], ...]  # where each operand's slot name lies
+    files: tuple[FileArg, ...]  # each operand as decoded (its size, type, part size)
+    result: tuple[int, int, int] | None  # the result slot's name span and part size
+    kernel: str
+    dims: tuple[int, int, int, int, int]
+    scalar: bool
+    device: int
+
+    def matches(self, frame: bytearray | memoryview) -> bool:
+        return _matches(self.header, frame)
+
+    def fill(self, frame: bytearray | memoryview) -> tuple[list[FileArg], ResultSlot | None]:
+        """The operands (``FileArg``) and result slot ``frame`` (which ``matches``) names."""
+        files = [FileArg(bytes(frame[start:end]).decode("utf-8"), f.dtype, f.nbytes,
+                         f.part_bytes)
+                 for (start, end), f in zip(self.names, self.files, strict=True)]
+        result = None
+        if self.result is not None:
+            start, end, part_bytes = self.result
+            result = ResultSlot(bytes(frame[start:end]).decode("latin-1"), part_bytes)
+        return files, result
+
+    def plan(self, arrays: list[np.ndarray]) -> Plan:
+        """The checked plan on ``arrays``, the operands ``fill`` named, mapped."""
+        return _batched(self.kernel, arrays, self.dims, self.scalar)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,12 +269,55 @@ class Templates:
         self._by_size: dict[int, Template] = {}
         self._general: dict[int, GeneralTemplate] = {}
         self._programs: dict[int, ProgramTemplate] = {}
+        self._slots: dict[int, SlotTemplate] = {}
         self._registry = registry if registry is not None else general.Registry()
 
     def clear(self) -> None:
         self._by_size.clear()
         self._general.clear()
         self._programs.clear()
+        self._slots.clear()
+
+    def find_slots(self, frame: bytearray | memoryview) -> SlotTemplate | None:
+        template = self._slots.get(len(frame))
+        return template if template is not None and template.matches(frame) else None
+
+    def learn_slots(self, frame: bytearray | memoryview, launch: protocol.Launch,
+                    files: list[Any], plan: Plan) -> None:
+        """Keep the template of ``frame``, a launch (no trace) decoded as ``launch`` with the
+        arguments ``files`` (operands in shared memory, dims) and checked as ``plan`` on
+        their mappings (``launch.args`` now)."""
+        if launch.error is not None or launch.trace or plan.action != "batched":
+            return
+        layout = protocol.slot_name_spans(launch, files)
+        if layout is None or layout[2] != len(frame):
+            return
+        names, result, _ = layout
+        operands = [f for f in files if type(f) is FileArg]
+        mapped = [a for a, f in zip(launch.args, files, strict=True) if type(f) is FileArg]
+        values = [v for v in (plan.a, plan.b) if v is not None]
+        # The plan's a and b must be the operands' mappings, in order, else the template
+        # would not say what the check made of the frame.
+        if not operands or len(values) != len(mapped) or any(
+                _address(v) != _address(m) or v.nbytes != m.nbytes or v.dtype != m.dtype
+                for v, m in zip(values, mapped, strict=True)):
+            return
+        spans = sorted([protocol.LAUNCH_JOB_ID, *names, *([result] if result else [])])
+        header, pos = [], 0
+        for start, end in spans:
+            if start > pos:
+                header.append((pos, start, bytes(frame[pos:start])))
+            pos = end
+        if pos < len(frame):
+            header.append((pos, len(frame), bytes(frame[pos:])))
+        if len(self._slots) >= MAX_TEMPLATES and len(frame) not in self._slots:
+            del self._slots[next(iter(self._slots))]
+        slot = launch.result_file
+        self._slots[len(frame)] = SlotTemplate(
+            tuple(header), tuple(names), tuple(operands),
+            None if result is None or slot is None else (*result, slot.part_bytes),
+            plan.kernel, (plan.m, plan.n, plan.k, plan.elements, plan.out_elements),
+            plan.scalar, launch.device)
 
     def find_program(self, frame: bytearray | memoryview) -> ProgramTemplate | None:
         template = self._programs.get(len(frame))

@@ -64,7 +64,7 @@ from .framing import FrameError, FrameReader, FrameWriter, frame_size
 from .general import Registry, UserKernel
 from .lanes import Control, Job, Lane, UniformJobs, results_frames
 from .protocol import Call, Failure, Launch, ProtocolError
-from .shm import FileArg, SharedFolder
+from .shm import FileArg, SharedFolder, ShmError
 from .templates import ProgramTable, Templates
 
 log = logging.getLogger("erlcuda.worker")
@@ -75,6 +75,11 @@ _ETF = etf.VERSION
 #: and program: a trace, a result file).
 _NOT_LONE = 0xFF & ~(contract.WIRE.flag_keep | contract.WIRE.flag_geometry
                      | contract.WIRE.flag_program)
+
+#: A lone launch with this flag (and no trace) names a result slot: read by its slot
+#: template (``_lone_slots``).
+_RESULT_FILE = contract.WIRE.flag_result_file
+_TRACE = contract.WIRE.flag_trace
 
 #: Exit status when a device's context is poisoned: Erlang restarts the worker.
 EXIT_FATAL = 70
@@ -252,8 +257,13 @@ class Worker:
         (kept results, buffers, a geometry); ``False``, with nothing done, for any other
         frame."""
         if len(frame) < protocol.LAUNCH_HEAD_SIZE or frame[0] != _LAUNCH or (
-                frame[protocol.LAUNCH_FLAGS] & _NOT_LONE or self.refusal is not None):
-            return False  # a traced launch or a result file: decoded once, by dispatch
+                self.refusal is not None):
+            return False
+        flags = frame[protocol.LAUNCH_FLAGS]
+        if flags & _NOT_LONE:
+            if flags & _NOT_LONE == _RESULT_FILE:
+                return self._lone_slots(frame, lane, device)
+            return False  # a traced launch: decoded once, by dispatch
         if not frame[protocol.LAUNCH_FLAGS]:
             template = self._templates.find(frame)
             if template is not None and template.device == lane.index:
@@ -296,6 +306,40 @@ class Worker:
         # its template learned, then run by the lane
         self._templates.learn_general(frame, message, plan, lane.store.held)
         lane.run_plan(Job(message.job_id), plan, device, t_take)
+        return True
+
+    def _lone_slots(self, frame: bytearray | memoryview, lane: Lane,
+                    device: Device | None) -> bool:
+        """Run a lone launch that names a result slot: by its slot template
+        (``templates.SlotTemplate``), its operands mapped by the lane; else decoded and
+        checked as ``dispatch`` would, its template learned where it has one. ``False``,
+        with nothing done, for a frame that is no launch of this lane's."""
+        template = self._templates.find_slots(frame)
+        if template is not None:
+            if template.device != lane.index:
+                return False
+            files, result = template.fill(frame)
+            job_id = protocol.launch_job_id(frame)
+            try:
+                job = Job(job_id, plan=template.plan(lane.map_files(files)),
+                          result_file=result)
+            except ShmError as exc:
+                job = Job(job_id, error=protocol.bad_args(str(exc)))
+            lane.run_jobs([job], device)
+            return True
+        try:
+            message = protocol.decode(frame)
+        except ProtocolError:
+            return False
+        if type(message) is not Launch or message.device != lane.index:
+            return False
+        files = list(message.args)  # the lane maps them in place
+        job = self.launch(message)
+        if job is not None:
+            lane.prepare(job)
+            if job.plan is not None:
+                self._templates.learn_slots(frame, message, files, job.plan)
+            lane.run_jobs([job], device)
         return True
 
     def _uniform(self, frame: bytearray | memoryview) -> tuple[int, UniformJobs] | None:

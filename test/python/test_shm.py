@@ -35,7 +35,14 @@ from erlcuda.shm import (
 )
 from erlcuda.worker import Options, Worker
 from programdefs import definition, inp, step
-from workerpipe import FileVector, WorkerPipe, read_slot, result_slot
+from workerpipe import (
+    FileVector,
+    WorkerPipe,
+    launch_frame,
+    parse_results,
+    read_slot,
+    result_slot,
+)
 
 BACKENDS = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
 _ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -522,3 +529,55 @@ def test_operands_are_mapped_on_their_devices_thread_not_the_readers(folder: Pat
     finally:
         for fd in (r, w, devnull):
             os.close(fd)
+
+
+def _operand_slot(folder: Path, name: str, values: np.ndarray) -> FileVector:
+    """An operand slot of one part as Erlang writes one (``erlcuda_shm_slots``)."""
+    path = folder / f"{name}.0"
+    with open(path, "wb") as f:
+        f.truncate(PART_UNIT)
+    with open(path, "r+b") as f:
+        f.write(values.tobytes())
+    return FileVector(name, values.nbytes, part_bytes=PART_UNIT)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_slot_launches_that_repeat_are_read_by_their_template(folder: Path,
+                                                              backend: str) -> None:
+    """A lone launch naming slots (operands and result) is decoded and checked once; the
+    next ones, which name other slots of the same sizes, are read by its template, each
+    with its own slots' data, and one naming a slot that is gone is bad_args."""
+    replies_r, replies_w = os.pipe()
+    dead_r, _dead_w = os.pipe()
+    worker = Worker(FrameReader(dead_r), FrameWriter(replies_w),
+                    Options(backend=backend, spin_us=0), shm=SharedFolder(str(folder)))
+    worker._device = worker.lanes[0].open_here()
+    reader = FrameReader(replies_r)
+    rng = np.random.default_rng(5)
+    try:
+        names = ["s1", "s2", "s3"]
+        for job_id in range(1, 8):
+            a, b = rng.standard_normal((2, 3000), dtype=np.float32)
+            x, y, out = names[job_id % 3], names[(job_id + 1) % 3], names[(job_id + 2) % 3]
+            result_slot(folder, out)
+            frame = launch_frame(job_id, "vector_add", [_operand_slot(folder, x, a),
+                                                        _operand_slot(folder, y, b)],
+                                 result_file=(out, PART_UNIT))
+            worker._take(bytearray(frame))
+            (reply,) = parse_results(reader.read() or b"")
+            assert (reply.job_id, reply.result) == (job_id, ("file", (a.nbytes, PART_UNIT)))
+            np.testing.assert_array_equal(read_slot(folder, out, a.nbytes), a + b)
+            assert worker._templates.find_slots(frame) is not None
+        frame = launch_frame(9, "vector_add", [_operand_slot(folder, "s1", a),
+                                               FileVector("s4", a.nbytes,
+                                                          part_bytes=PART_UNIT)],
+                             result_file=("s2", PART_UNIT))
+        assert worker._templates.find_slots(frame) is not None
+        worker._take(bytearray(frame))
+        (reply,) = parse_results(reader.read() or b"")
+        assert reply.job_id == 9 and reply.result[0] == "error"
+        assert reply.result[1][0] == "bad_args" and b"s4.0" in bytes(reply.result[1][1])
+    finally:
+        worker.lanes[0].close_here(worker._device)
+        os.close(replies_r)
+        os.close(replies_w)
