@@ -828,6 +828,9 @@ class Lane(threading.Thread):
         (mapped and unlinked)."""
         if self.shm is None:
             raise ShmError("shared memory: this worker was started without --shm-dir")
+        if self.slots is None and OperandSlots.owns(arg.name):
+            # no device, no slots: a slot is Erlang's, never a job's own file to unlink
+            raise ShmError(f"shared memory: {arg.name:.80}: no slots without a device")
         if self.slots is not None and self.slots.owns(arg.name):
             return self.slots.open(arg)
         return self.shm.open_input(arg)

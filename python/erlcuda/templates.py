@@ -109,11 +109,16 @@ class SlotTemplate:
     def matches(self, frame: bytearray | memoryview) -> bool:
         return _matches(self.header, frame)
 
-    def fill(self, frame: bytearray | memoryview) -> tuple[list[FileArg], ResultSlot | None]:
-        """The operands (``FileArg``) and result slot ``frame`` (which ``matches``) names."""
-        files = [FileArg(bytes(frame[start:end]).decode("utf-8"), f.dtype, f.nbytes,
-                         f.part_bytes)
-                 for (start, end), f in zip(self.names, self.files, strict=True)]
+    def fill(self, frame: bytearray | memoryview
+             ) -> tuple[list[FileArg], ResultSlot | None] | None:
+        """The operands (``FileArg``) and result slot ``frame`` (which ``matches``) names;
+        ``None`` where a name is not UTF-8 (the decoder says why)."""
+        try:
+            files = [FileArg(bytes(frame[start:end]).decode("utf-8"), f.dtype, f.nbytes,
+                             f.part_bytes)
+                     for (start, end), f in zip(self.names, self.files, strict=True)]
+        except UnicodeDecodeError:
+            return None
         result = None
         if self.result is not None:
             start, end, part_bytes = self.result

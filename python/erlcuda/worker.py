@@ -311,14 +311,14 @@ class Worker:
     def _lone_slots(self, frame: bytearray | memoryview, lane: Lane,
                     device: Device | None) -> bool:
         """Run a lone launch that names a result slot: by its slot template
-        (``templates.SlotTemplate``), its operands mapped by the lane; else decoded and
-        checked as ``dispatch`` would, its template learned where it has one. ``False``,
-        with nothing done, for a frame that is no launch of this lane's."""
+        (``templates.SlotTemplate``, learned only from launches of this lane's device), its
+        operands mapped by the lane; else decoded and checked as ``dispatch`` would, its
+        template learned where it has one. ``False``, with nothing done, for a frame that is
+        no launch of this lane's."""
         template = self._templates.find_slots(frame)
-        if template is not None:
-            if template.device != lane.index:
-                return False
-            files, result = template.fill(frame)
+        named = None if template is None else template.fill(frame)
+        if named is not None:
+            files, result = named
             job_id = protocol.launch_job_id(frame)
             try:
                 job = Job(job_id, plan=template.plan(lane.map_files(files)),
@@ -333,7 +333,7 @@ class Worker:
             return False
         if type(message) is not Launch or message.device != lane.index:
             return False
-        files = list(message.args)  # the lane maps them in place
+        files = list(message.args)  # ``prepare`` replaces the launch's args with mappings
         job = self.launch(message)
         if job is not None:
             lane.prepare(job)

@@ -23,7 +23,7 @@ import pytest
 
 from erlcuda import shm
 from erlcuda.framing import FrameReader, FrameWriter
-from erlcuda.lanes import Job
+from erlcuda.lanes import Job, Lane
 from erlcuda.protocol import Launch
 from erlcuda.shm import (
     LOCK,
@@ -581,3 +581,46 @@ def test_slot_launches_that_repeat_are_read_by_their_template(folder: Path,
         worker.lanes[0].close_here(worker._device)
         os.close(replies_r)
         os.close(replies_w)
+
+
+def test_a_slot_template_hit_whose_name_is_not_utf8_is_bad_args(folder: Path) -> None:
+    """A frame that matches a learned slot template but names an operand with bytes that
+    are not UTF-8 is decoded, and answered bad_args (once), as any other would be; the
+    worker goes on."""
+    replies_r, replies_w = os.pipe()
+    dead_r, _dead_w = os.pipe()
+    worker = Worker(FrameReader(dead_r), FrameWriter(replies_w),
+                    Options(backend="cpu", spin_us=0), shm=SharedFolder(str(folder)))
+    worker._device = worker.lanes[0].open_here()
+    reader = FrameReader(replies_r)
+    a = np.arange(1000, dtype=np.float32)
+    try:
+        result_slot(folder, "s3")
+        args = [_operand_slot(folder, "s1", a), _operand_slot(folder, "s2", a)]
+        worker._take(bytearray(launch_frame(1, "vector_add", args, result_file=("s3", PART_UNIT))))
+        assert parse_results(reader.read() or b"")[0].result[0] == "file"
+        bad = launch_frame(2, "vector_add", [FileVector(b"s\xff", a.nbytes, part_bytes=PART_UNIT),
+                                             args[1]], result_file=("s3", PART_UNIT))
+        assert worker._templates.find_slots(bad) is not None
+        worker._take(bytearray(bad))
+        (reply,) = parse_results(reader.read() or b"")
+        assert reply.job_id == 2 and reply.result[1][0] == "bad_args"
+        assert b"not UTF-8" in bytes(reply.result[1][1])
+        worker._take(bytearray(launch_frame(3, "vector_add", args,
+                                            result_file=("s3", PART_UNIT))))
+        assert parse_results(reader.read() or b"")[0].job_id == 3
+    finally:
+        worker.lanes[0].close_here(worker._device)
+        os.close(replies_r)
+        os.close(replies_w)
+
+
+def test_without_a_device_a_slot_is_refused_and_left_to_erlang(folder: Path) -> None:
+    """A lane with no device has no slots: a launch naming a slot is bad_args, and the
+    slot's file (Erlang's) stays; only a job's own files are mapped and unlinked."""
+    lane = Lane(0, None, FrameWriter(os.open(os.devnull, os.O_WRONLY)),  # type: ignore[arg-type]
+                max_batch=8, max_elements=1 << 20, on_fatal=print, shm=SharedFolder(str(folder)))
+    _operand_slot(folder, "s1", np.arange(10, dtype=np.float32))
+    with pytest.raises(ShmError, match="no slots without a device"):
+        lane.map_files([FileArg("s1", np.dtype("<f4"), 40, PART_UNIT)])
+    assert (folder / "s1.0").exists()
