@@ -37,6 +37,7 @@ changes must ``clear`` its templates. A cache is used by one thread: the port's 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -307,16 +308,9 @@ class Templates:
                 _address(v) != _address(m) or v.nbytes != m.nbytes or v.dtype != m.dtype
                 for v, m in zip(values, mapped, strict=True)):
             return
-        spans = sorted([protocol.LAUNCH_JOB_ID, *names, *([result] if result else [])])
-        header, pos = [], 0
-        for start, end in spans:
-            if start > pos:
-                header.append((pos, start, bytes(frame[pos:start])))
-            pos = end
-        if pos < len(frame):
-            header.append((pos, len(frame), bytes(frame[pos:])))
-        if len(self._slots) >= MAX_TEMPLATES and len(frame) not in self._slots:
-            del self._slots[next(iter(self._slots))]
+        spans = [protocol.LAUNCH_JOB_ID, *names, *([result] if result else [])]
+        header = _header(frame, spans)
+        _make_room(self._slots, len(frame))
         slot = launch.result_file
         self._slots[len(frame)] = SlotTemplate(
             tuple(header), tuple(names), tuple(operands),
@@ -346,15 +340,8 @@ class Templates:
             if _address(value) != base + start or value.nbytes != end - start:
                 return  # the plan's data must be views of these very bytes
             data.append((index, start, value.size, value.dtype))
-        header, pos = [], 0
-        for start, end in [protocol.LAUNCH_JOB_ID, *(span for _, span in spans)]:
-            if start > pos:
-                header.append((pos, start, bytes(frame[pos:start])))
-            pos = end
-        if pos < len(frame):
-            header.append((pos, len(frame), bytes(frame[pos:])))
-        if len(self._programs) >= MAX_TEMPLATES and len(frame) not in self._programs:
-            del self._programs[next(iter(self._programs))]
+        header = _header(frame, [protocol.LAUNCH_JOB_ID, *(span for _, span in spans)])
+        _make_room(self._programs, len(frame))
         self._programs[len(frame)] = ProgramTemplate(
             tuple(header), tuple(data), plan, launch.device, *_columns(header, len(frame)),
             launch=_launch_form(plan, [index for index, *_ in data]))
@@ -389,15 +376,8 @@ class Templates:
         spans = [protocol.LAUNCH_JOB_ID, *((at, at + _ID.size) for at in handles)]
         if nkeep:
             spans.append((keep_at, keep_at + _ID.size * nkeep))
-        header, pos = [], 0
-        for start, end in sorted(spans):
-            if start > pos:
-                header.append((pos, start, bytes(frame[pos:start])))
-            pos = max(pos, end)
-        if pos < len(frame):
-            header.append((pos, len(frame), bytes(frame[pos:])))
-        if len(self._general) >= MAX_TEMPLATES and len(frame) not in self._general:
-            del self._general[next(iter(self._general))]
+        header = _header(frame, spans)
+        _make_room(self._general, len(frame))
         self._general[len(frame)] = GeneralTemplate(
             tuple(header), handles, tuple(sigs), tuple(indices),  # type: ignore[arg-type]
             struct.Struct(f">{nkeep}Q") if nkeep else None, keep_at, plan)
@@ -477,15 +457,8 @@ class Templates:
                 return
             vectors.append((start, value.size, value.dtype))
         # The header: what lies around the JobId and the data spans.
-        header, pos = [], 0
-        for start, end in [protocol.LAUNCH_JOB_ID, *spans]:
-            if start > pos:
-                header.append((pos, start, bytes(frame[pos:start])))
-            pos = end
-        if pos < len(frame):
-            header.append((pos, len(frame), bytes(frame[pos:])))
-        if len(self._by_size) >= MAX_TEMPLATES and len(frame) not in self._by_size:
-            del self._by_size[next(iter(self._by_size))]
+        header = _header(frame, [protocol.LAUNCH_JOB_ID, *spans])
+        _make_room(self._by_size, len(frame))
         self._by_size[len(frame)] = Template(
             tuple(header), tuple(vectors), plan.kernel,
             (plan.m, plan.n, plan.k, plan.elements, plan.out_elements), plan.scalar,
@@ -529,6 +502,27 @@ def _columns(header: list[tuple[int, int, bytes]], length: int) -> tuple[np.ndar
     expected = [np.frombuffer(_U32.pack(length), np.uint8),
                 *(np.frombuffer(held, np.uint8) for _, _, held in header)]
     return np.concatenate(columns), np.concatenate(expected)
+
+
+def _header(frame: bytearray | memoryview, spans: Iterable[tuple[int, int]]
+            ) -> list[tuple[int, int, bytes]]:
+    """The bytes of ``frame`` around ``spans`` (the JobId and what a template reads): each
+    run as ``(start, end, bytes)``."""
+    header: list[tuple[int, int, bytes]] = []
+    pos = 0
+    for start, end in sorted(spans):
+        if start > pos:
+            header.append((pos, start, bytes(frame[pos:start])))
+        pos = max(pos, end)
+    if pos < len(frame):
+        header.append((pos, len(frame), bytes(frame[pos:])))
+    return header
+
+
+def _make_room(cache: dict[int, Any], length: int) -> None:
+    """Drop the oldest template where ``cache`` is full and has none of ``length``."""
+    if len(cache) >= MAX_TEMPLATES and length not in cache:
+        del cache[next(iter(cache))]
 
 
 def _matches(header: tuple[tuple[int, int, bytes], ...], frame: bytearray | memoryview) -> bool:
