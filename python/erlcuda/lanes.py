@@ -565,10 +565,25 @@ class Lane(threading.Thread):
         if launch is None:
             return
         job.unmapped = None
-        try:
+
+        def check() -> Plan:
             # The launch is the job's alone: its file operands are replaced by their arrays.
             launch.args = [self._map(a) if type(a) is FileArg else a for a in launch.args]
-            job.plan = general.check(launch, self.registry)
+            return general.check(launch, self.registry)
+
+        self._planned(job, check)
+
+    def prepare_slots(self, job: Job, files: Sequence[FileArg],
+                      plan_of: Callable[[list[np.ndarray]], Plan]) -> None:
+        """Map the operands ``files`` of a launch read by its slot template: the job's plan
+        (``plan_of`` the mappings), else its error."""
+        self._planned(job, lambda: plan_of([self._map(arg) for arg in files]))
+
+    @staticmethod
+    def _planned(job: Job, make: Callable[[], Plan]) -> None:
+        """The job's plan from ``make``, or the error its mapping or check gives."""
+        try:
+            job.plan = make()
         except ShmError as exc:
             job.error = protocol.bad_args(str(exc))
         except general.Refused as exc:
@@ -819,21 +834,17 @@ class Lane(threading.Thread):
             return op.value  # type: ignore[no-any-return]
         return self._map(op.value)
 
-    def map_files(self, args: Sequence[FileArg]) -> list[np.ndarray]:
-        """The elements of ``args``, mapped (``ShmError`` where one cannot be)."""
-        return [self._map(arg) for arg in args]
-
     def _map(self, arg: FileArg) -> np.ndarray:
         """A file operand's elements: an operand slot's (kept mapped), or a job's own files
         (mapped and unlinked)."""
         if self.shm is None:
             raise ShmError("shared memory: this worker was started without --shm-dir")
-        if self.slots is None and OperandSlots.owns(arg.name):
+        if not OperandSlots.owns(arg.name):
+            return self.shm.open_input(arg)
+        if self.slots is None:
             # no device, no slots: a slot is Erlang's, never a job's own file to unlink
             raise ShmError(f"shared memory: {arg.name:.80}: no slots without a device")
-        if self.slots is not None and self.slots.owns(arg.name):
-            return self.slots.open(arg)
-        return self.shm.open_input(arg)
+        return self.slots.open(arg)
 
     def _write_result(self, job: Job, result: np.ndarray) -> np.ndarray | FileResult:
         """A vector result copied into the job's result slot: its record; the result

@@ -105,7 +105,6 @@ class SlotTemplate:
     kernel: str
     dims: tuple[int, int, int, int, int]
     scalar: bool
-    device: int
 
     def matches(self, frame: bytearray | memoryview) -> bool:
         return _matches(self.header, frame)
@@ -316,7 +315,7 @@ class Templates:
             tuple(header), tuple(names), tuple(operands),
             None if result is None or slot is None else (*result, slot.part_bytes),
             plan.kernel, (plan.m, plan.n, plan.k, plan.elements, plan.out_elements),
-            plan.scalar, launch.device)
+            plan.scalar)
 
     def find_program(self, frame: bytearray | memoryview) -> ProgramTemplate | None:
         template = self._programs.get(len(frame))

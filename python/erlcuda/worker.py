@@ -64,7 +64,7 @@ from .framing import FrameError, FrameReader, FrameWriter, frame_size
 from .general import Registry, UserKernel
 from .lanes import Control, Job, Lane, UniformJobs, results_frames
 from .protocol import Call, Failure, Launch, ProtocolError
-from .shm import FileArg, SharedFolder, ShmError
+from .shm import FileArg, SharedFolder
 from .templates import ProgramTable, Templates
 
 log = logging.getLogger("erlcuda.worker")
@@ -79,7 +79,6 @@ _NOT_LONE = 0xFF & ~(contract.WIRE.flag_keep | contract.WIRE.flag_geometry
 #: A lone launch with this flag (and no trace) names a result slot: read by its slot
 #: template (``_lone_slots``).
 _RESULT_FILE = contract.WIRE.flag_result_file
-_TRACE = contract.WIRE.flag_trace
 
 #: Exit status when a device's context is poisoned: Erlang restarts the worker.
 EXIT_FATAL = 70
@@ -264,7 +263,7 @@ class Worker:
             if flags & _NOT_LONE == _RESULT_FILE:
                 return self._lone_slots(frame, lane, device)
             return False  # a traced launch: decoded once, by dispatch
-        if not frame[protocol.LAUNCH_FLAGS]:
+        if not flags:
             template = self._templates.find(frame)
             if template is not None and template.device == lane.index:
                 return lane.run_lone(protocol.launch_job_id(frame), template.fill(frame),
@@ -312,19 +311,15 @@ class Worker:
                     device: Device | None) -> bool:
         """Run a lone launch that names a result slot: by its slot template
         (``templates.SlotTemplate``, learned only from launches of this lane's device), its
-        operands mapped by the lane; else decoded and checked as ``dispatch`` would, its
-        template learned where it has one. ``False``, with nothing done, for a frame that is
-        no launch of this lane's."""
+        operands mapped by the lane (``Lane.prepare_slots``); else decoded and checked as
+        ``dispatch`` would, its template learned where it has one. ``False``, with nothing
+        done, for a frame that is no launch of this lane's."""
         template = self._templates.find_slots(frame)
         named = None if template is None else template.fill(frame)
-        if named is not None:
+        if template is not None and named is not None:
             files, result = named
-            job_id = protocol.launch_job_id(frame)
-            try:
-                job = Job(job_id, plan=template.plan(lane.map_files(files)),
-                          result_file=result)
-            except ShmError as exc:
-                job = Job(job_id, error=protocol.bad_args(str(exc)))
+            job = Job(protocol.launch_job_id(frame), result_file=result)
+            lane.prepare_slots(job, files, template.plan)
             lane.run_jobs([job], device)
             return True
         try:

@@ -621,6 +621,9 @@ def test_without_a_device_a_slot_is_refused_and_left_to_erlang(folder: Path) -> 
     lane = Lane(0, None, FrameWriter(os.open(os.devnull, os.O_WRONLY)),  # type: ignore[arg-type]
                 max_batch=8, max_elements=1 << 20, on_fatal=print, shm=SharedFolder(str(folder)))
     _operand_slot(folder, "s1", np.arange(10, dtype=np.float32))
-    with pytest.raises(ShmError, match="no slots without a device"):
-        lane.map_files([FileArg("s1", np.dtype("<f4"), 40, PART_UNIT)])
+    job = Job(1)
+    lane.prepare_slots(job, [FileArg("s1", np.dtype("<f4"), 40, PART_UNIT)],
+                       lambda _: pytest.fail("a plan made without the slot"))
+    assert job.plan is None and job.error is not None and job.error.reason == "bad_args"
+    assert "no slots without a device" in job.error.detail[0]
     assert (folder / "s1.0").exists()
