@@ -77,7 +77,7 @@ run(Config0) ->
     Results = [receive {load_done, P, R} -> R end || P <- Pids],
     _ = [exit(K, kill) || K <- Killer],
     Seconds = erlang:convert_time_unit(erlang:monotonic_time() - T0, native, microsecond) / 1.0e6,
-    garbage_collect(),
+    collect_all(),
     After = memory(),
     Sum = lists:foldl(fun add/2, empty(), Results),
     Sum#{seconds => Seconds, memory => #{before => Before, 'after' => After}}.
@@ -89,7 +89,7 @@ soak(Seconds) ->
     Deadline = erlang:monotonic_time(millisecond) + Seconds * 1000,
     Before = memory(),
     Total = soak_rounds(Deadline, 1, empty()),
-    garbage_collect(),
+    collect_all(),
     Summary = Total#{memory => #{before => Before, 'after' => memory()}},
     print(Summary),
     Summary.
@@ -470,6 +470,12 @@ kill_worker() ->
         _ ->
             ok
     end.
+
+%% Every process's garbage collected, so that a memory figure counts what is held, not what
+%% waits for a collection (whose amount depends on how the schedulers happened to run).
+collect_all() ->
+    _ = [garbage_collect(P) || P <- processes()],
+    ok.
 
 memory() ->
     Worker = try erlcuda:info() of
