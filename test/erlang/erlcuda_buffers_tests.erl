@@ -260,7 +260,7 @@ owner_dies() ->
                    fun() ->
                            {ok, A} = erlcuda:upload(lists:seq(1, 100), [{type, f64}]),
                            {ok, _} = erlcuda:zeros(u8, 1000, [{device, 1}]),
-                           {ok, C} = erlcuda:launch_sync(vector_add, [A, A], [{keep, true}]),
+                           {ok, C} = erlcuda:launch_sync(vector_add, [A, A], [{keep, true}, {timeout, 60000}]),
                            Self ! {made, C, usage()},
                            receive never -> ok end
                    end),
@@ -286,8 +286,8 @@ many_owners() ->
                           Dev = I rem 2,
                           {ok, A} = erlcuda:upload([float(I) || _ <- lists:seq(1, 64)],
                                                    [{device, Dev}]),
-                          {ok, C} = erlcuda:launch_sync(vector_add, [A, A], [{keep, true}]),
-                          {ok, S} = erlcuda:launch_sync(reduce, [C]),
+                          {ok, C} = erlcuda:launch_sync(vector_add, [A, A], [{keep, true}, {timeout, 60000}]),
+                          {ok, S} = erlcuda:launch_sync(reduce, [C], [{timeout, 60000}]),
                           Self ! {done, self(), S =:= 128.0 * I}
                   end) || I <- lists:seq(1, 1000)],
     ?assertEqual(lists:duplicate(1000, true),

@@ -10,7 +10,7 @@
 -define(CLUSTER_KEYS, [cluster_exclude, cluster_prefer]).
 
 cluster_test_() ->
-    {timeout, 240,
+    {timeout, 900,
      {setup, fun start/0, fun stop/1,
       fun(Ctx) ->
               [{Name, {timeout, 60, fun() -> Test(Ctx) end}}
@@ -160,7 +160,7 @@ local_jobs() ->
 
 %% Keep a device of a node busy for Ms.
 stall(Node, Device, Ms) ->
-    ok = erpc:cast(Node, erlcuda_worker, call, [stall, [Device, Ms], Ms + 5000]).
+    erlcuda_test_util:stall(Node, Device, Ms).
 
 receive_reply(Id) ->
     receive {erlcuda, Id, R} -> R after 10000 -> no_reply end.
@@ -725,7 +725,7 @@ async_loop(Node, Left, InFlight, Acc) ->
 %% device: each job is answered once (an error), and the buffers they were to keep go.
 killed_proxies(#{peers := [{P1, N1} | _]}) ->
     Base = peer:call(P1, erlcuda_buffers, count, []),
-    stall(N1, 0, 1000),
+    stall(N1, 0, 3000),
     timer:sleep(100),
     Ids = [begin {ok, Id} = erlcuda:launch(copy, [[1.0]], [{node, N1}, {device, 0},
                                                           {keep, true}]), Id end
@@ -869,7 +869,7 @@ keep_across_restart_here(#{peers := [{P1, N1} | _] = Peers}) ->
 %% the record goes, and the launch still gets its one reply, its buffer.
 handover_across_restart_here(#{peers := [{P1, N1} | _] = Peers}) ->
     Base = peer:call(P1, erlcuda_buffers, count, []),
-    stall(N1, 0, 600),
+    stall(N1, 0, 3000),
     timer:sleep(100),
     {ok, Id} = erlcuda:launch(copy, [[1.0]], [{node, N1}, {device, 0}, {keep, true}]),
     timer:sleep(200),
@@ -878,7 +878,7 @@ handover_across_restart_here(#{peers := [{P1, N1} | _] = Peers}) ->
         ok = erlcuda_test_util:wait_until(
                fun() -> [H || {_, _, _, _, H, _} <- ets:tab2list(erlcuda_remote), H =/= none]
                             =/= []
-               end, 50),
+               end, 150),
         restart_here([N || {_, N} <- Peers])
     after
         ok = peer:call(P1, sys, resume, [erlcuda_buffers])

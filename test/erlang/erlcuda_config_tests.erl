@@ -126,7 +126,7 @@ runtime_bad_env_keeps_the_app_running_test_() ->
         timer:sleep(1500),
         ok = application:set_env(erlcuda, max_queue, 10000),
         Running = lists:keymember(erlcuda, 1, application:which_applications()),
-        _ = (catch erlcuda_test_util:wait_restarted(Pid, 20)),
+        _ = (catch erlcuda_test_util:wait_restarted(Pid, 300)),
         ?assertEqual({true, {ok, 1.0}}, {Running, erlcuda:launch_sync(reduce, [[1.0]])})
     end}).
 

@@ -463,9 +463,11 @@ vector(X, S, binary) -> vec(X, S).
 devices() ->
     try erlcuda:info() of #{devices := N} -> max(N, 1) catch _:_ -> 1 end.
 
+%% The pid from the status table, not info/0: a call to the port owner, which a loaded
+%% node may answer too late.
 kill_worker() ->
-    case erlcuda:info() of
-        #{worker_os_pid := Pid} when is_integer(Pid) ->
+    case erlcuda_status:worker_os_pid() of
+        Pid when is_integer(Pid) ->
             os:cmd("kill -9 " ++ integer_to_list(Pid));
         _ ->
             ok

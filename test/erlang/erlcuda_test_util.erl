@@ -1,7 +1,8 @@
 %% Helpers shared by the eunit suites.
 -module(erlcuda_test_util).
 
--export([wait_restarted/2, stall/2, with_app/3, reset/2, in_flight/0, wait_until/2,
+-export([wait_restarted/2, stall/2, stall/3, with_app/3, reset/2, in_flight/0, wait_until/2,
+         wait_until/3,
          no_message/0, fake_worker/4, test_worker_path/0, wait_for/2, kill9/1, signal/2,
          left/1, flush/0, flush_stalled/0, fault_defaults/0, log/2]).
 
@@ -24,11 +25,15 @@ in_flight() ->
     lists:sum([maps:get(in_flight, D) || D <- Devices]).
 
 %% ok once Cond() holds (N tries, 100 ms apart), else timeout.
-wait_until(_, 0) -> timeout;
 wait_until(Cond, N) ->
+    wait_until(Cond, N, 100).
+
+%% ok once Cond() holds (N tries, Ms apart), else timeout.
+wait_until(_, 0, _) -> timeout;
+wait_until(Cond, N, Ms) ->
     case Cond() of
         true -> ok;
-        false -> timer:sleep(100), wait_until(Cond, N - 1)
+        false -> timer:sleep(Ms), wait_until(Cond, N - 1, Ms)
     end.
 
 %% As wait_until/2, but a Cond that raises (info/0 while the port owner restarts, say)
@@ -92,12 +97,40 @@ wait_restarted(OldPid, N) ->
     end.
 
 %% Keep device Device's thread busy for Ms (a call of the worker's test double: the
-%% application env names it as worker_module); returns at once, and the caller later receives
-%% {stalled, Reply}, Reply being erlcuda_worker:call/3's {ok, _} | {error, _}.
+%% application env names it as worker_module); returns once the device's thread is busy
+%% (the double makes a marker file as the stall begins) or the call was answered, and the
+%% caller later receives {stalled, Reply}, Reply being erlcuda_worker:call/3's
+%% {ok, _} | {error, _}.
 stall(Device, Ms) ->
     Self = self(),
-    spawn(fun() -> Self ! {stalled, erlcuda_worker:call(stall, [Device, Ms], Ms + 5000)} end),
-    timer:sleep(50).
+    Marker = marker(),
+    spawn(fun() ->
+                  Self ! {stalled, erlcuda_worker:call(stall, [Device, Ms, Marker], Ms + 5000)}
+          end),
+    stall_begun(Marker, fun() -> lists:keymember(stalled, 1, messages()) end).
+
+%% The same on device Device of node Node, the call cast there.
+stall(Node, Device, Ms) ->
+    Marker = marker(),
+    ok = erpc:cast(Node, erlcuda_worker, call, [stall, [Device, Ms, Marker], Ms + 5000]),
+    stall_begun(Marker, fun() -> false end).
+
+marker() ->
+    Dir = filename:basedir(user_cache, "erlcuda-tests"),
+    ok = filelib:ensure_dir(filename:join(Dir, "x")),
+    unicode:characters_to_binary(
+      filename:join(Dir, "stall-" ++ integer_to_list(erlang:unique_integer([positive])))).
+
+%% Until the marker is made (then deleted) or Answered() holds, for up to a minute.
+stall_begun(Marker, Answered) ->
+    Begun = fun() -> filelib:is_regular(Marker) orelse Answered() end,
+    ok = wait_until(Begun, 6000, 10),
+    _ = file:delete(Marker),
+    ok.
+
+messages() ->
+    {messages, Ms} = process_info(self(), messages),
+    [M || M <- Ms, is_tuple(M)].
 
 %% A stand-in worker (a Python script, to be given as the `python' env) of `Devices'
 %% devices: it answers every control call with a valid hello, and every launch `m' (a

@@ -31,7 +31,7 @@ erlcuda_test_() ->
       {"empty vectors", fun empty/0},
       {"async launch replies once", fun async/0},
       {"device routing", fun devices/0},
-      {"a large vector", fun large/0},
+      {"a large vector", {timeout, 60, fun large/0}},
       {"bad input gets a clear error, then service goes on", fun bad_input/0},
       {"info", fun info/0},
       {"timeout leaves no stray message", {timeout, 20, fun timeout_no_stray/0}},
@@ -184,7 +184,7 @@ killed_worker() ->
     [receive {erlcuda, Id, R} -> ?assertMatch({error, {worker_down, _}}, R)
      after 5000 -> error({no_reply, Id})
      end || Id <- Ids],
-    erlcuda_test_util:wait_restarted(Pid, 50),
+    erlcuda_test_util:wait_restarted(Pid, 300),
     ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]])),
     receive {erlcuda, _, _} = Dup -> error({duplicate, Dup}) after 300 -> ok end.
 

@@ -116,7 +116,7 @@ no_orphan_after_owner_killed_test_() ->
         try
             os:cmd("kill -STOP " ++ integer_to_list(Pid)),
             exit(whereis(erlcuda_worker), kill),
-            erlcuda_test_util:wait_restarted(Pid, 50),
+            erlcuda_test_util:wait_restarted(Pid, 300),
             ?assertEqual(ok, wait_until(fun() -> not os_alive(Pid) end, 20))
         after
             kill9(Pid)
@@ -210,7 +210,7 @@ one_reply_across_restarts_test_() ->
         #{worker_os_pid := P1} = erlcuda:info(),
         timer:sleep(300),
         kill9(P1),
-        erlcuda_test_util:wait_restarted(P1, 50),
+        erlcuda_test_util:wait_restarted(P1, 300),
         #{worker_os_pid := P2} = erlcuda:info(),
         timer:sleep(100),
         kill9(P2),
@@ -218,7 +218,7 @@ one_reply_across_restarts_test_() ->
                    || L <- Launchers],
         ?debugFmt("launched, lost, duplicated: ~p", [Reports]),
         ?assertEqual([], [R || {_, Lost, Dups} = R <- Reports, Lost + Dups > 0]),
-        erlcuda_test_util:wait_restarted(P2, 50),
+        erlcuda_test_util:wait_restarted(P2, 300),
         ok = wait_until(fun() -> erlcuda_jobs:size() =:= 0 andalso in_flight() =:= 0 end, 30)
     end}).
 

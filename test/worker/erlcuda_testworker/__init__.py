@@ -7,7 +7,10 @@ It runs ``erlcuda.cli.main`` with these calls added (``erlcuda.worker.Extension`
 - ``fault(Device)``: a kernel that stores to an unmapped address runs on ``Device``: the
   sticky CUDA error poisons the context and the worker exits for Erlang to restart it.
 - ``print(Out, Err)``: ``Out`` written to fd 1 and ``Err`` to fd 2, as native code would.
-- ``stall(Device, Ms)``: ``Device``'s thread kept busy for ``Ms`` ms.
+- ``stall(Device, Ms)`` or ``stall(Device, Ms, Marker)``: ``Device``'s thread kept busy for
+  ``Ms`` ms; the file ``Marker`` made as it begins (the stall reaches the device thread
+  through the worker's control thread, behind anything it does: a test waits for the
+  marker, not a guessed time, before it counts on the device being busy).
 
 Also the helpers GPU tests use on a device directly: ``inject_fault``, ``pool_stats``; and,
 with ``ERLCUDA_TEST_PIN`` set, a double of the registration of host memory (``pin_double``).
@@ -80,8 +83,14 @@ def print_call(worker: Worker, args: list[Any]) -> Any:
 
 
 def stall(worker: Worker, args: list[Any]) -> Any:
-    index, ms = args
-    worker.on_device(index, lambda _device: time.sleep(ms / 1000))
+    index, ms, *marker = args
+
+    def busy(_device: Any) -> None:
+        if marker:
+            Path(bytes(marker[0]).decode()).touch()
+        time.sleep(ms / 1000)
+
+    worker.on_device(index, busy)
     return protocol.OK
 
 
