@@ -227,12 +227,15 @@ result_slot(Folder, Bytes) ->
                   Taken -> Taken
               end,
     case Claimed of
+        {ok, #{reserved := true}} ->
+            Claimed;
         {ok, Slot} ->
             %% Its part file made, and its pages allocated, before the worker looks for it
             %% (a new slot's process makes the file as it starts; the worker writes through
-            %% a mapping, where a page a full /dev/shm cannot give would kill it).
+            %% a mapping, where a page a full /dev/shm cannot give would kill it). Marked,
+            %% so that the jobs that take it again skip the round trip to its part's process.
             case erlcuda_shm_slots:reserve(Slot) of
-                ok -> {ok, Slot};
+                ok -> {ok, Slot#{reserved => true}};
                 {error, _} -> ok = erlcuda_shm_slots:discard(Slot), none
             end;
         none ->

@@ -48,8 +48,9 @@
 %% Tries to take a free slot another caller may take first.
 -define(TRIES, 3).
 
+%% `reserved': its first part's pages were allocated for a result (erlcuda_shm:result_slot/2).
 -type slot() :: #{seq := pos_integer(), dir := file:filename(), part_bytes := pos_integer(),
-                  name := binary(), parts := [pid()], keeper := pid()}.
+                  name := binary(), parts := [pid()], keeper := pid(), reserved => true}.
 
 %% @doc The tables and counters; made by the application's process, so that they outlive
 %% the port owner.

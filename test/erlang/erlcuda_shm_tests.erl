@@ -108,13 +108,39 @@ slots_are_written_again() ->
     ?assertEqual({ok, vec(N, 3)}, erlcuda:launch_sync(vector_add, [A, B], [{format, binary}])),
     After1 = lists:sort(files()),
     #{made := Made} = erlcuda_shm_slots:stats(),
-    [?assertEqual({ok, vec(N, K + 2)},
-                  erlcuda:launch_sync(vector_add, [A, vec(N, K + 1)], [{format, binary}]))
-     || K <- lists:seq(1, 5)],
+    Parts = [P || {_, #{parts := Ps}, _} <- ets:tab2list(erlcuda_shm_free), P <- Ps],
+    Asked = asked_of(Parts, fun() ->
+        [?assertEqual({ok, vec(N, K + 2)},
+                      erlcuda:launch_sync(vector_add, [A, vec(N, K + 1)], [{format, binary}]))
+         || K <- lists:seq(1, 5)]
+    end),
+    %% the operands' six parts written each time; the result's pages, allocated by the
+    %% first job, not asked for again
+    ?assertEqual(#{write => 30, read => 5}, Asked),
     ?assertMatch(#{made := Made, claimed := 0, free := 3}, erlcuda_shm_slots:stats()),
     ?assertEqual(After1, lists:sort(files())),
     ?assertEqual([], job_files()),
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
+
+%% What the part processes `Pids' were asked while `Fun' ran, counted by kind.
+asked_of(Pids, Fun) ->
+    _ = [erlang:trace(P, true, ['receive']) || P <- Pids],
+    Fun(),
+    _ = [erlang:trace(P, false, ['receive']) || P <- Pids],
+    Ref = erlang:trace_delivered(all),
+    receive {trace_delivered, all, Ref} -> ok end,
+    asked(#{}).
+
+asked(Counts) ->
+    receive
+        {trace, _, 'receive', {Request, _, _}} ->
+            Kind = case Request of {K, _} -> K; K -> K end,
+            asked(maps:update_with(Kind, fun(C) -> C + 1 end, 1, Counts));
+        {trace, _, 'receive', _} ->
+            asked(Counts)
+    after 0 ->
+        Counts
+    end.
 
 %% Vectors over a part's size travel as several part files, written and read at once: the
 %% right result, and every part deleted however the job ends (here: its caller killed
