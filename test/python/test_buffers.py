@@ -52,6 +52,17 @@ def f32(values: Any) -> bytes:
     return np.asarray(values, dtype="<f4").tobytes()
 
 
+def until(holds: Callable[[], bool], seconds: float = 30.0) -> bool:
+    """Whether ``holds()`` came true within ``seconds``, asked every 10 ms: long enough
+    for a loaded machine, and over as soon as it holds."""
+    deadline = time.monotonic() + seconds
+    while not holds():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def lane_info(pipe: WorkerPipe, device: int = 0) -> dict[str, Any]:
     tag, _, info = pipe.call("info")
     assert tag == "r"
@@ -220,11 +231,8 @@ def test_a_chain_of_kernels_on_buffers_one_job_at_a_time(worker: WorkerPipe) -> 
     worker.launch(37, "reduce", [Buffer(201)])
     assert worker.result() == (37, ("ok", 30.0))
     free(worker, 1, 2, 3, 4, 201, x)
-    for _ in range(100):  # with a device thread, the frees run on it in their turn
-        if lane_info(worker)["buffers"] == 0:
-            break
-        time.sleep(0.01)
-    assert lane_info(worker)["buffers"] == 0
+    # with a device thread, the frees run on it in their turn
+    assert until(lambda: lane_info(worker)["buffers"] == 0)
 
 
 def test_a_call_of_id_0_is_run_and_never_answered(worker: WorkerPipe) -> None:
@@ -233,11 +241,8 @@ def test_a_call_of_id_0_is_run_and_never_answered(worker: WorkerPipe) -> None:
     worker.send((Atom("C"), 0, Atom("erlcuda"), Atom("free"), [0, [-1]]))
     worker.send((Atom("C"), 0, Atom("erlcuda"), Atom("no_such_call"), []))
     free(worker, 7)
-    for _ in range(100):
-        if lane_info(worker)["buffers"] == 0:  # the answer comes first (``call`` checks)
-            break
-        time.sleep(0.01)
-    assert lane_info(worker)["buffers"] == 0
+    # the answer comes first (``call`` checks)
+    assert until(lambda: lane_info(worker)["buffers"] == 0)
     logged = " ".join(text for _, text in worker.logs)
     assert "free takes" in logged and "unknown call no_such_call" in logged
 
@@ -810,10 +815,6 @@ def test_a_launch_right_after_a_free_finds_the_memory_given_back(layout: tuple[s
             # Erlang's frees (call Id 0) get no answer: the launch's reply comes alone
             assert pipe.result() == (1000 + rep, ("ok", ("buffer", 5000 + rep, "f32", 100)))
         # nothing came before the info's answer (``call`` checks); the last free is done
-        for _ in range(100):
-            if lane_info(pipe)["buffers"] == 0:
-                break
-            time.sleep(0.01)
-        assert lane_info(pipe)["buffers"] == 0
+        assert until(lambda: lane_info(pipe)["buffers"] == 0)
     finally:
         assert pipe.close() == 0

@@ -7,6 +7,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -338,10 +339,17 @@ def test_an_undecodable_frame_is_dropped_and_logged(any_layout: WorkerPipe) -> N
     assert any("undecodable" in text for _, text in any_layout.logs)
 
 
-def test_queued_jobs_batch_and_keep_their_order(any_layout: WorkerPipe) -> None:
+def test_queued_jobs_batch_and_keep_their_order(any_layout: WorkerPipe, tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
-    # Device 0's lane sleeps while the jobs queue up; the call's answer comes among them.
-    any_layout.send((Atom("C"), 99, Atom("erlcuda"), Atom("stall"), [0, 300]))
+    # Device 0's lane sleeps while the jobs queue up (from when the stall has begun: it
+    # makes its marker); the call's answer comes among them.
+    marker = tmp_path / "stalled"
+    any_layout.send((Atom("C"), 99, Atom("erlcuda"), Atom("stall"),
+                     [0, 300, str(marker).encode()]))
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert marker.exists()
     jobs = {}
     kernels = ["vector_add", "reduce", "dot_product", "matmul"]
     for job_id in range(1, 201):
