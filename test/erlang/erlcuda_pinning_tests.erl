@@ -53,9 +53,8 @@ caller_death_drops_its_slots() ->
     ?assertEqual(ok, erlcuda_test_util:wait_for(fun() -> pinned() =:= 0 end, 50)).
 
 %% A caller killed while its job waits behind a stalled device: true once its job was
-%% dropped for its caller's death. The stall call and the launch reach the worker by
-%% different ways, so on a busy machine the job may come first and be answered before the
-%% caller dies (its slots then stay, for the next job): then again.
+%% dropped for its caller's death; else (its job answered before the caller died, its
+%% slots then kept for the next job) again.
 died_waiting(0) ->
     false;
 died_waiting(Tries) ->
