@@ -104,10 +104,12 @@ wait_restarted(OldPid, N) ->
 stall(Device, Ms) ->
     Self = self(),
     Marker = marker(),
-    spawn(fun() ->
-                  Self ! {stalled, erlcuda_worker:call(stall, [Device, Ms, Marker], Ms + 5000)}
-          end),
-    stall_begun(Marker, fun() -> lists:keymember(stalled, 1, messages()) end).
+    Caller = spawn(fun() ->
+                           Self ! {stalled, erlcuda_worker:call(stall, [Device, Ms, Marker],
+                                                                Ms + 5000)}
+                   end),
+    %% answered (the process that called is done), not any {stalled, _} a test left behind
+    stall_begun(Marker, fun() -> not is_process_alive(Caller) end).
 
 %% The same on device Device of node Node, the call cast there.
 stall(Node, Device, Ms) ->
@@ -127,10 +129,6 @@ stall_begun(Marker, Answered) ->
     ok = wait_until(Begun, 6000, 10),
     _ = file:delete(Marker),
     ok.
-
-messages() ->
-    {messages, Ms} = process_info(self(), messages),
-    [M || M <- Ms, is_tuple(M)].
 
 %% A stand-in worker (a Python script, to be given as the `python' env) of `Devices'
 %% devices: it answers every control call with a valid hello, and every launch `m' (a
