@@ -145,10 +145,11 @@ drop(Alias, Ms, Free) ->
     after 0 -> ok
     end.
 
-%% @doc A job's result as launch_sync gives it: f32 results, sent as a binary, become
-%% floats in the caller, as do results whose decoding was left to it.
+%% @doc A job's result as launch_sync gives it: f32 results, sent as a binary or as the ETF
+%% of their floats, become floats in the caller, as do results whose decoding was left to it.
 -spec result(term()) -> term().
 result({f32, Bin}) -> erlcuda_protocol:f32_list(Bin);
+result({floats, Etf}) -> erlcuda_protocol:float_list(Etf);
 result({deferred, Raw}) -> erlcuda_protocol:finish(Raw, list);
 result(Result) -> Result.
 

@@ -21,14 +21,16 @@
 %%                    `<<B, Count:32, [<<Size:32, Launch:Size>>]>>';
 %%   from the worker: results, `<<R, Count:32, Records>>', one frame per batch, each record
 %%                    `<<JobId:64, Tag:8, Len:32, Payload:Len>>': a vector (f32, or typed),
-%%                    a scalar, an error, a result file, a buffer, or a list of those.
+%%                    a scalar, an error, a result file, a buffer, or a list of those; or,
+%%                    for a launch with flags.floats, an f32 vector as the ETF of the list
+%%                    of its floats, which its caller decodes in one `binary_to_term'.
 %% Control calls and logs are one term each, in erlport's shapes:
 %%   to the worker:   `{'C', Id, erlcuda, Function, Args}'
 %%   from the worker: `{'r', Id, Reply}', `{'e', Id, Error}', `{'L', Level, Text}'.
 -module(erlcuda_protocol).
 
 -export([encode_launch/5, encode_batch/1, batch_overhead/1, encode_call/3, reader/0, read/2,
-         decode/1, each_result/3, message/4, message/5, f32_list/1, finish/2,
+         decode/1, each_result/3, message/4, message/5, f32_list/1, float_list/1, finish/2,
          max_result_bytes/0, file_result/1, vector_reply/1, fits/2, load_atoms/0]).
 
 -export_type([event/0, reply/0, launch_arg/0, flags/0, file_arg/0, file_result/0,
@@ -55,9 +57,10 @@
 -type file_result() :: {file, Bytes :: non_neg_integer(), PartBytes :: pos_integer()}.
 %% keep: the ids the job's vector results are kept under; geometry: a user kernel's shape.
 %% `result_file': false, or the result slot a vector result goes to (its name and part size).
+%% floats: an f32 vector result wanted as floats (`float_list/1').
 -type flags() :: #{trace := boolean(), result_file := false | {binary(), pos_integer()},
                    keep => [erlcuda_buffers:id()], geometry => erlcuda_job:geometry(),
-                   program => binary()}.
+                   program => binary(), floats => boolean()}.
 %% How a reply of the general path is shaped: as its one record (`value'), always a list
 %% (a raw user kernel's written vectors), or the one item of a list (an elementwise kernel
 %% with one output).
@@ -75,12 +78,16 @@
 %% shared memory), a scalar, or anything (what the launch does not fix).
 -type expect() :: {vector, erlcuda_vector:type(), non_neg_integer()} | scalar
                 | {list, non_neg_integer()} | {keep, [erlcuda_buffers:id()]} | any.
-%% A result decoded but not yet made into Erlang terms: vectors still binaries.
--type raw() :: {vec, erlcuda_vector:type(), binary()} | {scalar, float()}
+%% A result decoded but not yet made into Erlang terms: vectors still binaries (an f32
+%% vector sent as floats: the ETF of their list).
+-type raw() :: {vec, erlcuda_vector:type(), binary()} | {floats, binary()} | {scalar, float()}
              | {buffer, erlcuda:buffer()} | [raw()].
 
 %% The launch frame's bytes besides its arguments' data, at most.
 -define(LAUNCH_OVERHEAD, 512).
+%% The ETF of a list of N floats: version, LIST_EXT and N, N times NEW_FLOAT_EXT and the
+%% value, NIL_EXT.
+-define(FLOAT_LIST_BYTES(N), (6 + 9 * (N) + 1)).
 -define(NON_FINITE_VECTOR, <<"the result holds an infinity or NaN, which Erlang floats "
                              "cannot hold; {format, binary} returns the raw f32 values">>).
 
@@ -104,7 +111,8 @@ encode_launch(JobId, Device, Kernel, Args, #{trace := Trace, result_file := Resu
                 bor case ResultFile of false -> 0; _ -> ?WIRE_FLAG_RESULT_FILE end
                 bor case Keep of none -> 0; _ -> ?WIRE_FLAG_KEEP end
                 bor case Geometry of none -> 0; _ -> ?WIRE_FLAG_GEOMETRY end
-                bor case Program of none -> 0; _ -> ?WIRE_FLAG_PROGRAM end,
+                bor case Program of none -> 0; _ -> ?WIRE_FLAG_PROGRAM end
+                bor case maps:get(floats, F, false) of true -> ?WIRE_FLAG_FLOATS; false -> 0 end,
             {ok, framed([<<?WIRE_LAUNCH, JobId:64, Device:16, Flags:8, (byte_size(Name)):8,
                            Name/binary, (length(Args)):8>>
                          | [arg(A) || A <- Args]]
@@ -198,6 +206,8 @@ fits({list, N}, {wire, ?WIRE_TAG_LIST, <<Count:32, _/binary>>}) ->
     Count =:= N;
 fits({vector, f32, N}, {wire, ?WIRE_TAG_VECTOR, Bin}) ->
     byte_size(Bin) =:= ?ELEMENT_SIZE_F32 * N;
+fits({vector, f32, N}, {wire, ?WIRE_TAG_FLOATS, Etf}) ->
+    byte_size(Etf) =:= ?FLOAT_LIST_BYTES(N);
 fits({vector, Type, N}, {wire, ?WIRE_TAG_TYPED, <<Index:8, Bin/binary>>}) ->
     erlcuda_vector:type(Index) =:= Type andalso byte_size(Bin) =:= N * erlcuda_vector:size(Type);
 fits({vector, Type, N}, {wire, ?WIRE_TAG_FILE, <<Bytes:64, _:64>>}) ->
@@ -298,9 +308,9 @@ each_result(_, _, _) ->
     malformed.
 
 %% @doc The message a job's caller receives for its record. A vector for a `list' format
-%% caller that waits in `launch_sync' travels as `{f32, Binary}' (or, from the general
-%% path, `{deferred, Raw}'): the caller turns it into numbers itself (`f32_list/1',
-%% `finish/2'), not this shared process.
+%% caller that waits in `launch_sync' travels as `{f32, Binary}' (sent as floats, `{floats,
+%% Etf}'; from the general path, `{deferred, Raw}'): the caller turns it into numbers itself
+%% (`f32_list/1', `float_list/1', `finish/2'), not this shared process.
 -spec message(erlcuda:job_id() | reference(), reply(), erlcuda:format(), boolean()) ->
     tuple().
 message(JobId, Reply, Format, Sync) ->
@@ -325,8 +335,9 @@ message(JobId, Reply, Format, Sync, Ctx) ->
     {erlcuda, JobId, result(Reply, Format, Sync, Ctx)}.
 
 %% A record as its caller's result: decoded once (`raw/2'), then made into what `Format'
-%% asks. A plain launch's f32 vector for a `launch_sync' caller travels as `{f32, Bin}',
-%% any other vector for one as `{deferred, Raw}': that caller makes the numbers itself.
+%% asks. A plain launch's f32 vector for a `launch_sync' caller travels as `{f32, Bin}' (or,
+%% sent as floats, `{floats, Etf}'), any other vector for one as `{deferred, Raw}': that
+%% caller makes the numbers itself.
 result(Reply, Format, Sync, Ctx) ->
     case raw(Reply, Ctx) of
         {ok, Raw} -> made(shape(Raw, Ctx), Format, Sync, Ctx);
@@ -337,6 +348,8 @@ result(Reply, Format, Sync, Ctx) ->
 made({vec, _, Bin}, binary, _, _) -> {ok, own(Bin)};
 made({vec, f32, Bin}, list, true, none) -> {f32, own(Bin)};
 made({vec, f32, Bin}, list, false, none) -> f32_list(Bin);
+made({floats, Etf}, list, true, none) -> {floats, own(Etf)};
+made({floats, Etf}, list, false, none) -> float_list(Etf);
 made({scalar, F}, _, _, _) -> {ok, F};
 made(Raw, list, true, _) ->
     case has_vector(Raw) of
@@ -365,6 +378,9 @@ raw({wire, ?WIRE_TAG_TYPED, <<Index:8, Bin/binary>>}, _) ->
                 _ -> malformed()
             end
     end;
+raw({wire, ?WIRE_TAG_FLOATS, <<131, 108, N:32, _/binary>> = Etf}, _)
+  when byte_size(Etf) =:= ?FLOAT_LIST_BYTES(N) ->
+    {ok, {floats, Etf}};
 raw({wire, ?WIRE_TAG_SCALAR, <<F:64/float-little>>}, _) ->
     {ok, {scalar, F}};
 raw({wire, ?WIRE_TAG_SCALAR, <<_:64>>}, _) ->
@@ -425,6 +441,12 @@ finish(Raw, Format) ->
     end.
 
 finish1({vec, _, Bin}, binary) -> Bin;
+finish1({floats, _}, binary) -> throw(malformed());
+finish1({floats, Etf}, list) ->
+    case float_list(Etf) of
+        {ok, List} -> List;
+        {error, _} = Error -> throw(Error)
+    end;
 finish1({vec, Type, Bin}, list) ->
     case erlcuda_vector:unpack(Type, Bin) of
         {ok, List} -> List;
@@ -433,6 +455,30 @@ finish1({vec, Type, Bin}, list) ->
 finish1({scalar, F}, _) -> F;
 finish1({buffer, B}, _) -> B;
 finish1(List, Format) when is_list(List) -> [finish1(R, Format) || R <- List].
+
+%% @doc An f32 vector result the worker sent as floats (the ETF of their list, which
+%% `raw/2' checked the length of): the list, made in one call; `non_finite' where it holds
+%% an infinity or NaN (which `binary_to_term' refuses), `{internal, _}' where it is no list
+%% of that many floats.
+-spec float_list(binary()) ->
+    {ok, [float()]} | {error, {non_finite | internal, binary()}}.
+float_list(<<131, 108, N:32, Items/binary>> = Etf) ->
+    try binary_to_term(Etf, [safe]) of
+        List when length(List) =:= N -> {ok, List};
+        _ -> malformed()
+    catch
+        error:badarg ->
+            case float_items(Items) of
+                true -> {error, {non_finite, ?NON_FINITE_VECTOR}};
+                false -> malformed()
+            end
+    end.
+
+%% Whether a float list's items are floats (NEW_FLOAT_EXT), whatever their values, and
+%% end it.
+float_items(<<70, _:64, Rest/binary>>) -> float_items(Rest);
+float_items(<<106>>) -> true;
+float_items(_) -> false.
 
 %% @doc A vector result as floats; `non_finite' where it holds an infinity or NaN.
 -spec f32_list(binary()) -> {ok, [float()]} | {error, {non_finite, binary()}}.

@@ -131,8 +131,8 @@ stage(#{kernel := Kernel, args := Args} = Job, Status,
             end
     end.
 
-%% The flags and reply context of a launch: a plain one has only its trace flag and no
-%% context (its reply needs no buffers, epoch or shape).
+%% The flags and reply context of a launch: a plain one has only its trace and floats
+%% flags and no context (its reply needs no buffers, epoch or shape).
 general(#{trace := Trace, general := G}, Device, #{epoch := Epoch}) ->
     #{keep := NKeep, buffers := Buffers, shape := Shape} = G,
     Ids = erlcuda_buffers:next_ids(NKeep),
@@ -141,8 +141,10 @@ general(#{trace := Trace, general := G}, Device, #{epoch := Epoch}) ->
     Flags2 = maps:merge(Flags1, maps:with([geometry, program], G)),
     {Flags2, #{epoch => Epoch, device => Device, buffers => Buffers, shape => Shape,
                keep => Ids}};
-general(#{trace := Trace}, _, _) ->
-    {#{trace => Trace}, none}.
+general(#{trace := Trace, format := Format}, _, _) ->
+    %% a caller that wants floats gets an f32 vector result as the ETF of their list, which
+    %% it decodes in one call
+    {#{trace => Trace, floats => Format =:= list}, none}.
 
 keep(none, _, _) -> ok;
 keep(#{keep := Ids, epoch := Epoch}, Device, ReplyTo) ->

@@ -124,6 +124,7 @@ class Wire:
     flag_keep: int
     flag_geometry: int
     flag_program: int
+    flag_floats: int
     arg_vector: int
     arg_dim: int
     arg_file: int
@@ -138,6 +139,7 @@ class Wire:
     tag_typed: int
     tag_handle: int
     tag_list: int
+    tag_floats: int
 
     def macros(self) -> dict[str, int]:
         """The Erlang macro names (``WIRE_...``) and their values."""
@@ -154,6 +156,7 @@ WIRE = Wire(
     flag_keep=_WIRE["flags"]["keep"],
     flag_geometry=_WIRE["flags"]["geometry"],
     flag_program=_WIRE["flags"]["program"],
+    flag_floats=_WIRE["flags"]["floats"],
     arg_vector=_WIRE["arg"]["vector"],
     arg_dim=_WIRE["arg"]["dim"],
     arg_file=_WIRE["arg"]["file"],
@@ -168,6 +171,7 @@ WIRE = Wire(
     tag_typed=_WIRE["tag"]["typed"],
     tag_handle=_WIRE["tag"]["handle"],
     tag_list=_WIRE["tag"]["list"],
+    tag_floats=_WIRE["tag"]["floats"],
 )
 
 

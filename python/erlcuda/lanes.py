@@ -67,6 +67,7 @@ class Job:
     # A launch for the general path, checked and run on its device's thread (it may name
     # buffers, which only that thread knows).
     general: Launch | None = None
+    floats: bool = False  # flag_floats: an f32 vector result goes as floats (``as_floats``)
 
     def stamps(self) -> dict[str, int] | None:
         """A traced job's reply stamps: the nanoseconds of each stage it reached
@@ -92,6 +93,7 @@ class UniformJobs:
 
     job_ids: np.ndarray
     batch: UniformPlans | ProgramRows
+    floats: bool = False  # the launches have flag_floats
 
 
 @dataclass(slots=True)
@@ -346,10 +348,13 @@ class Lane(threading.Thread):
         whole = jobs.batch
         per_job = max(whole.elements, 1)
         step = max(1, min(self.max_batch, self.max_elements // per_job))
-        run = self._program_slice if type(whole) is ProgramRows else self._uniform_slice
         for start in range(0, whole.count, step):
             end = min(start + step, whole.count)
-            run(jobs.job_ids[start:end], whole.rows(start, end), device)  # type: ignore[arg-type]
+            if type(whole) is ProgramRows:
+                self._program_slice(jobs.job_ids[start:end], whole.rows(start, end), device)
+            else:
+                self._uniform_slice(jobs.job_ids[start:end], whole.rows(start, end), device,
+                                    jobs.floats)
 
     def _program_slice(self, job_ids: np.ndarray, rows: ProgramRows,
                        device: Device | None) -> None:
@@ -378,7 +383,7 @@ class Lane(threading.Thread):
             self.on_fatal(fatal)
 
     def _uniform_slice(self, job_ids: np.ndarray, batch: UniformPlans,
-                       device: Device | None) -> None:
+                       device: Device | None, floats: bool) -> None:
         failure: Failure | None = None
         fatal: str | None = None
         values: np.ndarray | None = None
@@ -393,14 +398,14 @@ class Lane(threading.Thread):
                 failure, fatal = self._failure(exc, batch.kernel)
         self.stats.jobs += batch.count
         self.stats.table_jobs += batch.count
-        frames = [] if values is None else protocol.encode_table(job_ids, values,
-                                                          self.writer.max_frame)
+        frames = [] if values is None else protocol.encode_table(
+            job_ids, values, self.writer.max_frame, floats)
         if frames:
             self._write(frames)
         else:  # a failure, or records too large for the table: one by one
             self._reply([
-                (int(job_id), failure if failure is not None else _row(values, i), None)
-                for i, job_id in enumerate(job_ids)])
+                (int(job_id), failure if failure is not None else _row(values, i, floats),
+                 None) for i, job_id in enumerate(job_ids)])
         if fatal is not None:
             self.on_fatal(fatal)
 
@@ -424,11 +429,12 @@ class Lane(threading.Thread):
         return values, None, None  # type: ignore[return-value]
 
     def run_lone(self, job_id: int, plan: Plan, device: Device | None,
-                 listed: bool = False) -> bool:
+                 listed: bool = False, floats: bool = False) -> bool:
         """Run and answer one job that arrived alone, with the least Python: what
         ``_batch`` does for a batch of one plain job (``listed``: its result answered as a
-        list of one, a program's that is this launch). ``False`` (nothing done) where the
-        job needs more than that: the caller then takes the general path."""
+        list of one, a program's that is this launch; ``floats``: its launch has
+        flag_floats). ``False`` (nothing done) where the job needs more than that: the
+        caller then takes the general path."""
         if device is None or plan.device_bytes > self.memory:
             return False
         values, failure, fatal = self._run([plan], device)
@@ -438,6 +444,8 @@ class Lane(threading.Thread):
         result: Result = failure if values is None else values[0]  # type: ignore[assignment]
         if listed and values is not None:
             result = Listed((result,))
+        elif floats:
+            result = protocol.as_floats(result)
         self.stats.jobs += 1
         self._reply([(job_id, result, None)])
         if fatal is not None:
@@ -607,7 +615,8 @@ class Lane(threading.Thread):
                 job.trace.update(take=t_take, run=t_run, done=t_done, encode=t_encode)
             elif job.result_file is not None and type(result) is np.ndarray:
                 result = self._write_result(job, result)
-            records.append((job.job_id, result, job.stamps()))
+            records.append((job.job_id, protocol.as_floats(result) if job.floats else result,
+                            job.stamps()))
         self._reply(records)
         if fatal is not None:
             self.on_fatal(fatal)
@@ -737,6 +746,8 @@ class Lane(threading.Thread):
               and result.dtype == kernels.F32):
             # shared memory carries f32 results only (the record names no type)
             result = self._write_result(job, result)
+        elif job.floats:
+            result = protocol.as_floats(result)
         self._reply([(job.job_id, result, job.stamps())])
         if fatal is not None:
             self.on_fatal(fatal)
@@ -894,6 +905,8 @@ def _listed(columns: list[np.ndarray], i: int) -> Listed:
     return Listed(tuple(float(c[i]) if c.ndim == 1 else c[i] for c in columns))
 
 
-def _row(values: np.ndarray | None, i: int) -> Result:
+def _row(values: np.ndarray | None, i: int, floats: bool) -> Result:
     assert values is not None
-    return values[i] if values.ndim == 2 else float(values[i])
+    if values.ndim != 2:
+        return float(values[i])
+    return protocol.as_floats(values[i]) if floats else values[i]

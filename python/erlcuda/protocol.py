@@ -1,4 +1,4 @@
-"""erlcuda's messages: the one place that turns them into bytes and back (protocol 6).
+"""erlcuda's messages: the one place that turns them into bytes and back (protocol 9).
 
 The hot path travels in fixed-layout binary frames (``contract.WIRE``; big-endian integers),
 everything else as one ETF term in erlport's shapes (first byte 131).
@@ -24,7 +24,9 @@ Worker -> Erlang:
                    of that type (tag_typed: a vector of another type than f32),
                    BufferId:u64, Type:u8, Elements:u64 (tag_handle: a vector kept on the
                    device, ``Kept``), Count:u32 and per item Tag:u8, Len:u32, payload
-                   (tag_list: a user kernel's vectors, ``Listed``),
+                   (tag_list: a user kernel's vectors, ``Listed``), the ETF of a list
+                   of floats (tag_floats: an f32 vector for a launch with flag_floats,
+                   ``Floats``),
                    or an inner Tag:u8, Len:u32, payload and the ETF of the stamps map
                    (tag_traced)                                            ``encode_results``
     {'r', Id, Answer}                                  a call's answer     ``encode_answer``
@@ -65,6 +67,7 @@ __all__ = [
     "Empty",
     "Encoded",
     "Failure",
+    "Floats",
     "Handle",
     "Kept",
     "Launch",
@@ -172,6 +175,7 @@ class Launch:
     geometry: Geometry | None = None  # flag_geometry
     general: bool = False
     program: bytes | None = None  # flag_program: the definition's ETF (``programs``)
+    floats: bool = False  # flag_floats: an f32 vector result goes as tag_floats
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,8 +217,9 @@ _RESULT_SLOT = struct.Struct(">QB")  # a result slot's PartBytes and NameLen
 # The argument kinds and launch flags, as module constants for the decoder's loop.
 (_W_VECTOR, _W_DIM, _W_FILE, _W_HANDLE, _W_SCALAR, _W_EMPTY) = (
     _W.arg_vector, _W.arg_dim, _W.arg_file, _W.arg_handle, _W.arg_scalar, _W.arg_empty)
-(_W_TRACE, _W_RESULT_FILE, _W_KEEP, _W_GEOMETRY, _W_PROGRAM) = (
-    _W.flag_trace, _W.flag_result_file, _W.flag_keep, _W.flag_geometry, _W.flag_program)
+(_W_TRACE, _W_RESULT_FILE, _W_KEEP, _W_GEOMETRY, _W_PROGRAM, _W_FLOATS) = (
+    _W.flag_trace, _W.flag_result_file, _W.flag_keep, _W.flag_geometry, _W.flag_program,
+    _W.flag_floats)
 _ETF = etf.VERSION
 
 #: numpy dtypes of the wire's element types, by index (a contract type without one fails
@@ -318,7 +323,7 @@ def _decode_launch(frame: bytes | bytearray | memoryview) -> Launch:
     return Launch(job_id, device, kernel, args, trace,
                   result_file=result_file, keep=keep, geometry=geometry,
                   general=general or flags & (_W_KEEP | _W_GEOMETRY | _W_PROGRAM) != 0,
-                  program=program)
+                  program=program, floats=flags & _W_FLOATS != 0)
 
 
 def _decode_args(frame: bytes | bytearray | memoryview, pos: int,
@@ -733,7 +738,25 @@ class Listed:
 
 #: A job's result: a vector (a numpy array, or a ``FileResult`` once written to shared
 #: memory), a scalar (a float), a kept vector, a user kernel's vectors or a ``Failure``.
-Result = np.ndarray | float | Failure | FileResult | Kept | Listed
+@dataclass(frozen=True, slots=True)
+class Floats:
+    """An f32 vector result for a launch with flag_floats: sent as the ETF of its values as
+    a list of floats (tag_floats), which Erlang turns into its floats in one
+    ``binary_to_term`` (one that refuses an infinity or NaN: the caller then answers
+    ``non_finite``, as for a raw vector)."""
+
+    values: np.ndarray  # 1-D, f32
+
+
+Result = np.ndarray | float | Failure | FileResult | Kept | Listed | Floats
+
+
+def as_floats(result: Result) -> Result:
+    """``result`` as ``Floats`` where it is a 1-D f32 vector; else ``result`` itself, sent
+    as ever."""
+    if type(result) is np.ndarray and result.dtype == _F32 and result.ndim == 1:
+        return Floats(result)
+    return result
 
 TOO_LARGE = Failure("too_large")
 
@@ -826,9 +849,10 @@ _RECORD = _RECORD_HEAD.size
 _TRACED = _RECORD + _INNER_HEAD.size
 _F32 = DTYPES["f32"]
 # The record tags, as module constants for the encoder's loops.
-(_T_VECTOR, _T_SCALAR, _T_ERROR, _T_TRACED, _T_FILE, _T_TYPED, _T_HANDLE, _T_LIST) = (
+(_T_VECTOR, _T_SCALAR, _T_ERROR, _T_TRACED, _T_FILE, _T_TYPED, _T_HANDLE, _T_LIST,
+ _T_FLOATS) = (
     _W.tag_vector, _W.tag_scalar, _W.tag_error, _W.tag_traced, _W.tag_file, _W.tag_typed,
-    _W.tag_handle, _W.tag_list)
+    _W.tag_handle, _W.tag_list, _W.tag_floats)
 _FILE_RECORD = struct.Struct(">QQ")
 _HANDLE_RECORD = struct.Struct(">QBQ")  # BufferId, Type, Elements
 _ITEM_HEAD = _INNER_HEAD  # a list item's Tag, Len
@@ -914,6 +938,8 @@ def _payload(res: Any, errors: dict[int, bytes]) -> tuple[int, Payload]:
         return _T_VECTOR, res.data.cast("B")
     if cls is float:
         return _T_SCALAR, _pack_f64(res)
+    if cls is Floats:
+        return _T_FLOATS, memoryview(etf.float_list(res.values))
     if cls is FileResult:
         return _T_FILE, _FILE_RECORD.pack(res.nbytes, res.part_bytes)
     if cls is Kept:
@@ -1044,7 +1070,7 @@ def _record(job_id: int, res: Result, stamps: Mapping[str, int] | None,
 def _lone(job_id: int, res: Result, max_frame: int) -> tuple[Chunks, int] | None:
     """A lone job's results frame and its size, byte for byte what ``_encode_records``
     makes of ``[(job_id, res, None)]``, for the plain results (a float, a 1-D contiguous
-    f32 array that fits ``max_frame``, or a buffer kept: ``Kept``); ``None`` for any other,
+    f32 array that fits ``max_frame``, ``Floats``, a buffer kept: ``Kept``); ``None`` for any other,
     which ``_encode_records`` then answers."""
     cls = type(res)
     if cls is float:
@@ -1068,6 +1094,12 @@ def _lone(job_id: int, res: Result, max_frame: int) -> tuple[Chunks, int] | None
         if n < SMALL_PAYLOAD:
             return [head + res.tobytes()], size
         return [head, res.data.cast("B")], size
+    if cls is Floats:
+        data = etf.float_list(res.values)
+        size = _LONE_HEAD.size + len(data)
+        if size > max_frame:
+            return None
+        return [_LONE_HEAD.pack(_W.results, 1, job_id, _T_FLOATS, len(data)), data], size
     if cls is Listed and len(res.items) == 1:
         return _lone_item(job_id, res.items[0], max_frame)
     return None
@@ -1097,22 +1129,19 @@ def _lone_item(job_id: int, item: Any, max_frame: int) -> tuple[Chunks, int] | N
     return [head, item.data.cast("B")], size
 
 
-def encode_table(job_ids: np.ndarray, values: np.ndarray, max_frame: int) -> list[list[Any]]:
+def encode_table(job_ids: np.ndarray, values: np.ndarray, max_frame: int,
+                 floats: bool = False) -> list[list[Any]]:
     """The results frames of a table of jobs (``templates.Table``): ``values`` is
     ``count x n`` f32 (vectors) or ``count`` floats (scalars, sent as f64), row ``i`` the
-    result of ``job_ids[i]``; byte for byte what ``encode_results`` makes of those records.
-    As many frames as ``max_frame`` needs; ``[]`` when one record alone would be over it
-    (the caller then answers each job through ``encode_results``)."""
+    result of ``job_ids[i]``; byte for byte what ``encode_results`` makes of those records
+    (``floats``: of each vector as ``as_floats`` makes it, the table's launches having
+    flag_floats). As many frames as ``max_frame`` needs; ``[]`` when one record alone would
+    be over it: the caller then answers each job through ``encode_results``."""
     count = int(job_ids.size)
-    if values.ndim == 2:
-        n = values.shape[1]
-        if n == 0:
-            return []
-        data: tuple[Any, ...] = ("data", "<f4", (n,))
-        tag, nbytes = _W.tag_vector, 4 * n
-    else:
-        data, tag, nbytes = ("data", "<f8"), _W.tag_scalar, 8
-    dtype = np.dtype([("id", ">u8"), ("tag", "u1"), ("len", ">u4"), data])
+    fields, tag, nbytes = _table_fields(values, floats)
+    if not nbytes:
+        return []
+    dtype = np.dtype([("id", ">u8"), ("tag", "u1"), ("len", ">u4"), *fields])
     per_frame = (max_frame - _RESULTS_HEAD.size) // dtype.itemsize
     if per_frame < 1:
         return []
@@ -1120,12 +1149,32 @@ def encode_table(job_ids: np.ndarray, values: np.ndarray, max_frame: int) -> lis
     records["id"] = job_ids
     records["tag"] = tag
     records["len"] = nbytes
-    records["data"] = values
+    if tag == _T_FLOATS:
+        records["version"], records["list"] = etf.VERSION, etf.LIST_EXT
+        records["count"], records["nil"] = values.shape[1], etf.NIL_EXT
+        records["items"]["tag"] = etf.NEW_FLOAT_EXT
+        records["items"]["value"] = values
+    else:
+        records["data"] = values
     frames = []
     for start in range(0, count, per_frame):
         part = records[start : start + per_frame]
         frames.append([_RESULTS_HEAD.pack(_W.results, part.size), part.data.cast("B")])
     return frames
+
+
+def _table_fields(values: np.ndarray, floats: bool) -> tuple[list[tuple[Any, ...]], int, int]:
+    """A table's record payload: its fields, tag and bytes (0: no table for ``values``)."""
+    if values.ndim != 2:
+        return [("data", "<f8")], _T_SCALAR, 8
+    n = values.shape[1]
+    if n == 0:
+        return [], _T_VECTOR, 0
+    if not floats:
+        return [("data", "<f4", (n,))], _T_VECTOR, 4 * n
+    fields = [("version", "u1"), ("list", "u1"), ("count", ">u4"),
+              ("items", etf.FLOAT_ITEM, (n,)), ("nil", "u1")]
+    return fields, _T_FLOATS, etf.FLOAT_LIST_HEAD.size + etf.FLOAT_ITEM.itemsize * n + 1
 
 
 def encode_list_table(job_ids: np.ndarray, columns: Sequence[np.ndarray],

@@ -138,6 +138,7 @@ class Table:
     device: int
     job_ids: np.ndarray
     batch: UniformPlans
+    floats: bool  # the launches have flag_floats (every row's flags are the first's)
 
 
 _ID = struct.Struct(">Q")
@@ -409,7 +410,9 @@ class Templates:
         job_ids = rows[:, _SIZE + _JOB_ID_AT: _SIZE + _JOB_ID_END].view(">u8")[:, 0]
         if type(batch) is ProgramRows:
             return ProgramTable(template.device, job_ids.astype(np.uint64), batch)
-        return Table(template.device, job_ids.astype(np.uint64), batch)  # type: ignore[arg-type]
+        floats = first[protocol.LAUNCH_FLAGS] & contract.WIRE.flag_floats != 0
+        return Table(template.device, job_ids.astype(np.uint64), batch,  # type: ignore[arg-type]
+                     floats)
 
     def _learn_first(self, frame: memoryview) -> Template | ProgramTemplate | None:
         """The template of a batch frame's first launch, decoded and checked here; ``None``

@@ -71,10 +71,12 @@ log = logging.getLogger("erlcuda.worker")
 
 _LAUNCH = contract.WIRE.launch
 _ETF = etf.VERSION
-#: Launch flags that a lone frame's fast paths leave to the decoder (all but keep, geometry
-#: and program: a trace, a result file).
+#: Launch flags that a lone frame's fast paths leave to the decoder (all but keep, geometry,
+#: program and floats: a trace, a result file).
 _NOT_LONE = 0xFF & ~(contract.WIRE.flag_keep | contract.WIRE.flag_geometry
-                     | contract.WIRE.flag_program)
+                     | contract.WIRE.flag_program | contract.WIRE.flag_floats)
+#: A launch whose f32 vector result goes as floats (``protocol.as_floats``).
+_FLOATS = contract.WIRE.flag_floats
 
 #: A lone launch with this flag (and no trace) names a result slot: read by its slot
 #: template (``_lone_slots``).
@@ -259,24 +261,25 @@ class Worker:
                 self.refusal is not None):
             return False
         flags = frame[protocol.LAUNCH_FLAGS]
+        floats = flags & _FLOATS != 0
         if flags & _NOT_LONE:
             if flags & _NOT_LONE == _RESULT_FILE:
-                return self._lone_slots(frame, lane, device)
+                return self._lone_slots(frame, lane, device, floats)
             return False  # a traced launch: decoded once, by dispatch
-        if not flags:
+        if flags in (0, _FLOATS):
             template = self._templates.find(frame)
             if template is not None and template.device == lane.index:
                 return lane.run_lone(protocol.launch_job_id(frame), template.fill(frame),
-                                     device)
+                                     device, floats=floats)
         program = self._templates.find_program(frame)
         if program is not None and program.device == lane.index:
             return lane.run_lone(protocol.launch_job_id(frame), program.fill(frame), device,
-                                 listed=program.launch is not None)
+                                 listed=program.launch is not None, floats=floats)
         general_template = self._templates.find_general(frame)
         if general_template is not None:
             plan = general_template.fill(frame, lane.store.held)
             if plan is not None:
-                lane.run_plan(Job(protocol.launch_job_id(frame)), plan, device)
+                lane.run_plan(Job(protocol.launch_job_id(frame), floats=floats), plan, device)
                 return True
         try:
             message = protocol.decode(frame)
@@ -294,21 +297,21 @@ class Worker:
         except Exception:
             if path == "batched":
                 return False  # its refusal: answered by the usual path
-            lane.run_general(Job(message.job_id, general=message), device)
+            lane.run_general(Job(message.job_id, general=message, floats=floats), device)
             return True
         if plan.key is not None:
             if plan.program is not None:
                 self._templates.learn_program(frame, message, plan)
             else:
                 self._templates.learn(frame, message, plan)
-            return lane.run_lone(message.job_id, plan, device)
+            return lane.run_lone(message.job_id, plan, device, floats=floats)
         # its template learned, then run by the lane
         self._templates.learn_general(frame, message, plan, lane.store.held)
-        lane.run_plan(Job(message.job_id), plan, device, t_take)
+        lane.run_plan(Job(message.job_id, floats=floats), plan, device, t_take)
         return True
 
     def _lone_slots(self, frame: bytearray | memoryview, lane: Lane,
-                    device: Device | None) -> bool:
+                    device: Device | None, floats: bool) -> bool:
         """Run a lone launch that names a result slot: by its slot template
         (``templates.SlotTemplate``, learned only from launches of this lane's device), its
         operands mapped by the lane (``Lane.prepare_slots``); else decoded and checked as
@@ -318,7 +321,7 @@ class Worker:
         named = None if template is None else template.fill(frame)
         if template is not None and named is not None:
             files, result = named
-            job = Job(protocol.launch_job_id(frame), result_file=result)
+            job = Job(protocol.launch_job_id(frame), result_file=result, floats=floats)
             lane.prepare_slots(job, files, template.plan)
             lane.run_jobs([job], device)
             return True
@@ -355,7 +358,7 @@ class Worker:
         if lane.unavailable is not None or 4 * (batch.elements + batch.out_elements) > (
                 lane.memory):
             return None
-        return found.device, UniformJobs(found.job_ids, batch)
+        return found.device, UniformJobs(found.job_ids, batch, found.floats)
 
     def _messages(self, frame: bytearray | memoryview) -> list[Launch | Call]:
         try:
@@ -408,7 +411,7 @@ class Worker:
         A malformed frame is ``{bad_args, _}``; it goes through its device's lane (keeping
         the order of the replies) where the frame named a device, else it is answered here.
         """
-        job = Job(message.job_id, result_file=message.result_file)
+        job = Job(message.job_id, result_file=message.result_file, floats=message.floats)
         if message.trace:
             job.trace = {"recv": recv, "queued": time.perf_counter_ns()}
         if self.refusal is not None:

@@ -62,6 +62,19 @@ general_frame_test() ->
                    4:32, 2:32, 1:32, 128:32, 1:32, 1:32, 64:32>>,
                  body(Frame)).
 
+%% A caller that wants floats asks for them (flags.floats): that flag alone is added.
+floats_frame_test() ->
+    Data = <<1.0:32/float-little>>,
+    Frame = fun(F) ->
+                    {ok, Io} = erlcuda_protocol:encode_launch(
+                                 2, 0, reduce, [Data], #{trace => false, result_file => false,
+                                                         floats => F}),
+                    body(Io)
+            end,
+    <<?WIRE_LAUNCH, 2:64, 0:16, Flags, Rest/binary>> = Frame(true),
+    ?assertEqual({?WIRE_FLAG_FLOATS, <<?WIRE_LAUNCH, 2:64, 0:16, 0, Rest/binary>>},
+                 {Flags, Frame(false)}).
+
 %%% Result records and frames from the worker, decoded without a worker.
 
 ctx(Shape) ->
@@ -111,6 +124,57 @@ decode_test() ->
     ?assertEqual({f32, V}, Msg(?WIRE_TAG_VECTOR, V, list, true, none)),
     ?assertEqual({ok, [1.0]}, Msg(?WIRE_TAG_VECTOR, V, list, false, none)),
     ?assertEqual({ok, 2.5}, Msg(?WIRE_TAG_SCALAR, <<2.5:64/float-little>>, list, true, none)).
+
+%% An f32 vector sent as floats (flags.floats): the ETF of their list, which a launch_sync
+%% caller decodes itself, in one call; an infinity or NaN in it is `non_finite', as in a raw
+%% vector; a payload that is no list of that many floats is the worker's fault.
+floats_record_test() ->
+    Msg = fun(Payload, Sync) ->
+                  element(3, erlcuda_protocol:message(1, {wire, ?WIRE_TAG_FLOATS, Payload},
+                                                      list, Sync, none))
+          end,
+    Etf = term_to_binary([1.0, -2.5, 0.0]),
+    ?assertMatch(<<131, 108, 3:32, 70, _:64, _/binary>>, Etf),
+    {floats, Sent} = Msg(Etf, true),
+    ?assertEqual({ok, [1.0, -2.5, 0.0]}, erlcuda_await:result({floats, Sent})),
+    ?assertEqual({ok, [1.0, -2.5, 0.0]}, Msg(Etf, false)),
+    ?assertEqual({ok, []}, Msg(<<131, 108, 0:32, 106>>, false)),
+    Inf = <<131, 108, 2:32, 70, 1.0:64/float, 70, 16#7FF0000000000000:64, 106>>,
+    ?assertMatch({error, {non_finite, _}}, Msg(Inf, false)),
+    ?assertMatch({error, {non_finite, _}}, erlcuda_await:result(Msg(Inf, true))),
+    %% nine bytes an item, but no floats; a count its length does not hold
+    Ints = <<131, 108, 1:32, 98, 7:32, 97, 1, 97, 2, 106>>,
+    ?assertEqual(byte_size(Etf) - 2 * 9, byte_size(Ints)),
+    ?assertMatch({error, {internal, _}}, Msg(Ints, false)),
+    ?assertMatch({error, {internal, _}}, Msg(<<131, 108, 2:32, 70, 1.0:64/float, 106>>, false)),
+    ?assertMatch({error, {internal, _}},
+                 element(3, erlcuda_protocol:message(1, {wire, ?WIRE_TAG_FLOATS, Etf}, binary,
+                                                     true, none))),
+    ?assert(erlcuda_protocol:fits({vector, f32, 3}, {wire, ?WIRE_TAG_FLOATS, Etf})),
+    ?assertNot(erlcuda_protocol:fits({vector, f32, 2}, {wire, ?WIRE_TAG_FLOATS, Etf})).
+
+%% Through the worker: a caller of `{format, list}' is sent the ETF of its floats, one of
+%% `{format, binary}' the raw f32 values; both read the same numbers.
+floats_from_the_worker_test_() ->
+    with_app([], {timeout, 60, fun() ->
+        L = [float(I) / 4 || I <- lists:seq(1, 100)],
+        Sent = fun(Format) ->
+                       {ok, Job} = erlcuda_job:validate(vector_add, [L, L], [{format, Format}]),
+                       Alias = alias([explicit_unalias]),
+                       {ok, _, _} = erlcuda_submit:submit(Job#{quiet => true}, Alias),
+                       receive {erlcuda, Alias, R} -> unalias(Alias), R
+                       after 10000 -> no_reply
+                       end
+               end,
+        {floats, Etf} = Sent(list),
+        {ok, Bin} = Sent(binary),
+        Want = [X * 2 || X <- L],
+        ?assertEqual({ok, Want}, erlcuda_protocol:float_list(Etf)),
+        ?assertEqual({ok, Want}, erlcuda_vector:unpack(f32, Bin)),
+        ?assertEqual({ok, Want}, erlcuda:launch_sync(vector_add, [L, L])),
+        ?assertMatch({error, {non_finite, _}},
+                     erlcuda:launch_sync(vector_add, [[3.0e38], [3.0e38]]))
+    end}).
 
 %% [safe] decoding: a frame naming an atom the node does not know is dropped as
 %% undecodable, and no atom is made.

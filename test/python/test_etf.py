@@ -27,6 +27,7 @@ from erlcuda.etf import (
     decode,
     encode,
     encode_bytes,
+    float_list,
 )
 from strategies import PID, normalize, same, terms
 
@@ -620,3 +621,28 @@ def test_the_budget_can_be_set() -> None:
     assert decode(data, max_cost=33_000) == [1.0] * 1000
     with pytest.raises(CodecError, match="too much memory"):
         decode(data, max_cost=30_000)
+
+
+@given(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1))
+def test_a_float_list_is_the_encoding_of_its_floats(values: list[float]) -> None:
+    array = np.asarray(values, np.float32)
+    assert bytes(float_list(array)) == encode_bytes([float(x) for x in array])
+
+
+@pytest.mark.parametrize("n", [0, 1, 1 << 14, (1 << 14) + 1])
+def test_float_lists_of_any_length(n: int) -> None:
+    # A blank is kept for the shorter lists and made for the longer ones; an empty one is a
+    # LIST_EXT of no items (binary_to_term reads it as []), and a list is written whole each
+    # time, whatever an earlier one of its length held.
+    array = np.arange(n, dtype=np.float32) - 3
+    for _ in range(2):
+        data = bytes(float_list(array))
+        assert decode(data) == [float(x) for x in array]
+        array = array[::-1].copy()
+    assert bytes(float_list(np.zeros(0, np.float32))) == bytes([131, 108, 0, 0, 0, 0, 106])
+
+
+def test_a_float_list_writes_an_infinity_as_its_bits() -> None:
+    # Erlang's binary_to_term refuses them: the caller answers non_finite.
+    data = bytes(float_list(np.array([np.inf, 1], np.float32)))
+    assert data[6:15] == bytes([70]) + struct.pack(">d", np.inf)

@@ -251,6 +251,8 @@ def test_decode_gives_typed_messages() -> None:
     assert isinstance(plain, Launch) and not plain.trace and plain.error is None
     assert plain.keep is None and plain.geometry is None and not plain.general
     assert plain.program is None
+    # flag_floats: the f32 vector result wanted as floats (it adds no field)
+    assert plain.floats and not launch.floats
     assert protocol.decode(launch_frame(1, "тест", [])).kernel == "тест"
     # flag_result_file: the result slot after the rest, its part size and name
     slotted = protocol.decode(launch_frame(1, "reduce", [a], result_file=("s12", 3 << 20)))
@@ -586,3 +588,22 @@ def test_a_table_of_program_runs_is_their_lists_byte_for_byte() -> None:
     assert len(protocol.encode_list_table(ids, columns, 5 + 2 * record)) == 2
     assert protocol.encode_list_table(ids, [np.zeros((3, 2), np.float64)], 1 << 20) == []
     assert protocol.encode_list_table(ids, columns, 5 + record - 1) == []
+
+
+def test_only_a_one_dimensional_f32_vector_goes_as_floats() -> None:
+    # A launch with flag_floats: its f32 vector result as the ETF of its floats, whatever
+    # they hold (Erlang refuses an infinity or NaN, as it does in a raw vector); any other
+    # result as ever.
+    v = np.array([1.5, -0.0, np.inf], np.float32)
+    floats = protocol.as_floats(v)
+    assert type(floats) is protocol.Floats
+    frame = protocol.encode_results([(9, floats, None)]).frames[0]
+    record = b"".join(bytes(c) for c in frame)
+    payload = etf.float_list(v)
+    assert record == (struct.pack(">BIQBI", W.results, 1, 9, W.tag_floats, len(payload))
+                      + bytes(payload))
+    assert record == b"".join(bytes(c) for c in protocol._encode_records(
+        [(9, floats, None)], contract.MAX_FRAME).frames[0])  # the lone encoder's bytes
+    for other in (np.ones((2, 2), np.float32), np.ones(3, np.float64), 2.5,
+                  protocol.internal("no")):
+        assert protocol.as_floats(other) is other

@@ -111,16 +111,32 @@ def test_a_batch_frame_with_bytes_after_its_launches_takes_the_general_path() ->
     assert table_of(launch_frame(1, "reduce", [vec(3)])) is None
 
 
+@pytest.mark.parametrize("floats", [False, True])
 @pytest.mark.parametrize("values", [np.arange(12, dtype=np.float32).reshape(4, 3),
+                                    np.array([[1.5, -np.inf], [np.nan, 3e38], [0, -0.0],
+                                              [1e-45, 7]], np.float32),
                                     np.array([1.5, -np.inf, np.nan, 3e38])])
-def test_the_table_of_records_is_byte_for_byte_the_general_encoding(values: np.ndarray) -> None:
+def test_the_table_of_records_is_byte_for_byte_the_general_encoding(
+        values: np.ndarray, floats: bool) -> None:
+    # (floats: the launches had flag_floats, each vector goes as the ETF of its floats)
     ids = np.array([5, 2**64 - 1, 7, 0], np.uint64)
-    table = encode_table(ids, values, 1 << 20)
-    rows = [v if values.ndim == 2 else float(v) for v in values]
+    table = encode_table(ids, values, 1 << 20, floats)
+    rows = [(protocol.as_floats(v) if floats else v) if values.ndim == 2 else float(v)
+            for v in values]
     general = protocol.encode_results([(int(i), r, None) for i, r in zip(ids, rows,
                                                                           strict=True)])
     assert [b"".join(bytes(c) for c in f) for f in table] == [
         b"".join(bytes(c) for c in f) for f in general.frames]
+
+
+def test_a_table_of_launches_with_flag_floats_says_so() -> None:
+    jobs = jobs_of("vector_add", 10)
+    assert table_of(frame_of("vector_add", jobs, floats=True)).floats  # type: ignore[union-attr]
+    assert not table_of(frame_of("vector_add", jobs)).floats  # type: ignore[union-attr]
+    # (a row whose flags differ from the first's is another template's: no table)
+    launches = [launch_frame(1 + i, "vector_add", args, floats=i != 4)
+                for i, args in enumerate(jobs)]
+    assert table_of(batch_frame(launches)) is None
 
 
 def test_a_table_over_the_frame_limit_is_split_into_frames() -> None:

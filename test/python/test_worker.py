@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import erlcuda
-from erlcuda import contract
+from erlcuda import contract, etf
 from erlcuda.etf import Atom
 from workerpipe import (
     BENCH_WORKER,
@@ -470,6 +470,37 @@ def test_a_lone_job_is_answered_as_a_batched_one() -> None:
     assert lone[6].result[1][0] == "bad_args" and lone[8].result[1][0] == "unknown_kernel"
     lane = info["device_info"][0]
     assert lane["jobs"] == 2 * len(jobs) and lane["errors"] == 4
+
+
+def test_launches_with_flag_floats_are_answered_with_the_etf_of_their_floats() -> None:
+    # Erlang asks for floats for a caller of {format, list}: a vector result is the ETF of
+    # the list of its values, alone, by the template, in a table and on the general path
+    # alike; a scalar, and a launch without the flag, are answered as ever.
+    a, b = f32(list(range(20))), f32([0.5] * 20)
+    want = [x + 0.5 for x in range(20)]
+    pipe = WorkerPipe("--backend", "cpu", "--cpu-devices", "1")
+    try:
+        pipe.send_raw(launch_frame(1, "vector_add", [a, b], floats=True))
+        alone = [pipe.reply()]
+        pipe.send_raw(launch_frame(2, "vector_add", [a, b], floats=True))  # its template
+        alone.append(pipe.reply())
+        pipe.send_raw(batch_frame([launch_frame(j, "vector_add", [a, b], floats=True)
+                                   for j in range(3, 13)]))
+        table = [pipe.reply() for _ in range(10)]
+        pipe.send_raw(batch_frame([launch_frame(13, "vector_add", [a, b], floats=True),
+                                   launch_frame(14, "reduce", [a], floats=True),
+                                   launch_frame(15, "vector_add", [a, b])]))
+        mixed = [pipe.reply() for _ in range(3)]
+        _, _, info = pipe.call("info")
+    finally:
+        assert pipe.close() == 0
+    assert info["device_info"][0]["table_jobs"] == 10
+    for reply in [*alone, *table, mixed[0]]:
+        assert reply.tag == W.tag_floats and reply.result == ("ok", want)
+        assert reply.payload == etf.encode_bytes(want)
+    assert [r.job_id for r in [*alone, *table, *mixed]] == list(range(1, 16))
+    assert mixed[1].tag == W.tag_scalar and mixed[1].result == ("ok", sum(range(20)))
+    assert mixed[2].tag == W.tag_vector and mixed[2].result == ("ok", want)
 
 
 def test_repeated_lone_jobs_each_get_their_own_result() -> None:

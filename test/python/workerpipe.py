@@ -90,21 +90,23 @@ def launch_frame(job_id: int, kernel: str | bytes, args: list[Any], *, device: i
                  trace: bool = False, flags: int | None = None,
                  result_file: tuple[str, int] | None = None, keep: list[int] | None = None,
                  geometry: tuple[tuple[int, int, int], tuple[int, int, int], int] | None = None,
-                 program: bytes | None = None) -> bytes:
+                 program: bytes | None = None, floats: bool = False) -> bytes:
     """The launch frame Erlang writes: bytes (or a numpy array) are an f32 vector argument,
     an int a dim, a ``Vector`` a vector of its element type, a ``FileVector`` a vector in
     shared memory, a ``Buffer`` a buffer, a ``Number`` a scalar, a ``Zeroed`` an empty
     argument; ``keep`` (flag keep) the ids to keep the results under, ``geometry`` (flag
     geometry) a user kernel's grid, block and shared bytes, ``program`` (flag program) a
     program's definition (the arguments are its inputs), ``result_file`` (flag result_file)
-    the name and part size of the slot a vector result goes to (``result_slot``)."""
+    the name and part size of the slot a vector result goes to (``result_slot``), ``floats``
+    (flag floats) an f32 vector result wanted as the ETF of its floats."""
     name = kernel.encode() if isinstance(kernel, str) else kernel
     if flags is None:
         flags = ((W.flag_trace if trace else 0)
                  | (W.flag_result_file if result_file is not None else 0)
                  | (W.flag_keep if keep is not None else 0)
                  | (W.flag_geometry if geometry is not None else 0)
-                 | (W.flag_program if program is not None else 0))
+                 | (W.flag_program if program is not None else 0)
+                 | (W.flag_floats if floats else 0))
     parts = [struct.pack(">BQHBB", W.launch, job_id, device, flags, len(name)), name,
              bytes((len(args),))]
     for arg in args:
@@ -191,6 +193,11 @@ def _result(tag: int, payload: bytes) -> tuple[str, Any]:
     if tag == W.tag_vector:
         assert len(payload) % 4 == 0, "a vector's payload is whole f32s"
         return "ok", np.frombuffer(payload, "<f4").astype(float).tolist()
+    if tag == W.tag_floats:
+        value = etf.decode(payload)
+        assert type(value) is list and all(type(x) is float for x in value), \
+            "tag_floats is the ETF of a list of floats"
+        return "ok", value
     if tag == W.tag_scalar:
         assert len(payload) == 8, "a scalar is one f64"
         return "ok", struct.unpack("<d", payload)[0]
