@@ -463,9 +463,15 @@ finish1(List, Format) when is_list(List) -> [finish1(R, Format) || R <- List].
 -spec float_list(binary()) ->
     {ok, [float()]} | {error, {non_finite | internal, binary()}}.
 float_list(<<131, 108, N:32, Items/binary>> = Etf) ->
-    try binary_to_term(Etf, [safe]) of
-        List when length(List) =:= N -> {ok, List};
-        _ -> malformed()
+    Size = byte_size(Etf),
+    try binary_to_term(Etf, [safe, used]) of
+        {List, Size} ->
+            case floats(List, N) of
+                true -> {ok, List};
+                false -> malformed()
+            end;
+        _ ->
+            malformed()
     catch
         error:badarg ->
             case float_items(Items) of
@@ -473,6 +479,19 @@ float_list(<<131, 108, N:32, Items/binary>> = Etf) ->
                 false -> malformed()
             end
     end.
+
+%% Whether a list is of `N' floats (and proper): a term of the payload's length may hold
+%% other items.
+floats([A, B, C, D, E, F, G, H | T], N)
+  when is_float(A), is_float(B), is_float(C), is_float(D), is_float(E), is_float(F),
+       is_float(G), is_float(H), N >= 8 ->
+    floats(T, N - 8);
+floats([A | T], N) when is_float(A), N > 0 ->
+    floats(T, N - 1);
+floats([], 0) ->
+    true;
+floats(_, _) ->
+    false.
 
 %% Whether a float list's items are floats (NEW_FLOAT_EXT), whatever their values, and
 %% end it.

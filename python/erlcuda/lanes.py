@@ -93,7 +93,7 @@ class UniformJobs:
 
     job_ids: np.ndarray
     batch: UniformPlans | ProgramRows
-    floats: bool = False  # the launches have flag_floats
+    floats: np.ndarray | None = None  # for each row, whether its launch has flag_floats
 
 
 @dataclass(slots=True)
@@ -350,11 +350,13 @@ class Lane(threading.Thread):
         step = max(1, min(self.max_batch, self.max_elements // per_job))
         for start in range(0, whole.count, step):
             end = min(start + step, whole.count)
-            if type(whole) is ProgramRows:
-                self._program_slice(jobs.job_ids[start:end], whole.rows(start, end), device)
+            rows = whole.rows(start, end)
+            if type(rows) is ProgramRows:
+                self._program_slice(jobs.job_ids[start:end], rows, device)
             else:
-                self._uniform_slice(jobs.job_ids[start:end], whole.rows(start, end), device,
-                                    jobs.floats)
+                floats = None if jobs.floats is None else jobs.floats[start:end]
+                self._uniform_slice(jobs.job_ids[start:end], rows, device,  # type: ignore[arg-type]
+                                    floats)
 
     def _program_slice(self, job_ids: np.ndarray, rows: ProgramRows,
                        device: Device | None) -> None:
@@ -383,7 +385,7 @@ class Lane(threading.Thread):
             self.on_fatal(fatal)
 
     def _uniform_slice(self, job_ids: np.ndarray, batch: UniformPlans,
-                       device: Device | None, floats: bool) -> None:
+                       device: Device | None, floats: np.ndarray | None) -> None:
         failure: Failure | None = None
         fatal: str | None = None
         values: np.ndarray | None = None
@@ -398,13 +400,17 @@ class Lane(threading.Thread):
                 failure, fatal = self._failure(exc, batch.kernel)
         self.stats.jobs += batch.count
         self.stats.table_jobs += batch.count
-        frames = [] if values is None else protocol.encode_table(
-            job_ids, values, self.writer.max_frame, floats)
+        # a table is of one kind of record: every row's launch has flag_floats, or none has
+        every = floats is not None and bool(floats.all())
+        mixed = floats is not None and not every and bool(floats.any())
+        frames = [] if values is None or mixed else protocol.encode_table(
+            job_ids, values, self.writer.max_frame, every)
         if frames:
             self._write(frames)
-        else:  # a failure, or records too large for the table: one by one
+        else:  # a failure, records too large for the table, or of both kinds: one by one
             self._reply([
-                (int(job_id), failure if failure is not None else _row(values, i, floats),
+                (int(job_id), failure if failure is not None else _row(
+                    values, i, floats is not None and bool(floats[i]), self.writer.max_frame),
                  None) for i, job_id in enumerate(job_ids)])
         if fatal is not None:
             self.on_fatal(fatal)
@@ -445,7 +451,7 @@ class Lane(threading.Thread):
         if listed and values is not None:
             result = Listed((result,))
         elif floats:
-            result = protocol.as_floats(result)
+            result = protocol.as_floats(result, self.writer.max_frame)
         self.stats.jobs += 1
         self._reply([(job_id, result, None)])
         if fatal is not None:
@@ -615,8 +621,9 @@ class Lane(threading.Thread):
                 job.trace.update(take=t_take, run=t_run, done=t_done, encode=t_encode)
             elif job.result_file is not None and type(result) is np.ndarray:
                 result = self._write_result(job, result)
-            records.append((job.job_id, protocol.as_floats(result) if job.floats else result,
-                            job.stamps()))
+            if job.floats:
+                result = protocol.as_floats(result, self.writer.max_frame)
+            records.append((job.job_id, result, job.stamps()))
         self._reply(records)
         if fatal is not None:
             self.on_fatal(fatal)
@@ -747,7 +754,7 @@ class Lane(threading.Thread):
             # shared memory carries f32 results only (the record names no type)
             result = self._write_result(job, result)
         elif job.floats:
-            result = protocol.as_floats(result)
+            result = protocol.as_floats(result, self.writer.max_frame)
         self._reply([(job.job_id, result, job.stamps())])
         if fatal is not None:
             self.on_fatal(fatal)
@@ -905,8 +912,8 @@ def _listed(columns: list[np.ndarray], i: int) -> Listed:
     return Listed(tuple(float(c[i]) if c.ndim == 1 else c[i] for c in columns))
 
 
-def _row(values: np.ndarray | None, i: int, floats: bool) -> Result:
+def _row(values: np.ndarray | None, i: int, floats: bool, max_frame: int) -> Result:
     assert values is not None
     if values.ndim != 2:
         return float(values[i])
-    return protocol.as_floats(values[i]) if floats else values[i]
+    return protocol.as_floats(values[i], max_frame) if floats else values[i]

@@ -751,10 +751,11 @@ class Floats:
 Result = np.ndarray | float | Failure | FileResult | Kept | Listed | Floats
 
 
-def as_floats(result: Result) -> Result:
-    """``result`` as ``Floats`` where it is a 1-D f32 vector; else ``result`` itself, sent
-    as ever."""
-    if type(result) is np.ndarray and result.dtype == _F32 and result.ndim == 1:
+def as_floats(result: Result, max_frame: int = contract.MAX_FRAME) -> Result:
+    """``result`` as ``Floats`` where it is a 1-D f32 vector whose record of floats fits
+    ``max_frame`` (more than twice its raw bytes); else ``result`` itself, sent as ever."""
+    if (type(result) is np.ndarray and result.dtype == _F32 and result.ndim == 1
+            and _FRAME_HEAD + _RECORD + _FLOAT_LIST_EXTRA + 9 * result.size <= max_frame):
         return Floats(result)
     return result
 
@@ -846,6 +847,8 @@ _pack_inner = _INNER_HEAD.pack
 _pack_f64 = _F64.pack
 _FRAME_HEAD = _RESULTS_HEAD.size
 _RECORD = _RECORD_HEAD.size
+#: A float list's bytes besides its items' (``etf.float_list``).
+_FLOAT_LIST_EXTRA = etf.FLOAT_LIST_HEAD.size + 1
 _TRACED = _RECORD + _INNER_HEAD.size
 _F32 = DTYPES["f32"]
 # The record tags, as module constants for the encoder's loops.

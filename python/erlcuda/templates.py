@@ -59,11 +59,19 @@ _BATCH_HEAD = 5  # the batch byte and Count
 _SIZE = 4  # each launch's Size, before it
 _U32 = struct.Struct(">I")
 _JOB_ID_AT, _JOB_ID_END = protocol.LAUNCH_JOB_ID
+#: flag_floats says only how a vector result is sent: launches that differ in it alone are
+#: one template's (a caller of lists beside one of binaries), so a plain or slot template
+#: keeps the other flags apart (``_flags``) and its header leaves the flags byte out.
+_FLOATS = contract.WIRE.flag_floats
+_NOT_FLOATS = 0xFF & ~_FLOATS
+_FLAGS_SPAN = (protocol.LAUNCH_FLAGS, protocol.LAUNCH_FLAGS + 1)
+_FLAGS_COLUMN = _SIZE + protocol.LAUNCH_FLAGS
 
 
 @dataclass(frozen=True, slots=True)
 class Template:
-    header: tuple[tuple[int, int, bytes], ...]  # every byte but the JobId and the data
+    header: tuple[tuple[int, int, bytes], ...]  # every byte but the JobId, flags and data
+    flags: int  # the flags but flag_floats (``_flags``)
     vectors: tuple[tuple[int, int, np.dtype], ...]  # a's and b's offset, count, dtype
     # The checked plan's other fields: kernel, m, n, k, elements, out_elements, scalar.
     kernel: str
@@ -76,7 +84,7 @@ class Template:
     expected: np.ndarray
 
     def matches(self, frame: bytearray | memoryview) -> bool:
-        return _matches(self.header, frame)
+        return _matches(self.header, frame) and _flags(frame) == self.flags
 
     def fill(self, frame: bytearray | memoryview) -> Plan:
         """The plan of ``frame`` (which ``matches``): the checked one, with its data."""
@@ -87,7 +95,8 @@ class Template:
     def rows(self, table: np.ndarray) -> UniformPlans | None:
         """The batch of ``table`` (a batch frame's rows, ``count x (Size + launch)``), where
         every row matches; else ``None``."""
-        if not (table[:, self.columns] == self.expected).all():
+        if not (table[:, self.columns] == self.expected).all() or not (
+                table[:, _FLAGS_COLUMN] & _NOT_FLOATS == self.flags).all():
             return None
         blocks = [table[:, _SIZE + offset: _SIZE + offset + count * dtype.itemsize].view(dtype)
                   for offset, count, dtype in self.vectors]
@@ -98,7 +107,8 @@ class Template:
 
 @dataclass(frozen=True, slots=True)
 class SlotTemplate:
-    header: tuple[tuple[int, int, bytes], ...]  # every byte but the JobId and slot names
+    header: tuple[tuple[int, int, bytes], ...]  # every byte but the JobId, flags, slot names
+    flags: int  # the flags but flag_floats (``_flags``)
     names: tuple[tuple[int, int], ...]  # where each operand's slot name lies
     files: tuple[FileArg, ...]  # each operand as decoded (its size, type, part size)
     result: tuple[int, int, int] | None  # the result slot's name span and part size
@@ -107,7 +117,7 @@ class SlotTemplate:
     scalar: bool
 
     def matches(self, frame: bytearray | memoryview) -> bool:
-        return _matches(self.header, frame)
+        return _matches(self.header, frame) and _flags(frame) == self.flags
 
     def fill(self, frame: bytearray | memoryview
              ) -> tuple[list[FileArg], ResultSlot | None] | None:
@@ -138,7 +148,7 @@ class Table:
     device: int
     job_ids: np.ndarray
     batch: UniformPlans
-    floats: bool  # the launches have flag_floats (every row's flags are the first's)
+    floats: np.ndarray  # for each row, whether its launch has flag_floats
 
 
 _ID = struct.Struct(">Q")
@@ -308,12 +318,12 @@ class Templates:
                 _address(v) != _address(m) or v.nbytes != m.nbytes or v.dtype != m.dtype
                 for v, m in zip(values, mapped, strict=True)):
             return
-        spans = [protocol.LAUNCH_JOB_ID, *names, *([result] if result else [])]
+        spans = [protocol.LAUNCH_JOB_ID, _FLAGS_SPAN, *names, *([result] if result else [])]
         header = _header(frame, spans)
         _make_room(self._slots, len(frame))
         slot = launch.result_file
         self._slots[len(frame)] = SlotTemplate(
-            tuple(header), tuple(names), tuple(operands),
+            tuple(header), _flags(frame), tuple(names), tuple(operands),
             None if result is None or slot is None else (*result, slot.part_bytes),
             plan.kernel, (plan.m, plan.n, plan.k, plan.elements, plan.out_elements),
             plan.scalar)
@@ -410,7 +420,7 @@ class Templates:
         job_ids = rows[:, _SIZE + _JOB_ID_AT: _SIZE + _JOB_ID_END].view(">u8")[:, 0]
         if type(batch) is ProgramRows:
             return ProgramTable(template.device, job_ids.astype(np.uint64), batch)
-        floats = first[protocol.LAUNCH_FLAGS] & contract.WIRE.flag_floats != 0
+        floats = rows[:, _FLAGS_COLUMN] & _FLOATS != 0
         return Table(template.device, job_ids.astype(np.uint64), batch,  # type: ignore[arg-type]
                      floats)
 
@@ -459,10 +469,10 @@ class Templates:
                 return
             vectors.append((start, value.size, value.dtype))
         # The header: what lies around the JobId and the data spans.
-        header = _header(frame, [protocol.LAUNCH_JOB_ID, *spans])
+        header = _header(frame, [protocol.LAUNCH_JOB_ID, _FLAGS_SPAN, *spans])
         _make_room(self._by_size, len(frame))
         self._by_size[len(frame)] = Template(
-            tuple(header), tuple(vectors), plan.kernel,
+            tuple(header), _flags(frame), tuple(vectors), plan.kernel,
             (plan.m, plan.n, plan.k, plan.elements, plan.out_elements), plan.scalar,
             launch.device, *_columns(header, len(frame)))
 
@@ -525,6 +535,11 @@ def _make_room(cache: dict[int, Any], length: int) -> None:
     """Drop the oldest template where ``cache`` is full and has none of ``length``."""
     if len(cache) >= MAX_TEMPLATES and length not in cache:
         del cache[next(iter(cache))]
+
+
+def _flags(frame: bytearray | memoryview) -> int:
+    """A launch frame's flags but flag_floats."""
+    return frame[protocol.LAUNCH_FLAGS] & _NOT_FLOATS
 
 
 def _matches(header: tuple[tuple[int, int, bytes], ...], frame: bytearray | memoryview) -> bool:

@@ -350,7 +350,7 @@ class Worker:
         if found is None or not 0 <= found.device < len(self.lanes):
             return None
         lane = self.lanes[found.device]
-        if type(found) is ProgramTable:
+        if isinstance(found, ProgramTable):
             if lane.unavailable is not None or found.rows.plan.device_bytes > lane.memory:
                 return None
             return found.device, UniformJobs(found.job_ids, found.rows)

@@ -146,6 +146,13 @@ floats_record_test() ->
     Ints = <<131, 108, 1:32, 98, 7:32, 97, 1, 97, 2, 106>>,
     ?assertEqual(byte_size(Etf) - 2 * 9, byte_size(Ints)),
     ?assertMatch({error, {internal, _}}, Msg(Ints, false)),
+    %% a proper list of the payload's length whose items are no floats; a term that ends
+    %% before the payload does
+    ?assertMatch({error, {internal, _}},
+                 Msg(<<131, 108, 1:32, 109, 4:32, "abcd", 106>>, false)),
+    ?assertMatch({error, {internal, _}},
+                 erlcuda_await:result(Msg(<<131, 108, 1:32, 109, 4:32, "abcd", 106>>, true))),
+    ?assertMatch({error, {internal, _}}, Msg(<<131, 108, 1:32, 97, 5, 106, 0:56>>, false)),
     ?assertMatch({error, {internal, _}}, Msg(<<131, 108, 2:32, 70, 1.0:64/float, 106>>, false)),
     ?assertMatch({error, {internal, _}},
                  element(3, erlcuda_protocol:message(1, {wire, ?WIRE_TAG_FLOATS, Etf}, binary,

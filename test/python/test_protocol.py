@@ -607,3 +607,8 @@ def test_only_a_one_dimensional_f32_vector_goes_as_floats() -> None:
     for other in (np.ones((2, 2), np.float32), np.ones(3, np.float64), 2.5,
                   protocol.internal("no")):
         assert protocol.as_floats(other) is other
+    # floats take more than twice the raw bytes: a vector whose floats would not fit a
+    # frame goes raw, as it fits
+    fits = 5 + 13 + 7 + 9 * 3
+    assert type(protocol.as_floats(v, fits)) is protocol.Floats
+    assert protocol.as_floats(v, fits - 1) is v

@@ -129,13 +129,16 @@ def test_the_table_of_records_is_byte_for_byte_the_general_encoding(
         b"".join(bytes(c) for c in f) for f in general.frames]
 
 
-def test_a_table_of_launches_with_flag_floats_says_so() -> None:
+def test_a_table_says_which_launches_have_flag_floats() -> None:
+    # Launches that differ in flag_floats alone (callers of lists and of binaries) are one
+    # table; any other flag apart is not.
     jobs = jobs_of("vector_add", 10)
-    assert table_of(frame_of("vector_add", jobs, floats=True)).floats  # type: ignore[union-attr]
-    assert not table_of(frame_of("vector_add", jobs)).floats  # type: ignore[union-attr]
-    # (a row whose flags differ from the first's is another template's: no table)
-    launches = [launch_frame(1 + i, "vector_add", args, floats=i != 4)
-                for i, args in enumerate(jobs)]
+    for floats in ([True] * 10, [False] * 10, [i != 4 for i in range(10)]):
+        launches = [launch_frame(1 + i, "vector_add", args, floats=f)
+                    for i, (args, f) in enumerate(zip(jobs, floats, strict=True))]
+        found = table_of(batch_frame(launches))
+        assert found is not None and found.floats.tolist() == floats  # type: ignore[union-attr]
+    launches[4] = launch_frame(5, "vector_add", jobs[4], trace=True)
     assert table_of(batch_frame(launches)) is None
 
 

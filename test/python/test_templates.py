@@ -19,6 +19,7 @@ from workerpipe import (
     FileVector,
     Number,
     Vector,
+    W,
     Zeroed,
     batch_frame,
     launch_frame,
@@ -87,8 +88,26 @@ def test_a_frame_that_differs_outside_job_id_and_data_never_matches(data: st.Dat
     header = [i for i in range(len(first)) if i not in data_bytes and not 1 <= i < 9]
     at = data.draw(st.sampled_from(header))
     other = bytearray(launch_frame(5, kernel, args()))
-    other[at] ^= data.draw(st.integers(1, 255))
+    # (flag_floats alone, which says how the result goes, is the same template's)
+    other[at] ^= data.draw(st.integers(1, 255).filter(
+        lambda x: at != protocol.LAUNCH_FLAGS or x != W.flag_floats))
     assert templates.find(other) is None
+
+
+@pytest.mark.parametrize("first_floats", [False, True])
+def test_launches_that_differ_in_flag_floats_alone_are_one_template(first_floats: bool) -> None:
+    # A caller of lists beside one of binaries: their frames differ in that flag alone, and
+    # must not take turns at being decoded and checked again.
+    templates = learned(bytearray(launch_frame(1, "vector_add", [f32(4), f32(4)],
+                                               floats=first_floats)))
+    for floats in (True, False):
+        frame = bytearray(launch_frame(2, "vector_add", [f32(4), f32(4)], floats=floats))
+        template = templates.find(frame)
+        assert template is not None
+        same_request(template.fill(frame), checked(frame)[1])
+    flags = W.flag_floats | W.flag_trace
+    assert templates.find(bytearray(launch_frame(3, "vector_add", [f32(4), f32(4)],
+                                                 flags=flags))) is None
 
 
 def test_what_decoding_says_differently_is_never_a_match() -> None:

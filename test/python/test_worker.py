@@ -491,10 +491,22 @@ def test_launches_with_flag_floats_are_answered_with_the_etf_of_their_floats() -
                                    launch_frame(14, "reduce", [a], floats=True),
                                    launch_frame(15, "vector_add", [a, b])]))
         mixed = [pipe.reply() for _ in range(3)]
+        # one table of both kinds of callers, each answered in its own kind
+        pipe.send_raw(batch_frame([launch_frame(j, "vector_add", [a, b], floats=j % 2 == 0)
+                                   for j in range(16, 26)]))
+        both = [pipe.reply() for _ in range(10)]
+        alternating = []
+        for j in range(26, 30):  # alone, by one template
+            pipe.send_raw(launch_frame(j, "vector_add", [a, b], floats=j % 2 == 0))
+            alternating.append(pipe.reply())
         _, _, info = pipe.call("info")
     finally:
         assert pipe.close() == 0
-    assert info["device_info"][0]["table_jobs"] == 10
+    assert info["device_info"][0]["table_jobs"] == 20
+    for reply in [*both, *alternating]:
+        assert reply.tag == (W.tag_floats if reply.job_id % 2 == 0 else W.tag_vector)
+        assert reply.result == ("ok", want)
+    assert [r.job_id for r in [*both, *alternating]] == list(range(16, 30))
     for reply in [*alone, *table, mixed[0]]:
         assert reply.tag == W.tag_floats and reply.result == ("ok", want)
         assert reply.payload == etf.encode_bytes(want)
