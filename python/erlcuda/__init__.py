@@ -13,4 +13,4 @@ Layers, each with its own exception type:
 - ``portenv``  what serve needs of its process (fds, parent)  -> ``PortEnvError``
 """
 
-__version__ = "0.5.1"
+__version__ = "0.5.2"
