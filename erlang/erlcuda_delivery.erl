@@ -6,12 +6,14 @@
 %% not overtake it: while a caller (a pid or an alias) has a deliverer, every reply to it
 %% goes through that deliverer, in order. A deliverer that has nothing left asks the port
 %% owner to retire it, and the port owner does so only if it sent it nothing meanwhile, so
-%% no reply is ever sent to a deliverer that has gone. Only the port owner calls `send/2'
-%% and `run/2' (it owns the table); a deliverer outlives a crashed port owner only to finish
+%% no reply is ever sent to a deliverer that has gone. An alias's one reply, which nothing
+%% can overtake, is sent by the slot's part process itself (`run/3'): no deliverer to spawn
+%% and no hop between the read and the caller. Only the port owner calls `send/2', `run/2'
+%% and `run/3' (it owns the table); a deliverer outlives a crashed port owner only to finish
 %% what it was given.
 -module(erlcuda_delivery).
 
--export([init/0, send/2, run/2, retire/3]).
+-export([init/0, send/2, run/2, run/3, retire/3]).
 
 -include_lib("kernel/include/logger.hrl").
 
@@ -50,6 +52,19 @@ run(To, Fun) ->
             true = ets:insert(?TAB, {To, Pid, 1})
     end,
     ok.
+
+%% @doc `run/2', or, for an alias with no deliverer, `Elsewhere()': something that sends the
+%% reply itself and does not wait (a result slot's part process reading it). An alias gets
+%% one reply (a `launch_sync', a proxy's call): nothing to keep in order, and no process
+%% to spawn for it.
+-spec run(pid() | reference(), fun(() -> term()), fun(() -> term())) -> ok.
+run(To, Fun, Elsewhere) when is_reference(To) ->
+    case ets:member(?TAB, To) of
+        true -> run(To, Fun);
+        false -> _ = Elsewhere(), ok
+    end;
+run(To, Fun, _) ->
+    run(To, Fun).
 
 %% @doc A deliverer of `To' has done `Done' things: retire it if that is all it was given.
 -spec retire(pid() | reference(), pid(), non_neg_integer()) -> ok.

@@ -139,16 +139,16 @@ deliver(Taken, Reply) ->
             case {erlcuda_protocol:file_result(Reply), lists:keyfind(result, 1, Files)} of
                 {{file, Bytes, PartBytes}, {result, Slot}} ->
                     %% Answered: the worker has done with its operands. The result is read
-                    %% by a deliverer: this process serves every job. Later replies to the
-                    %% same caller wait behind it (erlcuda_delivery).
+                    %% by a deliverer, or by the slot's part process for an alias's one
+                    %% reply: this process serves every job. Later replies to the same
+                    %% caller wait behind it (erlcuda_delivery).
                     erlcuda_shm:done(lists:keydelete(result, 1, Files)),
                     erlcuda_status:dequeue(Job#job.queues, Job#job.device),
+                    Send = fun(R) -> reply(Job, R, false, fun(To, M) -> To ! M, ok end) end,
                     erlcuda_delivery:run(
                       Job#job.reply_to,
-                      fun() ->
-                              R = erlcuda_shm:take_result(Slot, Bytes, PartBytes),
-                              reply(Job, R, false, fun(To, M) -> To ! M, ok end)
-                      end);
+                      fun() -> Send(erlcuda_shm:take_result(Slot, Bytes, PartBytes)) end,
+                      fun() -> erlcuda_shm:take_result_then(Slot, Bytes, PartBytes, Send) end);
                 {{file, _, _}, false} ->
                     erlcuda_shm:done(Files),
                     reply(Job, {error, {internal, ?NO_SLOT}}, true,

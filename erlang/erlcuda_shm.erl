@@ -32,7 +32,7 @@
 -module(erlcuda_shm).
 
 -export([folder/1, remove/1, plan/3, result_slot/2, stage/1, kept/1, release/1, done/1,
-         delete/1, take_result/3, part_bytes/1]).
+         delete/1, take_result/3, take_result_then/4, part_bytes/1]).
 
 -export_type([folder/0, plan/0, kept/0]).
 
@@ -249,15 +249,30 @@ result_slot(Folder, Bytes) ->
 -spec take_result(erlcuda_shm_slots:slot(), non_neg_integer(), pos_integer()) ->
     erlcuda_protocol:reply() | {error, erlcuda:reason()}.
 take_result(#{part_bytes := PartBytes} = Slot, Bytes, PartBytes) when Bytes =< PartBytes ->
-    case erlcuda_shm_slots:read(Slot, Bytes) of
-        {ok, Bin} ->
-            ok = erlcuda_shm_slots:release(Slot),
-            erlcuda_protocol:vector_reply(Bin);
-        {error, Why} ->
-            ok = erlcuda_shm_slots:discard(Slot),
-            internal("reading the result: ~0p", [Why])
-    end;
-take_result(#{part_bytes := Part} = Slot, Bytes, PartBytes) ->
+    taken(Slot, erlcuda_shm_slots:read(Slot, Bytes));
+take_result(Slot, Bytes, PartBytes) ->
+    not_its_slot(Slot, Bytes, PartBytes).
+
+%% @doc `take_result/3' run by the slot's part process, which then runs `Then' on it
+%% (`erlcuda_shm_slots:read_then/3'): nobody waits for the read.
+-spec take_result_then(erlcuda_shm_slots:slot(), non_neg_integer(), pos_integer(),
+                       fun((erlcuda_protocol:reply() | {error, erlcuda:reason()}) -> term())) ->
+    ok.
+take_result_then(#{part_bytes := PartBytes} = Slot, Bytes, PartBytes, Then)
+  when Bytes =< PartBytes ->
+    erlcuda_shm_slots:read_then(Slot, Bytes, fun(Read) -> Then(taken(Slot, Read)) end);
+take_result_then(Slot, Bytes, PartBytes, Then) ->
+    _ = Then(not_its_slot(Slot, Bytes, PartBytes)),
+    ok.
+
+taken(Slot, {ok, Bin}) ->
+    ok = erlcuda_shm_slots:release(Slot),
+    erlcuda_protocol:vector_reply(Bin);
+taken(Slot, {error, Why}) ->
+    ok = erlcuda_shm_slots:discard(Slot),
+    internal("reading the result: ~0p", [Why]).
+
+not_its_slot(#{part_bytes := Part} = Slot, Bytes, PartBytes) ->
     ok = erlcuda_shm_slots:discard(Slot),
     internal("a result record of ~b bytes in parts of ~b is not its slot's (parts of ~b)",
              [Bytes, PartBytes, Part]).

@@ -31,11 +31,12 @@
 -module(erlcuda_shm_slots).
 
 -export([create/0, keeper/0, claim/3, claim_over/2, send_writes/2, written/1, reserve/1,
-         read/2, release/1, discard/1, sweep/1, forget/1, stats/0]).
+         read/2, read_then/3, release/1, discard/1, sweep/1, forget/1, stats/0]).
 
 -export_type([slot/0]).
 
 -include_lib("kernel/include/file.hrl").
+-include_lib("kernel/include/logger.hrl").
 
 -define(FREE, erlcuda_shm_free).
 -define(CLAIMED, erlcuda_shm_claimed).
@@ -167,6 +168,19 @@ written(Refs) when is_list(Refs) ->
 read(#{parts := [Pid | _]}, Bytes) ->
     answer(ask(Pid, {read, Bytes})).
 
+%% @doc `read/2' without a process waiting for it: the part's process reads and runs
+%% `Then' on what `read/2' would answer, in that process (its reply sent from there, no
+%% process in between). A part whose keeper dies still runs the reads it was given; one
+%% that is gone already runs `Then' on `{error, {slot_gone, noproc}}' here.
+-spec read_then(slot(), non_neg_integer(),
+                fun(({ok, binary()} | {error, term()}) -> term())) -> ok.
+read_then(#{parts := [Pid | _]}, Bytes, Then) ->
+    case is_process_alive(Pid) of
+        true -> Pid ! {{read, Bytes}, Then, none};
+        false -> then(Then, {error, {slot_gone, noproc}})
+    end,
+    ok.
+
 %% @doc The slot's first part made and its pages allocated, for a result the worker writes
 %% into it: `ok', or `{error, Why}' where it cannot be (a full /dev/shm: `enospc').
 -spec reserve(slot()) -> ok | {error, term()}.
@@ -261,8 +275,11 @@ stats() ->
 %% it gone and every later one (`linked/2'): the worker could not map it, and the job's data
 %% takes the pipe. Taken for a result, the part's pages are allocated first (`reserve/1'),
 %% once: the worker writes a result through its mapping, where a page a full /dev/shm
-%% cannot give would kill it (SIGBUS). It dies with the worker's keeper.
+%% cannot give would kill it (SIGBUS). It ends with the worker's keeper, once the reads it
+%% was given have run.
 part(Keeper, Path, PartBytes) ->
+    %% its keeper's end is a message: the reads it was given run first (`read_then/3')
+    process_flag(trap_exit, true),
     link(Keeper),
     Opened = case file:open(Path, [raw, read, write, binary, exclusive]) of
                  {ok, Fd} ->
@@ -336,15 +353,43 @@ part_loop(Opened, Path, PartBytes, Reserved) ->
             From ! {Ref, Done},
             part_loop(Opened, Path, PartBytes, Done =:= ok);
         {{read, Bytes}, From, Ref} ->
-            From ! {Ref, read_part(Opened, Path, Bytes)},
+            answer(From, Ref, read_part(Opened, Path, Bytes)),
             part_loop(Opened, Path, PartBytes, Reserved);
+        {'EXIT', _Keeper, _} ->
+            reads_left(Opened, Path),
+            closed(Opened, Path);
         stop ->
-            %% What stands at its path goes too where the file could not be made there: a
-            %% name in the worker's folder is erlcuda's (file:delete/2 follows no symlink).
-            _ = case Opened of {ok, Fd} -> file:close(Fd); {error, _} -> ok end,
-            _ = file:delete(Path, [raw]),
-            ok
+            closed(Opened, Path)
     end.
+
+%% A read for a process that waits for it, or one whose `Then' runs here.
+answer(From, Ref, Read) when is_pid(From) -> From ! {Ref, Read};
+answer(Then, _, Read) -> then(Then, Read).
+
+%% A bug in one reply must not end the part's process with the slot.
+then(Then, Read) ->
+    try Then(Read)
+    catch Class:Why:Stack ->
+            ?LOG_ERROR("erlcuda: a result's delivery failed: ~0p", [{Class, Why, Stack}])
+    end.
+
+%% The keeper is gone (the worker with it): the reads already given still run, from the
+%% file it holds open, so that each of their jobs is answered.
+reads_left(Opened, Path) ->
+    receive
+        {{read, Bytes}, Then, none} when is_function(Then, 1) ->
+            then(Then, read_part(Opened, Path, Bytes)),
+            reads_left(Opened, Path)
+    after 0 ->
+        ok
+    end.
+
+%% What stands at its path goes too where the file could not be made there: a name in the
+%% worker's folder is erlcuda's (file:delete/2 follows no symlink).
+closed(Opened, Path) ->
+    _ = case Opened of {ok, Fd} -> file:close(Fd); {error, _} -> ok end,
+    _ = file:delete(Path, [raw]),
+    ok.
 
 counters() ->
     persistent_term:get(?COUNTERS).

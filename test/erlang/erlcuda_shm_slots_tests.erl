@@ -38,6 +38,7 @@ slots_test_() ->
                           {"gone with the keeper", fun keeper_gone/1},
                           {"refused once its file is deleted", fun deleted/1},
                           {"a result read from its slot", fun result_read/1},
+                          {"a result read and sent by its part", fun result_read_then/1},
                           {"a free slot that cannot grow is uncounted", fun not_grown/1},
                           {"a result past the pool's room", fun over/1}]]}.
 
@@ -129,6 +130,34 @@ result_read(Folder) ->
                             fun() -> not filelib:is_file(part(Folder, S, 0)) end, 50))
      end || {Bytes, PartBytes} <- [{?MIB + 1, ?MIB}, {8, 2 * ?MIB}, {1 bsl 40, 1 bsl 24}]],
     ?assertMatch(#{claimed := 0, free := 0}, erlcuda_shm_slots:stats()).
+
+%% A result read by the slot's part process, which runs the reply itself (an alias's one
+%% reply, erlcuda_delivery:run/3): the same record as take_result/3, in that process; the
+%% reads it was given still run when its keeper dies at once after; a part that is gone
+%% answers at once.
+result_read_then(#{keeper := Keeper} = Folder) ->
+    Self = self(),
+    Then = fun(Tag) -> fun(R) -> Self ! {Tag, self(), R} end end,
+    {ok, Slot} = erlcuda_shm:result_slot(Folder, 8),
+    #{parts := [Part]} = Slot,
+    {ok, Fd} = file:open(part(Folder, Slot, 0), [read, write, raw, binary]),
+    ok = file:pwrite(Fd, 0, <<1.0:32/float-little, 2.0:32/float-little>>),
+    ok = file:close(Fd),
+    ok = erlcuda_shm:take_result_then(Slot, 8, ?MIB, Then(first)),
+    ?assertEqual({first, Part, {wire, ?WIRE_TAG_VECTOR,
+                                <<1.0:32/float-little, 2.0:32/float-little>>}},
+                 receive {first, _, _} = M -> M after 5000 -> none end),
+    ?assertMatch(#{claimed := 0, free := 1}, erlcuda_shm_slots:stats()),
+    %% given a read, then its keeper gone: the read still runs, then the part ends
+    {ok, Again} = erlcuda_shm:result_slot(Folder, 8),
+    ok = erlcuda_shm:take_result_then(Again, 4, ?MIB, Then(second)),
+    exit(Keeper, kill),
+    ?assertEqual({second, Part, {wire, ?WIRE_TAG_VECTOR, <<1.0:32/float-little>>}},
+                 receive {second, _, _} = M2 -> M2 after 5000 -> none end),
+    ok = erlcuda_test_util:wait_until(fun() -> not is_process_alive(Part) end, 50),
+    ok = erlcuda_shm_slots:read_then(Again, 4, Then(third)),
+    ?assertMatch({third, Self, {error, {slot_gone, noproc}}},
+                 receive {third, _, _} = M3 -> M3 after 5000 -> none end).
 
 once(Folder) ->
     {ok, Slot} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),

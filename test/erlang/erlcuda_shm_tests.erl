@@ -30,6 +30,7 @@ shm_test_() ->
                {timeout, 60, fun operands_wait_in_files_until_mapped/0},
                {timeout, 60, fun vectors_in_several_parts/0},
                {timeout, 60, fun slots_are_written_again/0},
+               {timeout, 60, fun results_sent_by_their_part/0},
                {timeout, 60, fun killed_worker_leaves_no_file/0},
                {timeout, 60, fun killed_caller_leaves_no_file/0},
                {timeout, 60, fun timed_out_caller_leaves_no_file/0},
@@ -121,6 +122,47 @@ slots_are_written_again() ->
     ?assertEqual(After1, lists:sort(files())),
     ?assertEqual([], job_files()),
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
+
+%% A `launch_sync' result in a result slot is read and sent by the slot's part process (an
+%% alias gets one reply: nothing to keep in order), where a `launch''s goes through a
+%% deliverer, which the port owner spawns, so that a later reply to that pid waits for it.
+results_sent_by_their_part() ->
+    N = 3 * erlcuda_shm:part_bytes(0) div 8,
+    A = vec(N, 1),
+    {ok, _} = erlcuda:launch_sync(vector_add, [A, A], [{format, binary}]),
+    Owner = whereis(erlcuda_worker),
+    Spawned = fun(Run) ->
+                      erlang:trace(Owner, true, [procs]),
+                      Run(),
+                      erlang:trace(Owner, false, [procs]),
+                      Ref = erlang:trace_delivered(Owner),
+                      receive {trace_delivered, Owner, Ref} -> ok end,
+                      spawned(0)
+              end,
+    Sync = Spawned(fun() ->
+                       [?assertEqual({ok, vec(N, 2)},
+                                     erlcuda:launch_sync(vector_add, [A, A], [{format, binary}]))
+                        || _ <- lists:seq(1, 5)]
+                   end),
+    Async = Spawned(fun() ->
+                        [begin
+                             {ok, Id} = erlcuda:launch(vector_add, [A, A], [{format, binary}]),
+                             ?assertEqual({ok, vec(N, 2)},
+                                          receive {erlcuda, Id, R} -> R after 10000 -> none end)
+                         end || _ <- lists:seq(1, 5)]
+                    end),
+    ?assertEqual({0, 5}, {Sync, Async}),
+    ?assertMatch(#{claimed := 0}, erlcuda_shm_slots:stats()),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
+
+spawned(N) ->
+    receive
+        {trace, _, spawn, _, _} -> spawned(N + 1);
+        {trace, _, _, _} -> spawned(N);
+        {trace, _, _, _, _} -> spawned(N)
+    after 0 ->
+        N
+    end.
 
 %% What the part processes `Pids' were asked while `Fun' ran, counted by kind.
 asked_of(Pids, Fun) ->
