@@ -25,7 +25,7 @@
 -define(AUTO_SPIN_MIN_CORES, 4).
 
 %% How long a job answered as the wait ended may take to arrive: its reply was sent, or is
-%% read from a shared-memory file by a deliverer.
+%% read from a shared-memory file (by the file's part process, or a deliverer).
 -define(LATE_MS, 5000).
 
 -export_type([deadline/0]).

@@ -170,14 +170,16 @@ read(#{parts := [Pid | _]}, Bytes) ->
 
 %% @doc `read/2' without a process waiting for it: the part's process reads and runs
 %% `Then' on what `read/2' would answer, in that process (its reply sent from there, no
-%% process in between). A part whose keeper dies still runs the reads it was given; one
-%% that is gone already runs `Then' on `{error, {slot_gone, noproc}}' here.
+%% process in between). A part that is stopped or whose keeper dies still runs the reads it
+%% was given first; for a slot given back or deleted already (its part told to stop, or
+%% gone) `Then' runs here, on `{error, {slot_gone, Why}}'.
 -spec read_then(slot(), non_neg_integer(),
                 fun(({ok, binary()} | {error, term()}) -> term())) -> ok.
-read_then(#{parts := [Pid | _]}, Bytes, Then) ->
-    case is_process_alive(Pid) of
-        true -> Pid ! {{read, Bytes}, Then, none};
-        false -> then(Then, {error, {slot_gone, noproc}})
+read_then(#{seq := Seq, parts := [Pid | _]}, Bytes, Then) ->
+    case {ets:member(?CLAIMED, Seq), is_process_alive(Pid)} of
+        {true, true} -> Pid ! {{read, Bytes}, Then, none};
+        {false, _} -> then(Then, {error, {slot_gone, not_claimed}});
+        {true, false} -> then(Then, {error, {slot_gone, noproc}})
     end,
     ok.
 
@@ -278,6 +280,7 @@ stats() ->
 %% cannot give would kill it (SIGBUS). It ends with the worker's keeper, once the reads it
 %% was given have run.
 part(Keeper, Path, PartBytes) ->
+    logger:update_process_metadata(#{domain => [erlcuda]}),
     %% its keeper's end is a message: the reads it was given run first (`read_then/3')
     process_flag(trap_exit, true),
     link(Keeper),
@@ -359,6 +362,7 @@ part_loop(Opened, Path, PartBytes, Reserved) ->
             reads_left(Opened, Path),
             closed(Opened, Path);
         stop ->
+            reads_left(Opened, Path),
             closed(Opened, Path)
     end.
 
@@ -373,8 +377,8 @@ then(Then, Read) ->
             ?LOG_ERROR("erlcuda: a result's delivery failed: ~0p", [{Class, Why, Stack}])
     end.
 
-%% The keeper is gone (the worker with it): the reads already given still run, from the
-%% file it holds open, so that each of their jobs is answered.
+%% The part ends (its keeper gone, or told to stop): the reads already given still run, from
+%% the file it holds open, so that each of their jobs is answered.
 reads_left(Opened, Path) ->
     receive
         {{read, Bytes}, Then, none} when is_function(Then, 1) ->
