@@ -566,6 +566,25 @@ FLOAT_ITEM = np.dtype([("tag", "u1"), ("value", ">f8")])
 _BLANK_ITEMS = 1 << 14
 
 
+def float_list_size(n: int) -> int:
+    """The bytes of the ETF of a list of ``n`` floats."""
+    return FLOAT_LIST_HEAD.size + FLOAT_ITEM.itemsize * n + 1
+
+
+def float_list_dtype(n: int) -> np.dtype:
+    """The ETF of a list of ``n`` floats as one numpy record: its head's fields, ``items``
+    (each ``tag`` and ``value``) and the closing ``nil``."""
+    return np.dtype([("version", "u1"), ("list", "u1"), ("count", ">u4"),
+                     ("items", FLOAT_ITEM, (n,)), ("nil", "u1")])
+
+
+def blank_float_lists(records: np.ndarray, n: int) -> None:
+    """Write every byte of ``records`` (of ``float_list_dtype(n)``) but the values."""
+    records["version"], records["list"], records["count"] = VERSION, LIST_EXT, n
+    records["items"]["tag"] = NEW_FLOAT_EXT
+    records["nil"] = NIL_EXT
+
+
 def float_list(values: np.ndarray) -> bytearray:
     """The ETF of the list of ``values`` (a 1-D array of reals) as floats, made at once by
     numpy: what ``encode_bytes`` makes of that list, without a Python float each (an empty
@@ -584,10 +603,8 @@ def _blank(n: int) -> bytes:
 
 def _made_blank(n: int) -> bytearray:
     """A float list of ``n`` items, every byte but the values written."""
-    out = bytearray(FLOAT_LIST_HEAD.size + FLOAT_ITEM.itemsize * n + 1)
-    FLOAT_LIST_HEAD.pack_into(out, 0, VERSION, LIST_EXT, n)
-    np.frombuffer(out, FLOAT_ITEM, n, FLOAT_LIST_HEAD.size)["tag"] = NEW_FLOAT_EXT
-    out[-1] = NIL_EXT
+    out = bytearray(float_list_size(n))
+    blank_float_lists(np.frombuffer(out, float_list_dtype(n), 1), n)
     return out
 
 

@@ -93,7 +93,7 @@ class UniformJobs:
 
     job_ids: np.ndarray
     batch: UniformPlans | ProgramRows
-    floats: np.ndarray | None = None  # for each row, whether its launch has flag_floats
+    floats: np.ndarray | None = None  # a table's: for each row, whether it has flag_floats
 
 
 @dataclass(slots=True)
@@ -354,9 +354,9 @@ class Lane(threading.Thread):
             if type(rows) is ProgramRows:
                 self._program_slice(jobs.job_ids[start:end], rows, device)
             else:
-                floats = None if jobs.floats is None else jobs.floats[start:end]
+                assert jobs.floats is not None  # a table says it for each row
                 self._uniform_slice(jobs.job_ids[start:end], rows, device,  # type: ignore[arg-type]
-                                    floats)
+                                    jobs.floats[start:end])
 
     def _program_slice(self, job_ids: np.ndarray, rows: ProgramRows,
                        device: Device | None) -> None:
@@ -385,7 +385,7 @@ class Lane(threading.Thread):
             self.on_fatal(fatal)
 
     def _uniform_slice(self, job_ids: np.ndarray, batch: UniformPlans,
-                       device: Device | None, floats: np.ndarray | None) -> None:
+                       device: Device | None, floats: np.ndarray) -> None:
         failure: Failure | None = None
         fatal: str | None = None
         values: np.ndarray | None = None
@@ -401,8 +401,8 @@ class Lane(threading.Thread):
         self.stats.jobs += batch.count
         self.stats.table_jobs += batch.count
         # a table is of one kind of record: every row's launch has flag_floats, or none has
-        every = floats is not None and bool(floats.all())
-        mixed = floats is not None and not every and bool(floats.any())
+        every = bool(floats.all())
+        mixed = not every and bool(floats.any())
         frames = [] if values is None or mixed else protocol.encode_table(
             job_ids, values, self.writer.max_frame, every)
         if frames:
@@ -410,7 +410,7 @@ class Lane(threading.Thread):
         else:  # a failure, records too large for the table, or of both kinds: one by one
             self._reply([
                 (int(job_id), failure if failure is not None else _row(
-                    values, i, floats is not None and bool(floats[i]), self.writer.max_frame),
+                    values, i, bool(floats[i]), self.writer.max_frame),
                  None) for i, job_id in enumerate(job_ids)])
         if fatal is not None:
             self.on_fatal(fatal)

@@ -755,7 +755,7 @@ def as_floats(result: Result, max_frame: int = contract.MAX_FRAME) -> Result:
     """``result`` as ``Floats`` where it is a 1-D f32 vector whose record of floats fits
     ``max_frame`` (more than twice its raw bytes); else ``result`` itself, sent as ever."""
     if (type(result) is np.ndarray and result.dtype == _F32 and result.ndim == 1
-            and _FRAME_HEAD + _RECORD + _FLOAT_LIST_EXTRA + 9 * result.size <= max_frame):
+            and _FRAME_HEAD + _RECORD + etf.float_list_size(result.size) <= max_frame):
         return Floats(result)
     return result
 
@@ -847,8 +847,6 @@ _pack_inner = _INNER_HEAD.pack
 _pack_f64 = _F64.pack
 _FRAME_HEAD = _RESULTS_HEAD.size
 _RECORD = _RECORD_HEAD.size
-#: A float list's bytes besides its items' (``etf.float_list``).
-_FLOAT_LIST_EXTRA = etf.FLOAT_LIST_HEAD.size + 1
 _TRACED = _RECORD + _INNER_HEAD.size
 _F32 = DTYPES["f32"]
 # The record tags, as module constants for the encoder's loops.
@@ -1153,10 +1151,8 @@ def encode_table(job_ids: np.ndarray, values: np.ndarray, max_frame: int,
     records["tag"] = tag
     records["len"] = nbytes
     if tag == _T_FLOATS:
-        records["version"], records["list"] = etf.VERSION, etf.LIST_EXT
-        records["count"], records["nil"] = values.shape[1], etf.NIL_EXT
-        records["items"]["tag"] = etf.NEW_FLOAT_EXT
-        records["items"]["value"] = values
+        etf.blank_float_lists(records["floats"], values.shape[1])
+        records["floats"]["items"]["value"] = values
     else:
         records["data"] = values
     frames = []
@@ -1175,9 +1171,7 @@ def _table_fields(values: np.ndarray, floats: bool) -> tuple[list[tuple[Any, ...
         return [], _T_VECTOR, 0
     if not floats:
         return [("data", "<f4", (n,))], _T_VECTOR, 4 * n
-    fields = [("version", "u1"), ("list", "u1"), ("count", ">u4"),
-              ("items", etf.FLOAT_ITEM, (n,)), ("nil", "u1")]
-    return fields, _T_FLOATS, etf.FLOAT_LIST_HEAD.size + etf.FLOAT_ITEM.itemsize * n + 1
+    return [("floats", etf.float_list_dtype(n))], _T_FLOATS, etf.float_list_size(n)
 
 
 def encode_list_table(job_ids: np.ndarray, columns: Sequence[np.ndarray],
