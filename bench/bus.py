@@ -7,10 +7,16 @@ One Erlang node (``bench/erlcuda_bus.erl``) times, every call waiting for its re
 
 - vector_add at 1e3, 1e4, 1e5, 1e6 and 1.6e7 elements and reduce of a 1.6e7-element
   binary, with the defaults (the transport threshold measured at the application's start);
-- the lean floor (``bench/lean_floor.py``) doing the same vector_adds, its operands through
-  its port and through a file shared with it (one ``file:pwrite``, the GPU copying from and
-  into the file's registered pages, one ``file:pread``): the least either transport costs,
-  whatever the design; a goal below the faster floor cannot be met, and is judged so;
+  at each size, in blocks that take turns (``rounds`` of them, so that every ratio compares
+  the same minutes of a shared machine):
+  - the lean floor (``bench/lean_floor.py``) doing the same vector_add, its operands through
+    its port and through a file shared with it (one ``file:pwrite``, the GPU copying from
+    and into the file's registered pages, one ``file:pread``): the least either transport
+    costs, whatever the design; a goal below the faster floor cannot be met, and is judged
+    so;
+  - CuPy from numpy (``bench/cupy_peer.py``, a port of the node that times its own calls:
+    ``cp.asarray`` of each operand, the kernel, ``.get()`` or ``float(x.sum())``); skipped
+    where CuPy does not load (the CPU backend never runs it);
 - lone 1000-element jobs in blocks, against the lean floor (``bench/lean_floor.py``):
   vector_add on binaries and on lists, reduce of a binary;
 - with ``--probe``, what the worker and the application choose between: the GPU's copies
@@ -18,11 +24,8 @@ One Erlang node (``bench/erlcuda_bus.erl``) times, every call waiting for its re
   copy, from or into memory registered beforehand), and vector_add at operand sizes from
   64 KiB to 16 MiB through the pipe alone and through shared memory alone.
 
-Then, in this process once the node has stopped (one CUDA context at a time), CuPy from
-numpy does the same jobs: ``cp.asarray`` of each operand, the kernel, ``.get()`` (or
-``float(x.sum())``); skipped where CuPy is not installed (the CPU backend never runs it).
-Also here: the list conversion of ``erlcuda_vector`` against the one it replaced, in the
-same node (``bench/erlcuda_lists.erl``).
+Then, in another node: the list conversion of ``erlcuda_vector`` against the one it
+replaced (``bench/erlcuda_lists.erl``).
 
 GB/s = bytes in + out ÷ wall time (reduce: its input). Writes ``report.md``,
 ``results.json`` and ``bus.png`` (time and GB/s against size, erlcuda beside CuPy) to
@@ -66,19 +69,20 @@ def plan(quick: bool) -> Json:
                 "lone": {"size": 1_000, "block": 250, "rounds": 4},
                 "transfer_sizes": [MIB, 4 * MIB, 16 * MIB, 64 * MIB],
                 "transport_sizes": [64 << 10, 256 << 10, MIB, 4 * MIB, 16 * MIB],
-                "lists": [1_000, 100_000], "cupy_reps": 30}
+                "lists": [1_000, 100_000], "rounds": 5}
     return {"sizes": SIZES, "reduce_size": REDUCE_SIZE, "warmup": 5, "budget_s": 3.0,
             "min_iters": 10, "max_iters": 2000,
             "lone": {"size": 1_000, "block": 250, "rounds": 12},
             "transfer_sizes": [256 << 10, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB],
             "transport_sizes": [(64 << 10) * 2**k for k in range(9)],
-            "lists": [1_000, 100_000, 1_000_000], "cupy_reps": 100}
+            "lists": [1_000, 100_000, 1_000_000], "rounds": 10}
 
 
 def run_node(args: argparse.Namespace, config: Json) -> tuple[Json, list[Json]]:
     term = {**config, "backend": args.backend, "probe": args.probe,
             "python": stack_bench.ErlString(sys.executable),
             "worker_path": stack_bench.ErlString(str(ROOT / "bench" / "worker")),
+            "cupy_script": stack_bench.ErlString(str(ROOT / "bench" / "cupy_peer.py")),
             "lone": {**config["lone"],
                      "script": stack_bench.ErlString(str(ROOT / "bench" / "lean_floor.py")),
                      "python_dir": stack_bench.ErlString(str(ROOT / "python"))}}
@@ -88,44 +92,6 @@ def run_node(args: argparse.Namespace, config: Json) -> tuple[Json, list[Json]]:
 def run_lists(sizes: list[int]) -> list[Json]:
     _, events = stack_bench.run_bench_module("erlcuda_lists", {"sizes": sizes})
     return events
-
-
-# -- CuPy ----------------------------------------------------------------------------------
-
-
-def run_cupy(config: Json) -> tuple[list[Json], str]:
-    """CuPy from numpy on the same jobs: events as the node's, and what ran."""
-    try:
-        import cupy as cp
-    except ImportError:
-        return [], "not installed"
-    reps = config["cupy_reps"]
-    events = []
-    for n in config["sizes"]:
-        a, b = _inputs(n)
-        events.append({"section": "cupy", "kernel": "vector_add", "size": n,
-                       "samples_ns": _timed(lambda a=a, b=b: (cp.asarray(a)
-                                                              + cp.asarray(b)).get(), reps)})
-    a, _ = _inputs(config["reduce_size"])
-    events.append({"section": "cupy", "kernel": "reduce", "size": config["reduce_size"],
-                   "samples_ns": _timed(lambda: float(cp.asarray(a).sum()), reps)})
-    return events, f"CuPy {cp.__version__}, in this process after the node stopped"
-
-
-def _inputs(n: int) -> tuple[np.ndarray, np.ndarray]:
-    i = np.arange(n, dtype=np.int64) % 65536
-    return (i % 97).astype(np.float32), ((i * 2) % 97).astype(np.float32)
-
-
-def _timed(fn: Any, reps: int) -> list[int]:
-    for _ in range(3):
-        fn()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append(time.perf_counter_ns() - t0)
-    return samples
 
 
 # -- figures -------------------------------------------------------------------------------
@@ -225,8 +191,15 @@ def f(x: float | None, digits: int = 2) -> str:
     return f"{x:,.{digits}f}" if abs(x) < 1000 else f"{x:,.0f}"
 
 
-def report(summary: Json, args: argparse.Namespace, wall: float, cupy_note: str,
-           plots: list[str]) -> str:
+def cupy_note(events: list[Json], backend: str | None) -> str:
+    got = next((e["cupy"] for e in events if e.get("event") == "reference"), "not run")
+    if backend != "cuda":
+        return "not run (the cpu backend)"
+    return (f"{got}, in a port of the node, its blocks taking turns with erlcuda's and the "
+            "floor's" if got != "not run" else "not run (it did not load)")
+
+
+def report(summary: Json, args: argparse.Namespace, wall: float, plots: list[str]) -> str:
     info = summary["info"]
     dev = (info.get("devices") or [{}])[0]
     lines = [f"# erlcuda: host data at the speed of the bus ({info.get('backend')} backend)",
@@ -236,7 +209,7 @@ def report(summary: Json, args: argparse.Namespace, wall: float, cupy_note: str,
              f"- erlcuda {stack_bench.git_version()}; {stack_bench.cpu_model()}; "
              f"{dev.get('name', 'no GPU')}; OTP {info.get('otp_release')} "
              f"({info.get('schedulers')} schedulers)",
-             f"- CuPy: {cupy_note}", ""]
+             f"- CuPy: {summary['cupy_note']}", ""]
     lines += target_lines(summary["targets"])
     lines += bus_lines(summary["bus"])
     lines += floor_lines(summary["bus"])
@@ -411,17 +384,15 @@ def main(argv: list[str] | None = None) -> int:
     config = plan(args.quick)
     info, events = run_node(args, config)
     events += run_lists(config["lists"])
-    cupy_events, cupy_note = (run_cupy(config) if info.get("backend") == "cuda"
-                              else ([], "not run (the cpu backend)"))
-    summary = summarize(info, events + cupy_events)
+    summary = summarize(info, events)
+    summary["cupy_note"] = cupy_note(events, info.get("backend"))
     summary["config"] = config
     summary["targets"] = targets(summary, info.get("backend") == "cuda")
     out = args.out or BUILD / f"bus-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
     plots = plot(summary, out)
-    text = report(summary, args, time.monotonic() - t0, cupy_note, plots)
-    stack_bench.write_tool_outputs("bus", out, {**summary, "events": events + cupy_events},
-                                   text)
+    text = report(summary, args, time.monotonic() - t0, plots)
+    stack_bench.write_tool_outputs("bus", out, {**summary, "events": events}, text)
     return 0
 
 

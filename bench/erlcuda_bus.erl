@@ -8,12 +8,15 @@
 %% Sections, in this order:
 %%   bus         vector_add at each of `sizes' elements and reduce of `reduce_size', with
 %%               the defaults (`shm_threshold' auto: the application's first start measured
-%%               the transports); the info event carries that probe's figures;
-%%   floors      vector_add at each of `sizes' by the lean floor (erlcuda_lone): its
-%%               operands through its port, and through memory shared with it (one
-%%               `file:pwrite' of both operands into its file, a request of 5 bytes, one
-%%               `file:pread' of the result, which its GPU copies wrote into the file's
-%%               pinned pages); what any design of either transport costs at least;
+%%               the transports); the info event carries that probe's figures. At each size,
+%%               in blocks that take turns `rounds' times (events of sections `bus',
+%%               `floors' and `cupy'): erlcuda; the lean floor doing the same vector_add
+%%               (erlcuda_lone), its operands through its port and through memory shared
+%%               with it (one `file:pwrite' of both operands into its file, a request of 5
+%%               bytes, one `file:pread' of the result, which its GPU copies wrote into the
+%%               file's pinned pages), what any design of either transport costs at least;
+%%               and, on the cuda backend, CuPy from numpy (bench/cupy_peer.py, a port of
+%%               this node that times its own calls);
 %%   lone        lone 1000-element jobs against the lean floor, in blocks (erlcuda_lone);
 %%   transfers   (with `probe') the worker's copies of a fresh mapping on its device at each
 %%               of `transfer_sizes' bytes: staged, registered for the copy, registered
@@ -39,7 +42,6 @@ run(Config) ->
     ok = start(Config, auto),
     erlcuda_bench_io:emit(info(Config)),
     bus(Config),
-    floors(Config),
     lone(Config),
     case maps:get(probe, Config, false) of
         true -> transfers(Config), transports(Config);
@@ -76,25 +78,138 @@ info(Config) ->
 threshold(none) -> 0;
 threshold(T) -> T.
 
-%% vector_add at each size, then reduce.
+%% vector_add at each size, then reduce: erlcuda, the lean floor (vector_add) and CuPy
+%% (on the cuda backend) take turns in blocks, so that each ratio compares times of the same
+%% minutes of the machine.
 bus(#{sizes := Sizes, reduce_size := ReduceSize} = Config) ->
-    [sample(vector_add, N, Config) || N <- Sizes],
-    sample(reduce, ReduceSize, Config),
+    Max = lists:max([ReduceSize | Sizes]),
+    File = filename:join(shm_dir(), "erlcuda-lean-floor-" ++ os:getpid()),
+    Floor = open_floor(Config, Max, File),
+    Cupy = open_cupy(Config),
+    erlcuda_bench_io:emit(#{event => reference, cupy => case Cupy of
+                                                           {_, What} -> What;
+                                                           none -> <<"not run">>
+                                                       end}),
+    try
+        [turns(sides(vector_add, N, Floor, Cupy), Config) || N <- Sizes],
+        turns(sides(reduce, ReduceSize, none, Cupy), Config),
+        ok
+    after
+        close_floor(Floor, File),
+        close_cupy(Cupy)
+    end.
+
+%% The floor's port and the file it shares, or `none' where the run has no lean floor.
+open_floor(#{lone := Lone, python := Python}, Max, File) ->
+    Floor = erlcuda_lone:open(Lone#{python => Python, size => Max, shm => File}),
+    {ok, Fd} = file:open(File, [read, write, raw, binary]),
+    #{port => maps:get(port, Floor), floor => Floor, fd => Fd, max => Max};
+open_floor(_, _, _) ->
+    none.
+
+close_floor(none, _) ->
+    ok;
+close_floor(#{floor := Floor, fd := Fd}, File) ->
+    ok = file:close(Fd),
+    erlcuda_lone:close(Floor),
+    _ = file:delete(File),
     ok.
 
-sample(Kernel, N, Config) ->
+shm_dir() ->
+    case filelib:is_dir("/dev/shm") of
+        true -> "/dev/shm";
+        false -> filename:basedir(user_cache, "erlcuda")
+    end.
+
+%% CuPy from numpy in a port of its own (bench/cupy_peer.py), on the cuda backend where it
+%% loads: `{Port, Version}', or `none'.
+open_cupy(#{backend := Backend, python := Python, cupy_script := Script}) ->
+    case maps:get(backend, erlcuda:info()) of
+        cuda when Backend =/= cpu ->
+            Port = open_port({spawn_executable, Python},
+                             [{args, [Script]}, {packet, 4}, binary, nouse_stdio,
+                              exit_status]),
+            receive
+                {Port, {data, <<"reference=none">>}} -> close_cupy({Port, none}), none;
+                {Port, {data, <<"reference=", What/binary>>}} -> {Port, What};
+                {Port, {exit_status, S}} -> error({cupy_peer_exited, S})
+            after 120000 -> error(cupy_peer_no_hello)
+            end;
+        _ ->
+            none
+    end;
+open_cupy(_) ->
+    none.
+
+close_cupy(none) -> ok;
+close_cupy({Port, _}) -> port_close(Port), ok.
+
+%% What takes turns at one size: `{Event, Run}', Run(Count) giving Count samples in ns.
+sides(Kernel, N, Floor, Cupy) ->
     A = vec(N, 1),
     Args = case Kernel of
                reduce -> [A];
                vector_add -> [A, vec(N, 2)]
            end,
     ok = check(Kernel, N, Args),
+    Bytes = #{event => result, kernel => Kernel, size => N,
+              bytes_in => 4 * N * length(Args),
+              bytes_out => case Kernel of reduce -> 8; _ -> 4 * N end},
     Call = fun() -> {ok, _} = erlcuda:launch_sync(Kernel, Args, ?OPTS) end,
-    Samples = timed(Call, Config),
-    erlcuda_bench_io:emit(#{event => result, section => bus, kernel => Kernel, size => N,
-                            bytes_in => 4 * N * length(Args),
-                            bytes_out => case Kernel of reduce -> 8; _ -> 4 * N end,
-                            samples_ns => Samples}).
+    [{Bytes#{section => bus}, local(Call)}]
+        ++ floor_sides(Kernel, N, Args, Floor, Bytes)
+        ++ cupy_side(Kernel, N, Cupy).
+
+floor_sides(vector_add, N, [A, B] = Args, #{port := Port, fd := Fd, max := Max}, Bytes) ->
+    Calls = #{pipe => fun() -> erlcuda_lone:call(Port, [<<0, N:32/little>>, A, B]) end,
+              shm => fun() ->
+                             ok = file:pwrite(Fd, [{0, A}, {4 * Max, B}]),
+                             <<"k">> = erlcuda_lone:call(Port, <<2, N:32/little>>),
+                             {ok, C} = file:pread(Fd, 8 * Max, 4 * N),
+                             C
+                     end},
+    {ok, Want} = erlcuda:launch_sync(vector_add, Args, ?OPTS),
+    [begin
+         Want = Call(),
+         {Bytes#{section => floors, transport => T}, local(Call)}
+     end || {T, Call} <- maps:to_list(Calls)];
+floor_sides(_, _, _, _, _) ->
+    [].
+
+cupy_side(_, _, none) ->
+    [];
+cupy_side(Kernel, N, {Port, _}) ->
+    K = case Kernel of vector_add -> 0; reduce -> 1 end,
+    Run = fun(Count) ->
+                  Samples = erlcuda_lone:call(Port, <<K, N:32/little, Count:32/little>>),
+                  [S || <<S:64/little>> <= Samples]
+          end,
+    [{#{event => result, section => cupy, kernel => Kernel, size => N}, Run}].
+
+local(Call) ->
+    fun(Count) -> [begin T = now_ns(), Call(), now_ns() - T end || _ <- lists:seq(1, Count)] end.
+
+%% Each side warmed up and its block's length set from its warm-up (as many calls as fit
+%% its budget, between min_iters and max_iters, over the rounds); then `rounds' rounds, each
+%% side's block in turn. One event a side, with every sample.
+turns(Sides, #{warmup := Warmup, budget_s := Budget, min_iters := Min, max_iters := Max,
+               rounds := Rounds}) ->
+    Blocks = [begin
+                  Per = max(1, median(Run(Warmup))),
+                  Iters = max(Min, min(Max, trunc(Budget * 1.0e9 / Per))),
+                  max(1, (Iters + Rounds - 1) div Rounds)
+              end || {_, Run} <- Sides],
+    Samples = lists:foldl(
+                fun(_, Acc) ->
+                        [Run(Block) ++ Got
+                         || {{_, Run}, Block, Got} <- lists:zip3(Sides, Blocks, Acc)]
+                end, [[] || _ <- Sides], lists:seq(1, Rounds)),
+    [erlcuda_bench_io:emit(Event#{samples_ns => S})
+     || {{Event, _}, S} <- lists:zip(Sides, Samples)],
+    ok.
+
+median(Samples) ->
+    lists:nth((length(Samples) + 1) div 2, lists:sort(Samples)).
 
 %% The answer is right at both ends and in the middle (small integers: exact in f32).
 check(vector_add, N, Args) ->
@@ -123,47 +238,6 @@ timed(Call, #{warmup := Warmup, budget_s := Budget, min_iters := Min, max_iters 
     Per = max(1, (now_ns() - T0) div max(Warmup, 1)),
     Iters = max(Min, min(Max, trunc(Budget * 1.0e9 / Per))),
     [begin T = now_ns(), Call(), now_ns() - T end || _ <- lists:seq(1, Iters)].
-
-%% The lean floor at each size, through its port and through its shared file.
-floors(#{sizes := Sizes, lone := Lone} = Config) ->
-    Max = lists:max(Sizes),
-    File = filename:join(shm_dir(), "erlcuda-lean-floor-" ++ os:getpid()),
-    Floor = erlcuda_lone:open(Lone#{python => maps:get(python, Config), size => Max,
-                                    shm => File}),
-    {ok, Fd} = file:open(File, [read, write, raw, binary]),
-    try
-        [floor_sample(maps:get(port, Floor), Fd, Max, N, Config) || N <- Sizes],
-        ok
-    after
-        ok = file:close(Fd),
-        erlcuda_lone:close(Floor),
-        _ = file:delete(File)
-    end;
-floors(_) ->
-    ok.
-
-shm_dir() ->
-    case filelib:is_dir("/dev/shm") of
-        true -> "/dev/shm";
-        false -> filename:basedir(user_cache, "erlcuda")
-    end.
-
-floor_sample(Port, Fd, Max, N, Config) ->
-    A = vec(N, 1), B = vec(N, 2),
-    Calls = #{pipe => fun() -> erlcuda_lone:call(Port, [<<0, N:32/little>>, A, B]) end,
-              shm => fun() ->
-                             ok = file:pwrite(Fd, [{0, A}, {4 * Max, B}]),
-                             <<"k">> = erlcuda_lone:call(Port, <<2, N:32/little>>),
-                             {ok, C} = file:pread(Fd, 8 * Max, 4 * N),
-                             C
-                     end},
-    {ok, Want} = erlcuda:launch_sync(vector_add, [A, B], ?OPTS),
-    [begin
-         Want = Call(),
-         erlcuda_bench_io:emit(#{event => result, section => floors, transport => T,
-                                 kernel => vector_add, size => N, bytes_in => 8 * N,
-                                 bytes_out => 4 * N, samples_ns => timed(Call, Config)})
-     end || {T, Call} <- maps:to_list(Calls)].
 
 lone(#{lone := Lone} = Config) ->
     Floor = erlcuda_lone:open(Lone#{python => maps:get(python, Config)}),
