@@ -7,8 +7,9 @@ One Erlang node (``bench/erlcuda_bus.erl``) times, every call waiting for its re
 
 - vector_add at 1e3, 1e4, 1e5, 1e6 and 1.6e7 elements and reduce of a 1.6e7-element
   binary, with the defaults (the transport threshold measured at the application's start);
-  at each size, in blocks that take turns (``rounds`` of them, so that every ratio compares
-  the same minutes of a shared machine):
+  at each size, in blocks that take turns (``rounds`` of them, the order turned each round,
+  so that every ratio compares the same minutes of a shared machine; a block's first call,
+  which follows another side's work, is not timed):
   - the lean floor (``bench/lean_floor.py``) doing the same vector_add, its operands through
     its port and through a file shared with it (one ``file:pwrite``, the GPU copying from
     and into the file's registered pages, one ``file:pread``): the least either transport

@@ -6,13 +6,15 @@ fd 3, replies on fd 4)::
     python bench/cupy_peer.py
 
 The first reply is a hello: ``reference=CuPy <version>``, or ``reference=none`` where CuPy
-cannot be imported or finds no GPU (the node then runs no reference). A request
-``<<Kernel:8, Count:32/little, Reps:32/little>>`` (kernel 0: vector_add, 1: reduce) runs
-that job ``Reps`` times on numpy operands of ``Count`` f32s made here (once a size), each run
-timed on its own, and is answered with the ``Reps`` times in nanoseconds (u64, little-endian).
-A job is what a Python user writes: ``cp.asarray`` of each numpy operand, the kernel,
-``.get()`` (reduce: ``float(x.sum())``). The operands are the node's (``vec/2`` in
-``bench/erlcuda_bus.erl``: small integers, exact in f32).
+cannot be imported or cannot run both jobs on a small vector (the node then runs no
+reference). A request ``<<Kernel:8, Count:32/little, Reps:32/little>>`` (kernel 0:
+vector_add, 1: reduce) runs that job ``Reps`` times on numpy operands of ``Count`` f32s made
+here (once a size), each run timed on its own, and is answered with the ``Reps`` times in
+nanoseconds (u64, little-endian). A job is what a Python user writes: ``cp.asarray`` of
+each numpy operand, the kernel, ``.get()`` (reduce: ``float(x.sum())``). Anything else on
+the port (another length, another kernel) ends the peer: only the node talks to it. The
+operands are the node's (``vec/2`` in ``bench/erlcuda_bus.erl``: small integers, exact in
+f32).
 
 Timed here, not in the node: a Python user's wall time, without the port's round trip.
 """
@@ -24,12 +26,15 @@ import struct
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lean_floor import read_exactly, reply  # bench/ is this script's folder
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # even under PYTHONSAFEPATH
+from lean_floor import read_exactly, reply  # bench/ is not a package
 
+_length = struct.Struct(">I")
 _request = struct.Struct("<BII")
 #: The node's operand pattern: ``((i mod 65536) * seed) mod 97``.
 _BLOCK, _MOD = 65536, 97
@@ -56,11 +61,13 @@ def timed(job: Callable[[], object], reps: int) -> np.ndarray:
 
 
 def load() -> Any:
+    """CuPy, once it has run both jobs on a small vector; ``None`` where it cannot."""
     try:
         import cupy as cp
 
-        cp.cuda.runtime.getDeviceCount()
-    except Exception:  # no CuPy, or no driver or device for it: no reference here
+        for job in jobs(cp, 4):
+            job()
+    except Exception:  # no CuPy, or no driver, device or compiler for it: no reference
         return None
     return cp
 
@@ -71,9 +78,12 @@ def serve() -> int:
     cache: dict[int, list[Callable[[], object]]] = {}
     request = memoryview(bytearray(_request.size))
     header = memoryview(bytearray(4))
-    while read_exactly(header) and read_exactly(request):
+    while read_exactly(header):
+        size = _length.unpack(header)[0]
+        if cp is None or size != _request.size or not read_exactly(request):
+            return 1  # only the node talks to this port: anything else is its bug
         kernel, n, reps = _request.unpack(request)
-        if cp is None:
+        if kernel not in (0, 1):
             return 1
         if n not in cache:
             cache.clear()  # one size at a time: the largest takes 128 MB of operands

@@ -84,18 +84,22 @@ threshold(T) -> T.
 bus(#{sizes := Sizes, reduce_size := ReduceSize} = Config) ->
     Max = lists:max([ReduceSize | Sizes]),
     File = filename:join(shm_dir(), "erlcuda-lean-floor-" ++ os:getpid()),
-    Floor = open_floor(Config, Max, File),
     Cupy = open_cupy(Config),
     erlcuda_bench_io:emit(#{event => reference, cupy => case Cupy of
                                                            {_, What} -> What;
                                                            none -> <<"not run">>
                                                        end}),
     try
-        [turns(sides(vector_add, N, Floor, Cupy), Config) || N <- Sizes],
-        turns(sides(reduce, ReduceSize, none, Cupy), Config),
-        ok
+        Floor = open_floor(Config, Max, File),
+        try
+            [turns(sides(vector_add, N, Floor, Cupy), Config) || N <- Sizes],
+            turns(sides(reduce, ReduceSize, none, Cupy), Config),
+            ok
+        after
+            close_floor(Floor)
+        end
     after
-        close_floor(Floor, File),
+        _ = file:delete(File),
         close_cupy(Cupy)
     end.
 
@@ -107,12 +111,12 @@ open_floor(#{lone := Lone, python := Python}, Max, File) ->
 open_floor(_, _, _) ->
     none.
 
-close_floor(none, _) ->
+%% Whatever ended the run, a port already gone included: its own error is the one shown.
+close_floor(none) ->
     ok;
-close_floor(#{floor := Floor, fd := Fd}, File) ->
-    ok = file:close(Fd),
-    erlcuda_lone:close(Floor),
-    _ = file:delete(File),
+close_floor(#{floor := Floor, fd := Fd}) ->
+    _ = file:close(Fd),
+    _ = catch erlcuda_lone:close(Floor),
     ok.
 
 shm_dir() ->
@@ -142,7 +146,18 @@ open_cupy(_) ->
     none.
 
 close_cupy(none) -> ok;
-close_cupy({Port, _}) -> port_close(Port), ok.
+close_cupy({Port, _}) -> _ = catch port_close(Port), ok.
+
+%% One request to the CuPy peer: the `Count' samples it timed.
+cupy_call(Port, Request, Count) ->
+    true = port_command(Port, Request),
+    receive
+        {Port, {data, Samples}} when byte_size(Samples) =:= 8 * Count ->
+            [S || <<S:64/little>> <= Samples];
+        {Port, {data, Other}} -> error({cupy_peer_answered, byte_size(Other), Count});
+        {Port, {exit_status, S}} -> error({cupy_peer_exited, S})
+    after ?TIMEOUT -> error(cupy_peer_timeout)
+    end.
 
 %% What takes turns at one size: `{Event, Run}', Run(Count) giving Count samples in ns.
 sides(Kernel, N, Floor, Cupy) ->
@@ -180,10 +195,7 @@ cupy_side(_, _, none) ->
     [];
 cupy_side(Kernel, N, {Port, _}) ->
     K = case Kernel of vector_add -> 0; reduce -> 1 end,
-    Run = fun(Count) ->
-                  Samples = erlcuda_lone:call(Port, <<K, N:32/little, Count:32/little>>),
-                  [S || <<S:64/little>> <= Samples]
-          end,
+    Run = fun(Count) -> cupy_call(Port, <<K, N:32/little, Count:32/little>>, Count) end,
     [{#{event => result, section => cupy, kernel => Kernel, size => N}, Run}].
 
 local(Call) ->
@@ -191,21 +203,32 @@ local(Call) ->
 
 %% Each side warmed up and its block's length set from its warm-up (as many calls as fit
 %% its budget, between min_iters and max_iters, over the rounds); then `rounds' rounds, each
-%% side's block in turn. One event a side, with every sample.
+%% side's block in turn, the order turned by one side each round. A block's first call
+%% follows another side's work (other caches, another process woken) and is not timed: a
+%% side's samples are its calls that follow its own, as in a run of one kind of job. One
+%% event a side, with every sample, in the order taken.
 turns(Sides, #{warmup := Warmup, budget_s := Budget, min_iters := Min, max_iters := Max,
                rounds := Rounds}) ->
-    Blocks = [begin
-                  Per = max(1, median(Run(Warmup))),
-                  Iters = max(Min, min(Max, trunc(Budget * 1.0e9 / Per))),
-                  max(1, (Iters + Rounds - 1) div Rounds)
-              end || {_, Run} <- Sides],
+    Indexed = lists:zip(lists:seq(1, length(Sides)), Sides),
+    Blocks = maps:from_list(
+               [begin
+                    Per = max(1, median(Run(max(1, Warmup)))),
+                    Iters = max(Min, min(Max, trunc(Budget * 1.0e9 / Per))),
+                    {I, max(1, (Iters + Rounds - 1) div max(1, Rounds))}
+                end || {I, {_, Run}} <- Indexed]),
     Samples = lists:foldl(
-                fun(_, Acc) ->
-                        [Run(Block) ++ Got
-                         || {{_, Run}, Block, Got} <- lists:zip3(Sides, Blocks, Acc)]
-                end, [[] || _ <- Sides], lists:seq(1, Rounds)),
-    [erlcuda_bench_io:emit(Event#{samples_ns => S})
-     || {{Event, _}, S} <- lists:zip(Sides, Samples)],
+                fun(R, Acc) ->
+                        {Front, Back} = lists:split(R rem length(Indexed), Indexed),
+                        lists:foldl(fun({I, {_, Run}}, In) ->
+                                            _ = Run(1),
+                                            Block = Run(maps:get(I, Blocks)),
+                                            maps:update_with(I, fun(Got) -> Got ++ Block end,
+                                                             In)
+                                    end, Acc, Back ++ Front)
+                end, maps:from_list([{I, []} || {I, _} <- Indexed]),
+                lists:seq(0, max(1, Rounds) - 1)),
+    [erlcuda_bench_io:emit(Event#{samples_ns => maps:get(I, Samples)})
+     || {I, {Event, _}} <- Indexed],
     ok.
 
 median(Samples) ->

@@ -6,7 +6,7 @@
 %%   ERLCUDA_PYTHON=python3 erl -noshell -pa _build/default/lib/erlcuda/ebin -pa /tmp \
 %%       -eval 'erlcuda_split:main(), halt().'
 %%
-%% Prints, per size and transport in turn, the p50 of the whole call, of the part before
+%% Prints, per size (1e3, 1e4, 1e5 elements) and transport in turn, twice, the p50 of the whole call, of the part before
 %% the frame is written (submit) and of the wait. Not part of the application.
 -module(erlcuda_split).
 -export([main/0]).
@@ -15,7 +15,7 @@ main() ->
     application:set_env(erlcuda, python, os:getenv("ERLCUDA_PYTHON", "python3")),
     {ok, _} = application:ensure_all_started(erlcuda),
     timer:sleep(1000),
-    [split(N, T) || N <- [1000, 100000], T <- [shm, pipe, shm, shm]],
+    [split(N, T) || N <- [1000, 10000, 100000], T <- [shm, pipe, shm, pipe]],
     ok.
 
 bin(N) -> << <<(float(I)):32/float-little>> || I <- lists:seq(1, N) >>.

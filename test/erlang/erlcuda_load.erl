@@ -30,6 +30,8 @@
                     jobs := non_neg_integer(),
                     worker_os_pid := integer() | undefined,
                     worker_rss := non_neg_integer() | undefined,
+                    worker_anon := non_neg_integer() | undefined,
+                    worker_shmem := non_neg_integer() | undefined,
                     restarts := non_neg_integer() | undefined,
                     beam_total := non_neg_integer(),
                     job_table := non_neg_integer() | undefined}.
@@ -191,6 +193,12 @@ print_memory(#{jobs := Jobs, replies := Replies, right := Right, wrong := Wrong,
         Steady -> io:format("worker RSS after the warm-up: min ~s MiB, max ~s MiB~n",
                             [mib_text(lists:min(Steady)), mib_text(lists:max(Steady))])
     end,
+    %% RSS counts the shared-memory pages the worker maps (the slots, Erlang's, bounded by
+    %% its pool), once per mapping: its private memory is what a leak of its own would grow
+    _ = [print_trend(What, Key, Warmup, Samples)
+         || {What, Key} <- [{"worker RSS", worker_rss}, {"worker private (RssAnon)", worker_anon},
+                            {"worker shared memory mapped (RssShmem)", worker_shmem},
+                            {"BEAM total", beam_total}]],
     BeamStart = maps:get(beam_total, after_warmup(Warmup, Samples)),
     BeamEnd = maps:get(beam_total, lists:last(Samples)),
     io:format("BEAM total: start ~s MiB, end ~s MiB, growth ~s~n",
@@ -206,14 +214,44 @@ print_memory(#{jobs := Jobs, replies := Replies, right := Right, wrong := Wrong,
     end.
 
 print_sample_header() ->
-    io:format("~10s ~10s ~15s ~15s ~10s ~11s~n",
+    io:format("~10s ~10s ~15s ~15s ~10s ~11s ~16s ~16s~n",
               ["elapsed_s", "jobs", "worker_rss_MiB", "beam_total_MiB", "job_table",
-               "worker_pid"]).
+               "worker_pid", "worker_anon_MiB", "worker_shmem_MiB"]).
 
 print_sample(#{elapsed_s := T, jobs := Jobs, worker_rss := Rss, beam_total := Beam,
-               job_table := Table, worker_os_pid := Pid}) ->
-    io:format("~10.1f ~10b ~15s ~15s ~10w ~11w~n",
-              [T, Jobs, mib_text(Rss), mib_text(Beam), Table, Pid]).
+               job_table := Table, worker_os_pid := Pid, worker_anon := Anon,
+               worker_shmem := Shmem}) ->
+    io:format("~10.1f ~10b ~15s ~15s ~10w ~11w ~16s ~16s~n",
+              [T, Jobs, mib_text(Rss), mib_text(Beam), Table, Pid, mib_text(Anon),
+               mib_text(Shmem)]).
+
+%% A figure's least-squares slope over the samples after the warm-up, and its means over
+%% the first and the second half of them: growth told from the swings of one sample to the
+%% next.
+print_trend(What, Key, Warmup, Samples) ->
+    case [{T / 60, V / 1048576} || #{elapsed_s := T, Key := V} <- Samples, T >= Warmup,
+                                   is_integer(V)] of
+        Points when length(Points) >= 4 ->
+            {First, Second} = lists:split(length(Points) div 2, Points),
+            Slope = slope(Points),
+            io:format("~s, trend after the warm-up: ~s~.2f MiB a minute (least squares); mean ~.1f "
+                      "MiB in the first half, ~.1f in the second~n",
+                      [What, sign(Slope), Slope, mean(First), mean(Second)]);
+        _ ->
+            ok
+    end.
+
+slope(Points) ->
+    N = length(Points),
+    Mx = lists:sum([X || {X, _} <- Points]) / N,
+    My = mean(Points),
+    case lists:sum([(X - Mx) * (X - Mx) || {X, _} <- Points]) of
+        Sxx when Sxx > 0 -> lists:sum([(X - Mx) * (Y - My) || {X, Y} <- Points]) / Sxx;
+        _ -> 0.0
+    end.
+
+mean(Points) ->
+    lists:sum([Y || {_, Y} <- Points]) / length(Points).
 
 mib_text(undefined) -> "?";
 mib_text(Bytes) -> io_lib:format("~.1f", [Bytes / 1048576]).
@@ -242,7 +280,9 @@ sample(T0, #{done := Done}) ->
     #{elapsed_s => (erlang:monotonic_time(millisecond) - T0) / 1000,
       jobs => counters:get(Done, 1),
       worker_os_pid => Pid,
-      worker_rss => case is_integer(Pid) of true -> rss(Pid); false -> undefined end,
+      worker_rss => status_kb(Pid, "VmRSS"),
+      worker_anon => status_kb(Pid, "RssAnon"),
+      worker_shmem => status_kb(Pid, "RssShmem"),
       restarts => maps:get(restarts, Info, undefined),
       beam_total => erlang:memory(total),
       job_table => ets:info(erlcuda_jobs, size)}.
@@ -489,12 +529,18 @@ memory() ->
 
 %% Resident memory of an OS process, from /proc (Linux); undefined elsewhere.
 rss(Pid) ->
+    status_kb(Pid, "VmRSS").
+
+%% A field of an OS process's /proc status, in kB, as bytes; undefined where there is none.
+status_kb(Pid, Field) when is_integer(Pid) ->
     case file:read_file("/proc/" ++ integer_to_list(Pid) ++ "/status") of
         {ok, Status} ->
-            case re:run(Status, "VmRSS:\\s+(\\d+) kB", [{capture, all_but_first, list}]) of
+            case re:run(Status, Field ++ ":\\s+(\\d+) kB", [{capture, all_but_first, list}]) of
                 {match, [Kb]} -> list_to_integer(Kb) * 1024;
                 nomatch -> undefined
             end;
         _ ->
             undefined
-    end.
+    end;
+status_kb(_, _) ->
+    undefined.
