@@ -21,7 +21,7 @@
 %% sent as telemetry.
 -module(erlcuda_transports).
 
--export([start/1, run/0, choose/1]).
+-export([start/1, run/0, run/1, choose/1]).
 
 -export_type([figure/0]).
 
@@ -39,7 +39,9 @@
 -define(WARMUP, 3).
 %% Once shared memory has won at this many sizes in a row, larger ones are not measured.
 -define(WINS, 2).
-%% The probe stops measuring after this long, and chooses from what it has.
+%% The probe stops measuring after this long, and chooses from the sizes it measured in
+%% full: a job still out then is not waited for past it, so the probe ends within it, well
+%% before the worker stops waiting for it (erlcuda_worker's MEASURE_MS).
 -define(BUDGET_MS, 3000).
 %% A job of the probe's that takes this long ends it: a worker that does not answer.
 -define(JOB_TIMEOUT, 2000).
@@ -56,8 +58,14 @@ start(To) ->
 %% figures, or why it could not.
 -spec run() -> {ok, pos_integer(), [figure()]} | {error, term()}.
 run() ->
+    run(?BUDGET_MS).
+
+%% @doc `run/0' within `BudgetMs' milliseconds: the sizes measured in full by then, or
+%% `{error, no_figures}' where none was.
+-spec run(pos_integer()) -> {ok, pos_integer(), [figure()]} | {error, term()}.
+run(BudgetMs) ->
     Data = binary:copy(<<1.0:32/float-little>>, ?MAX_SIZE div 4),
-    Deadline = erlang:monotonic_time(millisecond) + ?BUDGET_MS,
+    Deadline = erlang:monotonic_time(millisecond) + BudgetMs,
     try sizes(Data, ?MIN_SIZE, Deadline, 0, []) of
         [] -> {error, no_figures};
         Figures -> {ok, choose(Figures), Figures}
@@ -70,20 +78,19 @@ sizes(_, Size, _, _, Acc) when Size > ?MAX_SIZE ->
 sizes(_, _, _, ?WINS, Acc) ->
     lists:reverse(Acc);
 sizes(Data, Size, Deadline, Wins, Acc) ->
-    case erlang:monotonic_time(millisecond) > Deadline of
-        true ->
-            lists:reverse(Acc);
-        false ->
-            Bin = binary:part(Data, 0, Size),
-            {Pipe, Shm} = measure(Bin),
+    Bin = binary:part(Data, 0, Size),
+    try measure(Bin, Deadline) of
+        {Pipe, Shm} ->
             Won = case Shm =< Pipe of true -> Wins + 1; false -> 0 end,
             sizes(Data, Size * ?STEP, Deadline, Won, [{Size, Pipe, Shm} | Acc])
+    catch
+        throw:out_of_budget -> lists:reverse(Acc)
     end.
 
 %% Median microseconds through each transport, alternately, after ?WARMUP of each unmeasured.
-measure(Bin) ->
-    _ = [add(Bin, T) || _ <- lists:seq(1, ?WARMUP), T <- [pipe, shm]],
-    Times = [{add(Bin, pipe), add(Bin, shm)} || _ <- lists:seq(1, ?REPS)],
+measure(Bin, Deadline) ->
+    _ = [add(Bin, T, Deadline) || _ <- lists:seq(1, ?WARMUP), T <- [pipe, shm]],
+    Times = [{add(Bin, pipe, Deadline), add(Bin, shm, Deadline)} || _ <- lists:seq(1, ?REPS)],
     {median([P || {P, _} <- Times]), median([S || {_, S} <- Times])}.
 
 %% @doc The threshold from the figures (see the module doc).
@@ -110,21 +117,26 @@ crossing({S0, Pipe0, Shm0}, {S1, Pipe1, Shm1}) ->
     At = S0 + (S1 - S0) * D0 / (D0 - D1),
     min(S1, 4096 * ceil(At / 4096)).
 
-%% One quiet vector_add through `Transport': its microseconds.
-add(Bin, Transport) ->
+%% One quiet vector_add through `Transport': its microseconds. Waited for until the
+%% probe's deadline at most (then `out_of_budget' is thrown), or ?JOB_TIMEOUT where that
+%% comes first (a worker that does not answer: the probe fails).
+add(Bin, Transport, Deadline) ->
+    Left = Deadline - erlang:monotonic_time(millisecond),
+    Left > 0 orelse throw(out_of_budget),
+    Wait = min(?JOB_TIMEOUT, Left),
     {ok, Job} = erlcuda_job:validate(vector_add, [Bin, Bin], [{format, binary},
-                                                   {timeout, ?JOB_TIMEOUT}]),
+                                                   {timeout, Wait}]),
     Alias = alias([explicit_unalias]),
     T0 = erlang:monotonic_time(microsecond),
-    Deadline = erlcuda_await:deadline(?JOB_TIMEOUT),
     Got = case erlcuda_submit:submit(Job#{transport => Transport, quiet => true}, Alias) of
-              {ok, _, _} -> erlcuda_await:reply(Alias, Deadline, none);
+              {ok, _, _} -> erlcuda_await:reply(Alias, erlcuda_await:deadline(Wait), none);
               {error, _} = Error -> Error
           end,
     T = erlang:monotonic_time(microsecond) - T0,
     unalias(Alias),
     case Got of
         {ok, {ok, Back}} when byte_size(Back) =:= byte_size(Bin) -> T;
+        timeout when Wait < ?JOB_TIMEOUT -> throw(out_of_budget);
         Other -> throw({failed, Other})
     end.
 

@@ -1,7 +1,7 @@
 %% The transports' probe (erlcuda_transports): the threshold it chooses from its figures, and the
 %% probe run by the application's first start with `shm_threshold' auto: quiet jobs (not
 %% counted), a threshold in effect from then on, kept by later workers; none with a
-%% threshold set, or without shared memory.
+%% threshold set, or without shared memory; and a probe that holds to its budget.
 -module(erlcuda_transports_tests).
 
 -include_lib("eunit/include/eunit.hrl").
@@ -50,3 +50,18 @@ not_probed_test_() ->
          ?assertEqual(Want, T)
      end}) || {Env, Want} <- [{[{shm_threshold, 4096}], 4096},
                               {[{shm_threshold, auto}, {shm_dir, none}], none}]].
+
+%% A probe whose budget runs out while a job is out stops waiting for it then: with the
+%% device busy past the budget it ends with no figure, where it waited out its jobs'
+%% timeout and failed (`timeout').
+budget_test_() ->
+    erlcuda_test_util:with_app(
+      ?DEFAULTS, [{worker_module, "erlcuda_testworker"},
+                  {python_path, erlcuda_test_util:test_worker_path()}],
+      {timeout, 60, fun() ->
+           ok = erlcuda_test_util:stall(0, 4000),
+           ?assertEqual({error, no_figures}, erlcuda_transports:run(300)),
+           erlcuda_test_util:flush_stalled(),
+           %% the device free again, the same probe measures
+           ?assertMatch({ok, _, [_ | _]}, erlcuda_transports:run(30000))
+       end}).
