@@ -21,7 +21,7 @@
 %% sent as telemetry.
 -module(erlcuda_transports).
 
--export([start/1, run/0, run/1, choose/1]).
+-export([start/1, run/0, run/1, choose/1, choose/2]).
 
 -export_type([figure/0]).
 
@@ -60,23 +60,31 @@ start(To) ->
 run() ->
     run(?BUDGET_MS).
 
-%% @doc `run/0' within `BudgetMs' milliseconds: the sizes measured in full by then, or
-%% `{error, no_figures}' where none was.
+%% @doc `run/0' within `BudgetMs' milliseconds: the sizes measured in full by then;
+%% `{error, no_figures}' where none was, `{error, {out_of_budget, Figures}}' where the
+%% pipe still won the last of them.
 -spec run(pos_integer()) -> {ok, pos_integer(), [figure()]} | {error, term()}.
 run(BudgetMs) ->
     Data = binary:copy(<<1.0:32/float-little>>, ?MAX_SIZE div 4),
     Deadline = erlang:monotonic_time(millisecond) + BudgetMs,
     try sizes(Data, ?MIN_SIZE, Deadline, 0, []) of
-        [] -> {error, no_figures};
-        Figures -> {ok, choose(Figures), Figures}
+        {[], _} -> {error, no_figures};
+        {Figures, Ended} -> chosen(Figures, Ended)
     catch
         throw:{failed, Why} -> {error, Why}
     end.
 
+chosen(Figures, Ended) ->
+    case choose(Figures, Ended) of
+        {ok, Threshold} -> {ok, Threshold, Figures};
+        {error, _} = Error -> Error
+    end.
+
+%% The figures, and whether the sweep was `done' or `cut' by the budget.
 sizes(_, Size, _, _, Acc) when Size > ?MAX_SIZE ->
-    lists:reverse(Acc);
+    {lists:reverse(Acc), done};
 sizes(_, _, _, ?WINS, Acc) ->
-    lists:reverse(Acc);
+    {lists:reverse(Acc), done};
 sizes(Data, Size, Deadline, Wins, Acc) ->
     Bin = binary:part(Data, 0, Size),
     try measure(Bin, Deadline) of
@@ -84,7 +92,7 @@ sizes(Data, Size, Deadline, Wins, Acc) ->
             Won = case Shm =< Pipe of true -> Wins + 1; false -> 0 end,
             sizes(Data, Size * ?STEP, Deadline, Won, [{Size, Pipe, Shm} | Acc])
     catch
-        throw:out_of_budget -> lists:reverse(Acc)
+        throw:out_of_budget -> {lists:reverse(Acc), cut}
     end.
 
 %% Median microseconds through each transport, alternately, after ?WARMUP of each unmeasured.
@@ -92,6 +100,20 @@ measure(Bin, Deadline) ->
     _ = [add(Bin, T, Deadline) || _ <- lists:seq(1, ?WARMUP), T <- [pipe, shm]],
     Times = [{add(Bin, pipe, Deadline), add(Bin, shm, Deadline)} || _ <- lists:seq(1, ?REPS)],
     {median([P || {P, _} <- Times]), median([S || {_, S} <- Times])}.
+
+%% @doc The threshold from the figures of a sweep `done', or `cut' short by the budget:
+%% where the pipe won the last size of a cut sweep, the figures say nothing of where shared
+%% memory starts to win (twice that size, `choose/1''s rule for a whole sweep the pipe won,
+%% would be a guess), and `{error, {out_of_budget, Figures}}' says so.
+-spec choose([figure(), ...], done | cut) ->
+    {ok, pos_integer()} | {error, {out_of_budget, [figure()]}}.
+choose(Figures, cut) ->
+    case lists:last(lists:ukeysort(1, Figures)) of
+        {_, Pipe, Shm} when Shm > Pipe -> {error, {out_of_budget, Figures}};
+        _ -> {ok, choose(Figures)}
+    end;
+choose(Figures, done) ->
+    {ok, choose(Figures)}.
 
 %% @doc The threshold from the figures (see the module doc).
 -spec choose([figure()]) -> pos_integer().
@@ -117,27 +139,37 @@ crossing({S0, Pipe0, Shm0}, {S1, Pipe1, Shm1}) ->
     At = S0 + (S1 - S0) * D0 / (D0 - D1),
     min(S1, 4096 * ceil(At / 4096)).
 
-%% One quiet vector_add through `Transport': its microseconds. Waited for until the
-%% probe's deadline at most (then `out_of_budget' is thrown), or ?JOB_TIMEOUT where that
-%% comes first (a worker that does not answer: the probe fails).
+%% One quiet vector_add through `Transport': its microseconds. Waited for, its frame's
+%% write included, until the probe's deadline at most (then `out_of_budget' is thrown), or
+%% ?JOB_TIMEOUT where that comes first (a worker that does not answer: the probe fails).
 add(Bin, Transport, Deadline) ->
-    Left = Deadline - erlang:monotonic_time(millisecond),
-    Left > 0 orelse throw(out_of_budget),
-    Wait = min(?JOB_TIMEOUT, Left),
+    Now = erlang:monotonic_time(millisecond),
+    Now < Deadline orelse throw(out_of_budget),
+    Budget = Deadline =< Now + ?JOB_TIMEOUT,
+    JobEnd = min(Deadline, Now + ?JOB_TIMEOUT),
     {ok, Job} = erlcuda_job:validate(vector_add, [Bin, Bin], [{format, binary},
-                                                   {timeout, Wait}]),
+                                                   {timeout, JobEnd - Now}]),
     Alias = alias([explicit_unalias]),
     T0 = erlang:monotonic_time(microsecond),
-    Got = case erlcuda_submit:submit(Job#{transport => Transport, quiet => true}, Alias) of
-              {ok, _, _} -> erlcuda_await:reply(Alias, erlcuda_await:deadline(Wait), none);
+    Got = case erlcuda_submit:submit(Job#{transport => Transport, quiet => true,
+                                          deadline => JobEnd}, Alias) of
+              {ok, _, _} -> erlcuda_await:reply(Alias, JobEnd, none);
               {error, _} = Error -> Error
           end,
     T = erlang:monotonic_time(microsecond) - T0,
-    unalias(Alias),
     case Got of
-        {ok, {ok, Back}} when byte_size(Back) =:= byte_size(Bin) -> T;
-        timeout when Wait < ?JOB_TIMEOUT -> throw(out_of_budget);
-        Other -> throw({failed, Other})
+        {ok, {ok, Back}} when byte_size(Back) =:= byte_size(Bin) ->
+            unalias(Alias),
+            T;
+        _ ->
+            %% a reply that came as the wait ended goes with the alias
+            ok = erlcuda_await:drop(Alias, 0, fun(_) -> ok end),
+            case Got of
+                _ when Budget, Got =:= timeout orelse Got =:= {error, timeout} ->
+                    throw(out_of_budget);
+                _ ->
+                    throw({failed, Got})
+            end
     end.
 
 median(Values) ->
