@@ -207,13 +207,11 @@ local(Call) ->
 %% follows another side's work (other caches, another process woken) and is not timed: a
 %% side's samples are its calls that follow its own, as in a run of one kind of job. One
 %% event a side, with every sample, in the order taken.
-turns(Sides, #{warmup := Warmup, budget_s := Budget, min_iters := Min, max_iters := Max,
-               rounds := Rounds}) ->
+turns(Sides, #{warmup := Warmup, rounds := Rounds} = Config) ->
     Indexed = lists:zip(lists:seq(1, length(Sides)), Sides),
     Blocks = maps:from_list(
                [begin
-                    Per = max(1, median(Run(max(1, Warmup)))),
-                    Iters = max(Min, min(Max, trunc(Budget * 1.0e9 / Per))),
+                    Iters = iters(median(Run(max(1, Warmup))), Config),
                     {I, max(1, (Iters + Rounds - 1) div max(1, Rounds))}
                 end || {I, {_, Run}} <- Indexed]),
     Samples = lists:foldl(
@@ -255,12 +253,15 @@ element_of(Bin, I) ->
     X.
 
 %% Warm-up calls, then as many as fit the budget (between min_iters and max_iters).
-timed(Call, #{warmup := Warmup, budget_s := Budget, min_iters := Min, max_iters := Max}) ->
+timed(Call, #{warmup := Warmup} = Config) ->
     T0 = now_ns(),
     _ = [Call() || _ <- lists:seq(1, Warmup)],
-    Per = max(1, (now_ns() - T0) div max(Warmup, 1)),
-    Iters = max(Min, min(Max, trunc(Budget * 1.0e9 / Per))),
+    Iters = iters((now_ns() - T0) div max(Warmup, 1), Config),
     [begin T = now_ns(), Call(), now_ns() - T end || _ <- lists:seq(1, Iters)].
+
+%% How many calls of `PerNs' each fit the budget, between min_iters and max_iters.
+iters(PerNs, #{budget_s := Budget, min_iters := Min, max_iters := Max}) ->
+    max(Min, min(Max, trunc(Budget * 1.0e9 / max(1, PerNs)))).
 
 lone(#{lone := Lone} = Config) ->
     Floor = erlcuda_lone:open(Lone#{python => maps:get(python, Config)}),

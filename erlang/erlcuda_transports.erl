@@ -68,16 +68,15 @@ run(BudgetMs) ->
     Data = binary:copy(<<1.0:32/float-little>>, ?MAX_SIZE div 4),
     Deadline = erlang:monotonic_time(millisecond) + BudgetMs,
     try sizes(Data, ?MIN_SIZE, Deadline, 0, []) of
-        {[], _} -> {error, no_figures};
-        {Figures, Ended} -> chosen(Figures, Ended)
+        {[], _} ->
+            {error, no_figures};
+        {Figures, Ended} ->
+            case choose(Figures, Ended) of
+                {ok, Threshold} -> {ok, Threshold, Figures};
+                {error, _} = Error -> Error
+            end
     catch
         throw:{failed, Why} -> {error, Why}
-    end.
-
-chosen(Figures, Ended) ->
-    case choose(Figures, Ended) of
-        {ok, Threshold} -> {ok, Threshold, Figures};
-        {error, _} = Error -> Error
     end.
 
 %% The figures, and whether the sweep was `done' or `cut' by the budget.
@@ -164,13 +163,13 @@ add(Bin, Transport, Deadline) ->
         _ ->
             %% a reply that came as the wait ended goes with the alias
             ok = erlcuda_await:drop(Alias, 0, fun(_) -> ok end),
-            case Got of
-                _ when Budget, Got =:= timeout orelse Got =:= {error, timeout} ->
-                    throw(out_of_budget);
-                _ ->
-                    throw({failed, Got})
-            end
+            throw(unanswered(Got, Budget))
     end.
+
+%% A job not answered in time: cut off by the budget, or (its own timeout) a failure.
+unanswered(timeout, true) -> out_of_budget;
+unanswered({error, timeout}, true) -> out_of_budget;
+unanswered(Got, _) -> {failed, Got}.
 
 median(Values) ->
     lists:nth(length(Values) div 2 + 1, lists:sort(Values)).
