@@ -1,6 +1,7 @@
 """Where a lone small job's time goes inside the worker, beside the lean floor's Python.
 
     python bench/lone_parts.py [--backend cpu|cuda] [--elements N] [--n N] [--profile]
+                               [--slots]
 
 No Erlang: one process builds the worker (``erlcuda.worker.Worker``, its device on this
 thread as in ``serve``) and hands it the launch frame Erlang writes for a lone job, again
@@ -10,6 +11,9 @@ sliced, its GPU work, the raw reply written), and the backend's call alone. Medi
 percentiles in µs, per kind: the part of a lone job's round trip that is the worker's
 Python against what the floor's Python does. ``--profile`` adds cProfile's view of the
 worker's lone path (its own overhead inflates every call; read it for the split).
+``--slots`` times instead the lone path of a vector_add whose operands and result are in
+slots of a shared-memory folder (the frame Erlang writes when the job goes through shared
+memory), split into its mapping and its run, beside the same job from the frame.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import argparse
 import cProfile
 import os
 import pstats
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,8 +36,10 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "bench"), str(ROOT / "test" / "
 
 import lean_floor  # noqa: E402
 from erlcuda.framing import FrameReader, FrameWriter  # noqa: E402
+from erlcuda.lanes import Job  # noqa: E402
+from erlcuda.shm import SharedFolder  # noqa: E402
 from erlcuda.worker import Options, Worker  # noqa: E402
-from workerpipe import launch_frame  # noqa: E402
+from workerpipe import FileVector, launch_frame, result_slot  # noqa: E402
 
 
 def timed(fn: Callable[[], object], n: int) -> list[float]:
@@ -89,16 +97,125 @@ def split(worker: Worker, frames: dict[str, bytes], n: int) -> list[str]:
     return lines
 
 
+def slot_frames(folder: Path, a: np.ndarray, b: np.ndarray) -> dict[str, bytes]:
+    """A vector_add's frame with its operands in slots ``s1``, ``s2`` and its result in
+    slot ``s3`` (written as Erlang writes them), and the same job's frame with its data."""
+    part = max(1 << 20, -(-a.nbytes // (1 << 20)) << 20)
+    for name, data in (("s1", a), ("s2", b)):
+        with open(folder / f"{name}.0", "wb") as f:
+            f.write(data.tobytes())
+            f.truncate(part)
+    slots = launch_frame(1, "vector_add", [FileVector("s1", a.nbytes, part_bytes=part),
+                                           FileVector("s2", b.nbytes, part_bytes=part)],
+                         result_file=result_slot(folder, "s3", part))
+    return {"slots": slots, "frame": launch_frame(2, "vector_add", [a.tobytes(),
+                                                                     b.tobytes()])}
+
+
+def slot_split(worker: Worker, body: bytearray, n: int) -> list[str]:
+    """A slot job's lone path timed whole, and its parts in turn: the slot template's fill
+    (the frame read), the operands mapped (``Lane.prepare_slots``), the lane's run."""
+    lane, device = worker.lanes[0], worker._device
+    template = worker._templates.find_slots(body)
+    assert template is not None, "the slot template is learned by the first jobs"
+    clock = time.perf_counter_ns
+    parts: dict[str, list[float]] = {"fill": [], "prepare_slots": [], "run_jobs": []}
+    for _ in range(n):
+        t0 = clock()
+        named = template.fill(body)
+        assert named is not None
+        files, result = named
+        job = Job(1, result_file=result)
+        t1 = clock()
+        lane.prepare_slots(job, files, template.plan)
+        t2 = clock()
+        lane.run_jobs([job], device)
+        t3 = clock()
+        for key, d in zip(parts, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            parts[key].append(d / 1000)
+    lines = [summary(f"slots: in turn: {key}", v) for key, v in parts.items()]
+    job = Job(1, result_file=template.fill(body)[1])  # type: ignore[index]
+    lane.prepare_slots(job, template.fill(body)[0], template.plan)  # type: ignore[index]
+    plan = job.plan
+    assert plan is not None and device is not None
+    into = lane.slots.result(job.result_file, plan.out_elements * 4).view(np.float32)
+    lines.append(summary("slots: backend execute(into=result slot)",
+                         timed(lambda: device.execute([plan], into=[into]), n)))
+    if worker.backend_name == "cuda":
+        lines.append(summary("slots: direct copies and kernel on the slots' pages",
+                             timed(direct(device, plan, into), n)))
+    return lines
+
+
+def direct(device: object, plan: object, into: np.ndarray) -> Callable[[], None]:
+    """The floor's GPU work on the slots' registered pages, through erlcuda's device: both
+    operands copied in, the kernel, the result copied out, one stream, one wait."""
+    import pycuda.driver as cuda  # the cuda backend is running: PyCUDA is there
+
+    a, b = plan.a, plan.b  # type: ignore[attr-defined]
+    n = int(a.size)
+    d_in = device._dev_in.ensure(2 * n)  # type: ignore[attr-defined]
+    d_out = device._dev_out.ensure(n)  # type: ignore[attr-defined]
+    stream = device._stream  # type: ignore[attr-defined]
+
+    def one() -> None:
+        cuda.memcpy_htod_async(d_in, a, stream)
+        cuda.memcpy_htod_async(d_in + 4 * n, b, stream)
+        device.launch_vector_add(d_in, d_in + 4 * n, d_out, n)  # type: ignore[attr-defined]
+        cuda.memcpy_dtoh_async(into, d_out, stream)
+        stream.synchronize()
+    return one
+
+
+def slots_main(args: argparse.Namespace, a: np.ndarray, b: np.ndarray) -> list[str]:
+    """``--slots``: the lone path of a job in slots, beside the same job from its frame."""
+    base = Path(tempfile.mkdtemp(prefix="erlcuda-", dir="/dev/shm"))
+    sink = os.open(os.devnull, os.O_WRONLY)
+    dead_r, dead_w = os.pipe()
+    try:
+        worker = Worker(FrameReader(dead_r), FrameWriter(sink),
+                        Options(backend=args.backend, spin_us=0), shm=SharedFolder(str(base)))
+        worker._device = worker.lanes[0].open_here()
+        frames = {k: bytearray(v) for k, v in slot_frames(base, a, b).items()}
+        lines = []
+        for kind, body in frames.items():
+            for _ in range(200):
+                worker._take(body)
+            lines.append(summary(f"{kind}: worker lone path (_take)",
+                                 timed(lambda body=body: worker._take(body), args.n)))
+        got = np.fromfile(base / "s3.0", np.float32, a.size)
+        assert np.array_equal(got, a + b), "the result slot holds the sum"
+        lines += slot_split(worker, frames["slots"], args.n)
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.n):
+                worker._take(frames["slots"])
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        worker.lanes[0].close_here(worker._device)
+        return lines
+    finally:
+        os.close(dead_w)
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--elements", type=int, default=1000)
     parser.add_argument("--n", type=int, default=3000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--slots", action="store_true")
     args = parser.parse_args()
     n = args.elements
     a = np.arange(n, dtype=np.float32)
     b = np.arange(n, dtype=np.float32) * 2
+    if args.slots:
+        lines = slots_main(args, a, b)
+        print(f"backend {args.backend}, {n} elements, {args.n} samples each")
+        print("\n".join(lines))
+        return 0
     sink = os.open(os.devnull, os.O_WRONLY)
     dead_r, dead_w = os.pipe()  # nothing is ever read from the worker's reader
     worker = Worker(FrameReader(dead_r), FrameWriter(sink),

@@ -458,6 +458,36 @@ class Lane(threading.Thread):
             self.on_fatal(fatal)
         return True
 
+    def run_lone_slots(self, job: Job, files: Sequence[FileArg],
+                       plan_of: Callable[[list[np.ndarray]], Plan],
+                       device: Device | None) -> None:
+        """Run and answer one job that arrived alone and names slots (read by its slot
+        template): its operands mapped (``prepare_slots``), its vector result written
+        straight into its result slot, with the least Python; what ``_batch`` does for a
+        batch of one such job, which takes any job that needs more (an error to answer, no
+        device, too large for it, a program)."""
+        self.prepare_slots(job, files, plan_of)
+        plan = job.plan
+        if (device is None or plan is None or plan.program is not None
+                or plan.device_bytes > self.memory):
+            self._batch([job], device)
+            return
+        target = self._result_target(job)
+        into = None if target is None else target.view(kernels.F32)
+        values, failure, fatal = self._run([plan], device, None if into is None else [into])
+        if values is not None and len(values) != 1:
+            failure = protocol.internal(f"the backend gave {len(values)} results for one job")
+            values = None
+        result = failure if values is None else _placed(values[0], target, into)
+        if job.result_file is not None and type(result) is np.ndarray:
+            result = self._write_result(job, result)
+        if job.floats:
+            result = protocol.as_floats(result, self.writer.max_frame)  # type: ignore[arg-type]
+        self.stats.jobs += 1
+        self._reply([(job.job_id, result, None)])  # type: ignore[list-item]
+        if fatal is not None:
+            self.on_fatal(fatal)
+
     def _failure(self, exc: Exception, what: str) -> tuple[Failure, str | None]:
         """The one mapping from an exception raised while running ``what`` on this lane to
         the reply its jobs get, with why the device is lost where it is (the caller ends
@@ -665,20 +695,13 @@ class Lane(threading.Thread):
             values, failure, why = self._run(plans, device, into)  # type: ignore[arg-type]
             fatal = why or fatal
             for n, i in enumerate(indices):
-                target = targets[n]
                 if values is None:
                     results[i] = failure
-                elif target is not None and into is not None and values[n] is into[n]:
-                    results[i] = target.commit()
-                elif target is not None and _fits(values[n], target):
-                    results[i] = _into(target, values[n])  # type: ignore[arg-type]
-                else:
-                    value = values[n]
-                    # A backend's arrays may live in its staging memory, valid only until
-                    # its next run: keep a copy where another group runs before the write.
-                    if g < last:
-                        value = _own(value)
-                    results[i] = value
+                    continue
+                placed = _placed(values[n], targets[n], None if into is None else into[n])
+                # A backend's arrays may live in its staging memory, valid only until its
+                # next run: keep a copy where another group runs before the write.
+                results[i] = placed if placed is not values[n] or g == last else _own(placed)
         return fatal
 
     def _result_target(self, job: Job) -> ResultTarget | None:
@@ -884,6 +907,20 @@ class Lane(threading.Thread):
                     raise
                 log.warning("device %d: freeing buffer %d: %s", self.index, buffer_id,
                             exc.message)
+
+
+def _placed(value: Result, target: ResultTarget | None,
+            into: np.ndarray | None) -> Result:
+    """A job's value where its result slot ``target`` is to hold it: the slot's record once
+    the value is there (written by the backend into ``into``, else copied), or the value
+    itself where it has no slot or is no vector of the slot's bytes."""
+    if target is None:
+        return value
+    if into is not None and value is into:
+        return target.commit()
+    if _fits(value, target):
+        return _into(target, value)  # type: ignore[arg-type]
+    return value
 
 
 def _into(target: ResultTarget, value: np.ndarray) -> FileResult:

@@ -123,6 +123,14 @@ class OperandSlots:
 
     def _mapped(self, arg: FileArg) -> _Slot:
         """The slot ``arg`` names, its parts mapped, and registered from its second use."""
+        slot = self._slots.get(arg.name)
+        if (slot is not None and slot.part_bytes == arg.part_bytes
+                and arg.nbytes <= slot.parts * slot.part_bytes
+                and (slot.pinned or slot.refused or self._pinning is None)):
+            # as mapped and registered as it will be: its name and parts were checked then
+            slot.uses += 1
+            slot.last = self._clock()
+            return slot
         check_arg(arg)
         count = max(1, -(-arg.nbytes // arg.part_bytes))  # as many as ``part_sizes``
         now = self._clock()

@@ -313,8 +313,8 @@ class Worker:
     def _lone_slots(self, frame: bytearray | memoryview, lane: Lane,
                     device: Device | None, floats: bool) -> bool:
         """Run a lone launch that names a result slot: by its slot template
-        (``templates.SlotTemplate``, learned only from launches of this lane's device), its
-        operands mapped by the lane (``Lane.prepare_slots``); else decoded and checked as
+        (``templates.SlotTemplate``, learned only from launches of this lane's device), run
+        by the lane (``Lane.run_lone_slots``); else decoded and checked as
         ``dispatch`` would, its template learned where it has one. ``False``, with nothing
         done, for a frame that is no launch of this lane's."""
         template = self._templates.find_slots(frame)
@@ -322,8 +322,7 @@ class Worker:
         if template is not None and named is not None:
             files, result = named
             job = Job(protocol.launch_job_id(frame), result_file=result, floats=floats)
-            lane.prepare_slots(job, files, template.plan)
-            lane.run_jobs([job], device)
+            lane.run_lone_slots(job, files, template.plan, device)
             return True
         try:
             message = protocol.decode(frame)

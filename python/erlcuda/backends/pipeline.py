@@ -146,7 +146,7 @@ class Pipeline:
                     pending = (slot, start, n)
         if pending is not None and download is not None:
             self._unpack(download, *pending, itemsize)
-        for stream in self._streams:
+        for stream in self._streams[: len(starts)]:  # a job of one chunk used one stream
             stream.synchronize()
 
     def _upload(self, upload: Upload, start: int, n: int, itemsize: int, stream: Any,
