@@ -113,23 +113,23 @@ def slot_frames(folder: Path, a: np.ndarray, b: np.ndarray) -> dict[str, bytes]:
 
 
 def slot_split(worker: Worker, body: bytearray, n: int) -> list[str]:
-    """A slot job's lone path timed whole, and its parts in turn: the slot template's fill
-    (the frame read), the operands mapped (``Lane.prepare_slots``), the lane's run."""
+    """A slot job's lone path in parts, in turn: the slot template's fill (the frame
+    read), the operands mapped (``Lane.prepare_slots``, on a job of its own), the lane's
+    short path (``Lane.run_lone_slots``: mapped, run, answered)."""
     lane, device = worker.lanes[0], worker._device
     template = worker._templates.find_slots(body)
     assert template is not None, "the slot template is learned by the first jobs"
     clock = time.perf_counter_ns
-    parts: dict[str, list[float]] = {"fill": [], "prepare_slots": [], "run_jobs": []}
+    parts: dict[str, list[float]] = {"fill": [], "prepare_slots": [], "run_lone_slots": []}
     for _ in range(n):
         t0 = clock()
         named = template.fill(body)
         assert named is not None
         files, result = named
-        job = Job(1, result_file=result)
         t1 = clock()
-        lane.prepare_slots(job, files, template.plan)
+        lane.prepare_slots(Job(1, result_file=result), files, template.plan)
         t2 = clock()
-        lane.run_jobs([job], device)
+        lane.run_lone_slots(Job(1, result_file=result), files, template.plan, device)
         t3 = clock()
         for key, d in zip(parts, (t1 - t0, t2 - t1, t3 - t2), strict=True):
             parts[key].append(d / 1000)
