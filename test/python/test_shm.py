@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from erlcuda import shm
+from erlcuda import protocol, shm
 from erlcuda.framing import FrameReader, FrameWriter
 from erlcuda.lanes import Job, Lane
 from erlcuda.protocol import Launch
@@ -579,6 +579,76 @@ def test_slot_launches_that_repeat_are_read_by_their_template(folder: Path,
         assert reply.result[1][0] == "bad_args" and b"s4.0" in bytes(reply.result[1][1])
     finally:
         worker.lanes[0].close_here(worker._device)
+        os.close(replies_r)
+        os.close(replies_w)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["file", "floats", "over_its_slot"])
+def test_a_lone_slot_launch_is_answered_as_a_batch_of_one_would_be(folder: Path,
+                                                                     backend: str,
+                                                                     case: str) -> None:
+    """A lone launch read by its slot template runs by the lane's short path
+    (``Lane.run_lone_slots``) and is answered exactly as the same launch in a batch of one
+    (``Lane.run_jobs``): its result in its slot, with flag_floats, or through the pipe where
+    it is larger than its result slot."""
+    replies_r, replies_w = os.pipe()
+    dead_r, _dead_w = os.pipe()
+    worker = Worker(FrameReader(dead_r), FrameWriter(replies_w),
+                    Options(backend=backend, spin_us=0), shm=SharedFolder(str(folder)))
+    lane = worker.lanes[0]
+    worker._device = lane.open_here()
+    reader = FrameReader(replies_r)
+    n = PART_UNIT // 4 + 1000 if case == "over_its_slot" else 3000
+    a, b = np.random.default_rng(9).standard_normal((2, n), dtype=np.float32)
+    part = 2 * PART_UNIT if case == "over_its_slot" else PART_UNIT
+    try:
+        def operand(name: str, values: np.ndarray) -> FileVector:
+            with open(folder / f"{name}.0", "wb") as f:
+                f.write(values.tobytes())
+                f.truncate(part)
+            return FileVector(name, values.nbytes, part_bytes=part)
+
+        def answer(job_id: int, out: str, batch: bool) -> tuple[object, np.ndarray]:
+            (folder / f"{out}.0").unlink(missing_ok=True)
+            result_slot(folder, out)
+            frame = launch_frame(job_id, "vector_add", [operand("s1", a), operand("s2", b)],
+                                 result_file=(out, PART_UNIT), floats=case == "floats")
+            def run() -> None:
+                if batch:  # as the worker runs a slot launch it decodes
+                    message = protocol.decode(frame)
+                    assert isinstance(message, Launch)
+                    job = worker.launch(message)
+                    assert job is not None
+                    lane.prepare(job)
+                    lane.run_jobs([job], worker._device)
+                else:
+                    worker._take(bytearray(frame))
+
+            # a reply larger than the pipe holds is written while it is read
+            running = threading.Thread(target=run)
+            running.start()
+            (reply,) = parse_results(reader.read() or b"")
+            running.join()
+            assert reply.job_id == job_id
+            return reply.result, read_slot(folder, out, min(a.nbytes, PART_UNIT))
+
+        answer(1, "s3", batch=False)  # its template learned
+        assert worker._templates.find_slots(launch_frame(
+            2, "vector_add", [operand("s1", a), operand("s2", b)],
+            result_file=("s4", PART_UNIT), floats=case == "floats")) is not None
+        short, short_slot = answer(2, "s4", batch=False)
+        batched, batched_slot = answer(3, "s5", batch=True)
+        assert type(short) is type(batched)
+        if case == "over_its_slot":
+            assert short[0] == "ok" and short[1] == (a + b).astype(float).tolist()
+        else:
+            assert short == ("file", (a.nbytes, PART_UNIT))
+            np.testing.assert_array_equal(short_slot, a + b)
+        assert repr(short) == repr(batched)
+        np.testing.assert_array_equal(short_slot, batched_slot)
+    finally:
+        lane.close_here(worker._device)
         os.close(replies_r)
         os.close(replies_w)
 
