@@ -346,18 +346,16 @@ def test_a_small_job_that_comes_again_is_replayed_right(device: CudaDevice,
 
 
 @pytest.mark.parametrize("n", [1000, 100_000])
-def test_a_lone_job_in_registered_memory_is_copied_and_replayed_right(device: CudaDevice,
+def test_a_lone_job_in_registered_memory_is_copied_straight_and_right(device: CudaDevice,
                                                                       n: int) -> None:
     """A lone vector_add whose operands and result lie in registered host memory (a job in
-    slots) is copied straight from and into it, and from its second time replayed as a
-    graph (where the graphs extra is installed): each run answers its own data, in the
+    slots) is copied straight from and into it: each run answers its own data, in the
     result memory it was given, and again right once a larger job has moved the staging."""
     region = np.frombuffer(mmap.mmap(-1, 3 * PAGE * -(-4 * n // PAGE)), np.uint8)
     span = region.size // 3
     a, b, out = (region[i * span : i * span + 4 * n].view(np.float32) for i in range(3))
     assert device.pinning.pin(region)
     gen = rng(11)
-    captures = device._replays.captures
     try:
         for round_ in range(5):
             if round_ == 3:  # a batch beyond every staging so far: it grows, and moves
@@ -367,7 +365,5 @@ def test_a_lone_job_in_registered_memory_is_copied_and_replayed_right(device: Cu
             [got] = device.execute([parse("vector_add", [a, b])], into=[out])
             assert got is out
             np.testing.assert_array_equal(out, a + b)
-        if device.graphs is not None:
-            assert device._replays.captures >= captures + 1
     finally:
         device.pinning.unpin(region)

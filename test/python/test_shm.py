@@ -604,9 +604,14 @@ def test_a_lone_slot_launch_is_answered_as_a_batch_of_one_would_be(folder: Path,
     part = 2 * PART_UNIT if case == "over_its_slot" else PART_UNIT
     try:
         def operand(name: str, values: np.ndarray) -> FileVector:
-            with open(folder / f"{name}.0", "wb") as f:
-                f.write(values.tobytes())
-                f.truncate(part)
+            # written in place, as Erlang writes a slot: its pages (registered) stay
+            fd = os.open(folder / f"{name}.0", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                if os.fstat(fd).st_size != part:
+                    os.ftruncate(fd, part)
+                os.pwrite(fd, values.tobytes(), 0)
+            finally:
+                os.close(fd)
             return FileVector(name, values.nbytes, part_bytes=part)
 
         def answer(job_id: int, out: str, batch: bool) -> tuple[object, np.ndarray]:

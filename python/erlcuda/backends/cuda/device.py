@@ -936,19 +936,14 @@ class CudaDevice(Device):
                            b_at: int) -> np.ndarray:
         """A lone vector_add below the pipeline's size whose operands and result all lie in
         registered host memory (a job in slots): copied straight in and out on the stream,
-        and from its second time at these host and device addresses replayed as a graph
-        (``replays``), which holds them all."""
+        one wait. Not replayed as a graph: a graph's copies from registered memory measured
+        slower than these calls (bench/lone_parts.py --slots)."""
         n = int(a.size)
         d_in, d_out = self._dev_in.ptr, self._dev_out.ptr
-
-        def queue() -> None:
-            cuda.memcpy_htod_async(d_in, a, self._stream)
-            cuda.memcpy_htod_async(d_in + 4 * b_at, b, self._stream)
-            self.launch_vector_add(d_in, d_in + 4 * b_at, d_out, n)
-            cuda.memcpy_dtoh_async(into, d_out, self._stream)
-
-        self._replays.run(("add_registered", n, a.ctypes.data, b.ctypes.data,
-                           into.ctypes.data), self._staging(), queue)
+        cuda.memcpy_htod_async(d_in, a, self._stream)
+        cuda.memcpy_htod_async(d_in + 4 * b_at, b, self._stream)
+        self.launch_vector_add(d_in, d_in + 4 * b_at, d_out, n)
+        cuda.memcpy_dtoh_async(into, d_out, self._stream)
         self._stream.synchronize()
         return into
 
