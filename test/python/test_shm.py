@@ -630,11 +630,14 @@ def test_a_lone_slot_launch_is_answered_as_a_batch_of_one_would_be(folder: Path,
                 else:
                     worker._take(bytearray(frame))
 
-            # a reply larger than the pipe holds is written while it is read
-            running = threading.Thread(target=run)
-            running.start()
-            (reply,) = parse_results(reader.read() or b"")
-            running.join()
+            # a reply larger than the pipe holds is read while it is written; the device
+            # stays on this thread, whose context is current
+            frames: list[bytes] = []
+            reading = threading.Thread(target=lambda: frames.append(bytes(reader.read() or b"")))
+            reading.start()
+            run()
+            reading.join()
+            (reply,) = parse_results(frames[0])
             assert reply.job_id == job_id
             return reply.result, read_slot(folder, out, min(a.nbytes, PART_UNIT))
 
