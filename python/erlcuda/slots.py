@@ -124,10 +124,12 @@ class OperandSlots:
     def _mapped(self, arg: FileArg) -> _Slot:
         """The slot ``arg`` names, its parts mapped, and registered from its second use."""
         slot = self._slots.get(arg.name)
-        if (slot is not None and slot.part_bytes == arg.part_bytes
+        if (slot is not None and slot.parts and slot.part_bytes == arg.part_bytes
                 and arg.nbytes <= slot.parts * slot.part_bytes
-                and (slot.pinned or slot.refused or self._pinning is None)):
-            # as mapped and registered as it will be: its name and parts were checked then
+                and (slot.pinned == slot.parts * slot.part_bytes or slot.refused
+                     or self._pinning is None)):
+            # mapped (a part at least) and registered whole, or never to be: its name and
+            # parts were checked as they were mapped
             slot.uses += 1
             slot.last = self._clock()
             return slot

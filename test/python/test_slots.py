@@ -190,3 +190,29 @@ def test_a_result_slot_is_registered_from_its_second_use_and_unregistered_with_i
 
 def test_the_sweep_interval_is_short_of_the_idle_time() -> None:
     assert slots.SWEEP_S < IDLE_S
+
+
+def test_a_slot_whose_first_part_never_mapped_is_still_refused(folder: SharedFolder) -> None:
+    """A slot whose first part could not be mapped is refused again by the next launch
+    that names it, however few bytes that launch says it holds."""
+    kept = OperandSlots(folder)
+    arg = FileArg("s8", F32, 0, PART_UNIT)
+    for _ in range(2):  # s8.0 is missing both times
+        with pytest.raises(ShmError):
+            kept.open(arg)
+
+
+def test_a_slot_whose_growth_failed_is_registered_in_full_later(folder: SharedFolder) -> None:
+    """A slot registered with one part, then grown by a launch that failed on a later part,
+    has its mapped parts registered whole by the next launch within them."""
+    pinner = cudadouble.Pinner()
+    pinning = Pinning(pinner, Budget(1 << 30))
+    kept = OperandSlots(folder, pinning)
+    one = write_slot(folder, "s7", np.ones(10, np.float32), PART_UNIT)
+    kept.open(one)
+    kept.open(one)  # registered from its second use: one part
+    assert list(pinner.live.values()) == [PART_UNIT]
+    two = write_slot(folder, "s7", np.ones(PART_UNIT // 4 + 10, np.float32), PART_UNIT)
+    with pytest.raises(ShmError):  # three parts named, the third not there
+        kept.open(FileArg("s7", F32, 2 * PART_UNIT + 40, PART_UNIT))
+    assert pinning.covers(kept.open(two))
