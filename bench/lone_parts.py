@@ -134,8 +134,10 @@ def slot_split(worker: Worker, body: bytearray, n: int) -> list[str]:
         for key, d in zip(parts, (t1 - t0, t2 - t1, t3 - t2), strict=True):
             parts[key].append(d / 1000)
     lines = [summary(f"slots: in turn: {key}", v) for key, v in parts.items()]
-    job = Job(1, result_file=template.fill(body)[1])  # type: ignore[index]
-    lane.prepare_slots(job, template.fill(body)[0], template.plan)  # type: ignore[index]
+    named = template.fill(body)
+    assert named is not None
+    job = Job(1, result_file=named[1])
+    lane.prepare_slots(job, named[0], template.plan)
     plan = job.plan
     assert plan is not None and device is not None
     into = lane.slots.result(job.result_file, plan.out_elements * 4).view(np.float32)

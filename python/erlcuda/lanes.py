@@ -443,19 +443,13 @@ class Lane(threading.Thread):
         caller then takes the general path."""
         if device is None or plan.device_bytes > self.memory:
             return False
-        values, failure, fatal = self._run([plan], device)
-        if values is not None and len(values) != 1:
-            failure = protocol.internal(f"the backend gave {len(values)} results for one job")
-            values = None
-        result: Result = failure if values is None else values[0]  # type: ignore[assignment]
-        if listed and values is not None:
+        value, failure, fatal = self._run_one(plan, device)
+        result: Result = failure if value is None else value  # type: ignore[assignment]
+        if listed and value is not None:
             result = Listed((result,))
         elif floats:
             result = protocol.as_floats(result, self.writer.max_frame)
-        self.stats.jobs += 1
-        self._reply([(job_id, result, None)])
-        if fatal is not None:
-            self.on_fatal(fatal)
+        self._answer_one(job_id, result, fatal)
         return True
 
     def run_lone_slots(self, job: Job, files: Sequence[FileArg],
@@ -474,17 +468,29 @@ class Lane(threading.Thread):
             return
         target = self._result_target(job)
         into = None if target is None else target.view(kernels.F32)
-        values, failure, fatal = self._run([plan], device, None if into is None else [into])
-        if values is not None and len(values) != 1:
-            failure = protocol.internal(f"the backend gave {len(values)} results for one job")
-            values = None
-        result = failure if values is None else _placed(values[0], target, into)
+        value, failure, fatal = self._run_one(plan, device, into)
+        result = failure if value is None else _placed(value, target, into)
         if job.result_file is not None and type(result) is np.ndarray:
             result = self._write_result(job, result)
         if job.floats:
             result = protocol.as_floats(result, self.writer.max_frame)  # type: ignore[arg-type]
+        self._answer_one(job.job_id, result, fatal)  # type: ignore[arg-type]
+
+    def _run_one(self, plan: Plan, device: Device, into: np.ndarray | None = None) -> (
+            tuple[Result | None, Failure | None, str | None]):
+        """``_run`` for one plan (``into``: where its vector result is to be written): its
+        value, else ``None`` and its failure; and why the device is lost, where it is."""
+        values, failure, fatal = self._run([plan], device, None if into is None else [into])
+        if values is not None and len(values) != 1:
+            failure = protocol.internal(f"the backend gave {len(values)} results for one job")
+            values = None
+        return (None if values is None else values[0]), failure, fatal
+
+    def _answer_one(self, job_id: int, result: Result, fatal: str | None) -> None:
+        """Count and answer one job run alone, then end the worker where its device is
+        lost (after the reply is written)."""
         self.stats.jobs += 1
-        self._reply([(job.job_id, result, None)])  # type: ignore[list-item]
+        self._reply([(job_id, result, None)])
         if fatal is not None:
             self.on_fatal(fatal)
 
