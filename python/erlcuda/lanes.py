@@ -416,16 +416,17 @@ class Lane(threading.Thread):
             self.on_fatal(fatal)
 
     def _run(self, plans: list[Plan], device: Device,
-             into: list[np.ndarray | None] | None = None) -> (
+             into: list[np.ndarray | None] | None = None, registered: bool = False) -> (
             tuple[list[Result] | None, Failure | None, str | None]):
         """One backend call for ``plans`` (one batch key): its values, else the failure
         every one of them gets; and why the device is lost, where it is. ``into``: where
-        each plan's vector result is to be written, where given (``Device.execute``)."""
+        each plan's vector result is to be written, where given; ``registered``: as for
+        ``Device.execute``."""
         try:
             if plans[0].program is not None:
                 values = self.programs.run(plans, device, self._host)
             elif into is not None:
-                values = device.execute(plans, into=into)
+                values = device.execute(plans, into=into, registered=registered)
             else:
                 values = device.execute(plans)
         except Exception as exc:
@@ -468,7 +469,9 @@ class Lane(threading.Thread):
             return
         target = self._result_target(job)
         into = None if target is None else target.view(kernels.F32)
-        value, failure, fatal = self._run_one(plan, device, into)
+        registered = (target is not None and target.pinned and self.slots is not None
+                      and self.slots.registered(files))
+        value, failure, fatal = self._run_one(plan, device, into, registered)
         result = failure if value is None else _placed(value, target, into)
         if job.result_file is not None and type(result) is np.ndarray:
             result = self._write_result(job, result)
@@ -476,11 +479,14 @@ class Lane(threading.Thread):
             result = protocol.as_floats(result, self.writer.max_frame)  # type: ignore[arg-type]
         self._answer_one(job.job_id, result, fatal)  # type: ignore[arg-type]
 
-    def _run_one(self, plan: Plan, device: Device, into: np.ndarray | None = None) -> (
+    def _run_one(self, plan: Plan, device: Device, into: np.ndarray | None = None,
+                 registered: bool = False) -> (
             tuple[Result | None, Failure | None, str | None]):
-        """``_run`` for one plan (``into``: where its vector result is to be written): its
-        value, else ``None`` and its failure; and why the device is lost, where it is."""
-        values, failure, fatal = self._run([plan], device, None if into is None else [into])
+        """``_run`` for one plan (``into``: where its vector result is to be written;
+        ``registered`` as for ``Device.execute``): its value, else ``None`` and its
+        failure; and why the device is lost, where it is."""
+        values, failure, fatal = self._run([plan], device, None if into is None else [into],
+                                           registered)
         if values is not None and len(values) != 1:
             failure = protocol.internal(f"the backend gave {len(values)} results for one job")
             values = None

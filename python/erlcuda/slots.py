@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -109,6 +109,15 @@ class OperandSlots:
         if not arg.nbytes:
             return np.empty(0, arg.dtype)
         return slot.span.array(arg.dtype, arg.nbytes)
+
+    def registered(self, args: Sequence[FileArg]) -> bool:
+        """Whether every operand of ``args`` lies in a slot's registered bytes (once
+        ``open`` mapped them): what a device would otherwise look up by address."""
+        for arg in args:
+            slot = self._slots.get(arg.name)
+            if slot is None or slot.pinned < arg.nbytes:
+                return False
+        return True
 
     def result(self, where: ResultSlot, nbytes: int) -> ResultTarget:
         """A vector result of ``nbytes`` in the result slot ``where``: a writable view of

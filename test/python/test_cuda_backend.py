@@ -345,12 +345,16 @@ def test_a_small_job_that_comes_again_is_replayed_right(device: CudaDevice,
         assert device._quicks.find((kernel, n), staging) is not None
 
 
-@pytest.mark.parametrize("n", [1000, 100_000])
+@pytest.mark.parametrize("registered", [False, True])
+@pytest.mark.parametrize("n", [1000, 100_000, 1 << 20])
 def test_a_lone_job_in_registered_memory_is_copied_straight_and_right(device: CudaDevice,
-                                                                      n: int) -> None:
+                                                                      n: int,
+                                                                      registered: bool) -> None:
     """A lone vector_add whose operands and result lie in registered host memory (a job in
-    slots) is copied straight from and into it: each run answers its own data, in the
-    result memory it was given, and again right once a larger job has moved the staging."""
+    slots) is copied straight from and into it, found by address or vouched for by its
+    lane (``registered``), below the pipeline's size and above: each run answers its own
+    data, in the result memory it was given, and again right once a larger job has moved
+    the staging."""
     region = np.frombuffer(mmap.mmap(-1, 3 * PAGE * -(-4 * n // PAGE)), np.uint8)
     span = region.size // 3
     a, b, out = (region[i * span : i * span + 4 * n].view(np.float32) for i in range(3))
@@ -362,7 +366,8 @@ def test_a_lone_job_in_registered_memory_is_copied_straight_and_right(device: Cu
                 big = [vec(gen, 1 << 21) for _ in range(2)]
                 device.execute([parse("vector_add", big), parse("vector_add", big)])
             a[:], b[:] = vec(gen, n), vec(gen, n)
-            [got] = device.execute([parse("vector_add", [a, b])], into=[out])
+            [got] = device.execute([parse("vector_add", [a, b])], into=[out],
+                                   registered=registered)
             assert got is out
             np.testing.assert_array_equal(out, a + b)
     finally:

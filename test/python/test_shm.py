@@ -17,12 +17,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+import cudadouble
 from erlcuda import protocol, shm
 from erlcuda.framing import FrameReader, FrameWriter
+from erlcuda.hostmem import Budget, Pinning
+from erlcuda.kernels import Plan
 from erlcuda.lanes import Job, Lane
 from erlcuda.protocol import Launch
 from erlcuda.shm import (
@@ -33,6 +37,7 @@ from erlcuda.shm import (
     SharedFolder,
     ShmError,
 )
+from erlcuda.slots import OperandSlots
 from erlcuda.worker import Options, Worker
 from programdefs import definition, inp, step
 from workerpipe import (
@@ -659,6 +664,64 @@ def test_a_lone_slot_launch_is_answered_as_a_batch_of_one_would_be(folder: Path,
         lane.close_here(worker._device)
         os.close(replies_r)
         os.close(replies_w)
+
+
+def test_a_lone_slot_launch_tells_its_device_what_is_registered(folder: Path) -> None:
+    """The short path tells the device its operands and result are registered (so that it
+    looks nothing up by address) exactly when a lookup by address would say so: not on
+    a slot's first use, and on every use once they are registered. The slots register
+    through a double; the right sums land in the result slot each time."""
+    replies_r, replies_w = os.pipe()
+    dead_r, _dead_w = os.pipe()
+    shared = SharedFolder(str(folder))
+    worker = Worker(FrameReader(dead_r), FrameWriter(replies_w),
+                    Options(backend="cpu", spin_us=0), shm=shared)
+    lane = worker.lanes[0]
+    device = worker._device = lane.open_here()
+    pinning = Pinning(cudadouble.Pinner(), Budget(1 << 30))
+    lane.slots = OperandSlots(shared, pinning)
+    told: list[tuple[bool, bool]] = []
+    execute = device.execute
+
+    def recording(plans: list[Plan], *args: object, **kwargs: Any) -> list[object]:
+        into = kwargs.get("into") or [None]
+        hosts = [plans[0].a, plans[0].b, into[0]]
+        told.append((bool(kwargs.get("registered")),
+                     all(h is not None and pinning.covers(h) for h in hosts)))
+        return execute(plans, *args, **kwargs)
+
+    device.execute = recording  # type: ignore[method-assign]
+    reader = FrameReader(replies_r)
+    outs = {name: result_slot(folder, name, PART_UNIT) for name in ("s3", "s4")}
+    try:
+        for job_id, out in enumerate([outs[n] for n in ("s3", "s3", "s4", "s4", "s4")], 1):
+            a, b = np.random.default_rng(job_id).standard_normal((2, 3000), dtype=np.float32)
+            args = [FileVector(name, _write_part(folder, name, v), part_bytes=PART_UNIT)
+                    for name, v in (("s1", a), ("s2", b))]
+            worker._take(bytearray(launch_frame(job_id, "vector_add", args, result_file=out)))
+            (reply,) = parse_results(reader.read() or b"")
+            assert (reply.job_id, reply.result) == (job_id, ("file", (a.nbytes, PART_UNIT)))
+            np.testing.assert_array_equal(read_slot(folder, out[0], a.nbytes), a + b)
+        # the first launch teaches the template (a batch of one); s4's first use is not
+        # registered yet
+        assert told[1:] == [(True, True), (False, False), (True, True), (True, True)]
+    finally:
+        lane.close_here(device)
+        os.close(replies_r)
+        os.close(replies_w)
+
+
+def _write_part(folder: Path, name: str, values: np.ndarray) -> int:
+    """``values`` written in place into slot ``name``'s first part, as Erlang writes a
+    slot: its bytes."""
+    fd = os.open(folder / f"{name}.0", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_size != PART_UNIT:
+            os.ftruncate(fd, PART_UNIT)
+        os.pwrite(fd, values.tobytes(), 0)
+    finally:
+        os.close(fd)
+    return values.nbytes
 
 
 def test_a_slot_template_hit_whose_name_is_not_utf8_is_bad_args(folder: Path) -> None:

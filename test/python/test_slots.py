@@ -216,3 +216,29 @@ def test_a_slot_whose_growth_failed_is_registered_in_full_later(folder: SharedFo
     with pytest.raises(ShmError):  # three parts named, the third not there
         kept.open(FileArg("s7", F32, 2 * PART_UNIT + 40, PART_UNIT))
     assert pinning.covers(kept.open(two))
+
+
+def test_what_slots_say_is_registered_is_what_the_pinning_covers(folder: SharedFolder) -> None:
+    """``registered`` (what a lane tells its device) agrees with a lookup by address in
+    every state a slot passes through: first use, registered, grown past its registration,
+    refused by the budget, not a slot, and gone."""
+    pinner = cudadouble.Pinner()
+    pinning = Pinning(pinner, Budget(2 * PART_UNIT))
+    kept = OperandSlots(folder, pinning)
+    small = write_slot(folder, "s9", np.ones(100, np.float32), PART_UNIT)
+    other = write_slot(folder, "s10", np.ones(100, np.float32), PART_UNIT)
+
+    def agree(args: list[FileArg], want: bool) -> None:
+        views = [kept.open(arg) for arg in args]
+        assert kept.registered(args) is want
+        assert all(pinning.covers(v) for v in views) is want
+
+    agree([small, other], False)  # first use: mapped, not yet registered
+    agree([small, other], True)
+    grown = write_slot(folder, "s9", np.ones(PART_UNIT // 4 + 10, np.float32), PART_UNIT)
+    assert kept.registered([grown, other]) is False  # more parts than its registration
+    agree([grown, other], False)  # the budget has no room for its two parts: refused
+    agree([small, other], False)  # and not tried again
+    agree([other], True)
+    assert kept.registered([FileArg("s404", F32, 400, PART_UNIT)]) is False
+    assert kept.registered([FileArg("i7-1", F32, 400, PART_UNIT)]) is False

@@ -76,7 +76,8 @@ class Device(ABC):
 
     def execute(self, plans: Sequence[Plan], bound: Sequence[Any] | None = None,
                 out: Any | None = None,
-                into: Sequence[np.ndarray | None] | None = None) -> list[Result | None]:
+                into: Sequence[np.ndarray | None] | None = None,
+                registered: bool = False) -> list[Result | None]:
         """Run ``plans``: without ``bound``, batched plans of one key, on their host
         operands, as one call, answering a result per plan; with it, one plan on the device
         arrays (and dims, scalars) its lane bound to its operands, in order: a built-in's
@@ -85,10 +86,13 @@ class Device(ABC):
 
         ``into`` (batched plans only): for each plan, a writable host array of its vector
         result's length and type (a result file's mapping) or ``None``; a result with one
-        is written there, and that very array answered."""
+        is written there, and that very array answered. ``registered``: the caller knows
+        that every host array of the plans and ``into`` lies in registered host memory (a
+        job in slots), which a device would otherwise look up by address."""
         if bound is None:
             if into is not None:
-                return self._run_batch_into(plans[0].kernel, plans, into)  # type: ignore
+                return self._run_batch_into(plans[0].kernel, plans, into,  # type: ignore
+                                            registered)
             return self._run_batch(plans[0].kernel, plans)  # type: ignore[return-value]
         (plan,) = plans
         user = plan.user
@@ -103,7 +107,8 @@ class Device(ABC):
         """Run batched plans of one kernel and one key."""
 
     def _run_batch_into(self, kernel: str, plans: Sequence[Plan],
-                        into: Sequence[np.ndarray | None]) -> list[Result]:
+                        into: Sequence[np.ndarray | None],
+                        registered: bool = False) -> list[Result]:
         """``_run_batch``, each vector result that has an ``into`` array copied there and
         that array answered. A backend may write there directly instead."""
         values = self._run_batch(kernel, plans)

@@ -86,7 +86,8 @@ class CpuDevice(Device):
         raise ValueError(f"unknown kernel {kernel}")
 
     def _run_batch_into(self, kernel: str, requests: Sequence[Plan],
-                        into: Sequence[np.ndarray | None]) -> list[Result]:
+                        into: Sequence[np.ndarray | None],
+                        registered: bool = False) -> list[Result]:
         # A lone vector_add is added straight into its result file's pages.
         target = into[0] if len(requests) == 1 else None
         r = requests[0]

@@ -248,12 +248,13 @@ class CudaDevice(Device):
         raise BackendError("not_supported", f"unknown kernel {kernel!r}")
 
     def _run_batch_into(self, kernel: str, requests: Sequence[Plan],
-                        into: Sequence[np.ndarray | None]) -> list[Result]:
+                        into: Sequence[np.ndarray | None],
+                        registered: bool = False) -> list[Result]:
         target = into[0] if len(requests) == 1 else None
         if (kernel == "vector_add" and target is not None and not self._closed
                 and target.size == requests[0].a.size):
             with cuda_errors():
-                return [self._vector_add_lone(requests[0], target)]
+                return [self._vector_add_lone(requests[0], target, registered)]
         return super()._run_batch_into(kernel, requests, into)
 
     def _run_quick(self, quick: Quick, r: Plan) -> Result:
@@ -907,16 +908,19 @@ class CudaDevice(Device):
                               (host_in[:n], host_in[b_at : b_at + n]), out, replayed)
         return [out[start : start + size] for start, size in zip(starts, sizes, strict=True)]
 
-    def _vector_add_lone(self, r: Plan, into: np.ndarray | None) -> np.ndarray:
+    def _vector_add_lone(self, r: Plan, into: np.ndarray | None,
+                         registered: bool = False) -> np.ndarray:
         """One large vector_add through the pipeline: its result in ``into`` (a result
-        buffer) where given, else in the output staging."""
+        buffer) where given, else in the output staging. ``registered``: its operands and
+        ``into`` are known to lie in registered memory (``execute``)."""
         n = int(r.a.size)
         if n == 0:
             return np.empty(0, F32) if into is None else into
         b_at = round_up(n, PACK_ALIGN)
         d_in = self._dev_in.ensure(b_at + n)
         d_out = self._dev_out.ensure(n)
-        if into is not None and 8 * n < PIPELINE_MIN and self._registered(r.a, _b(r), into):
+        if (into is not None and 8 * n < PIPELINE_MIN
+                and (registered or self._registered(r.a, _b(r), into))):
             return self._vector_add_direct(r.a, _b(r), into, b_at)
         out = self._host_out.ensure(n)[:n] if into is None else into
 
@@ -924,8 +928,9 @@ class CudaDevice(Device):
             self.launch_vector_add(d_in + 4 * start, d_in + 4 * (b_at + start),
                                    d_out + 4 * start, count, stream=stream)
 
-        self._pipeline.run(n, [Upload(d_in, r.a), Upload(d_in + 4 * b_at, _b(r))], compute,
-                           Download(d_out, out, pinned=True if into is None else None))
+        known = True if registered else None
+        self._pipeline.run(n, [Upload(d_in, r.a, known), Upload(d_in + 4 * b_at, _b(r), known)],
+                           compute, Download(d_out, out, True if into is None else known))
         return out
 
     def _registered(self, *hosts: np.ndarray) -> bool:
