@@ -143,6 +143,8 @@ def slot_split(worker: Worker, body: bytearray, n: int) -> list[str]:
     into = lane.slots.result(job.result_file, plan.out_elements * 4).view(np.float32)
     lines.append(summary("slots: backend execute(into=result slot)",
                          timed(lambda: device.execute([plan], into=[into]), n)))
+    lines.append(summary("slots: backend execute(into, registered: the lane's word)",
+                         timed(lambda: device.execute([plan], into=[into], registered=True), n)))
     if worker.backend_name == "cuda":
         lines.append(summary("slots: direct copies and kernel on the slots' pages",
                              timed(direct(device, plan, into), n)))
