@@ -609,15 +609,7 @@ def test_a_lone_slot_launch_is_answered_as_a_batch_of_one_would_be(folder: Path,
     part = 2 * PART_UNIT if case == "over_its_slot" else PART_UNIT
     try:
         def operand(name: str, values: np.ndarray) -> FileVector:
-            # written in place, as Erlang writes a slot: its pages (registered) stay
-            fd = os.open(folder / f"{name}.0", os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                if os.fstat(fd).st_size != part:
-                    os.ftruncate(fd, part)
-                os.pwrite(fd, values.tobytes(), 0)
-            finally:
-                os.close(fd)
-            return FileVector(name, values.nbytes, part_bytes=part)
+            return FileVector(name, _write_part(folder, name, values, part), part_bytes=part)
 
         def answer(job_id: int, out: str, batch: bool) -> tuple[object, np.ndarray]:
             (folder / f"{out}.0").unlink(missing_ok=True)
@@ -711,13 +703,13 @@ def test_a_lone_slot_launch_tells_its_device_what_is_registered(folder: Path) ->
         os.close(replies_w)
 
 
-def _write_part(folder: Path, name: str, values: np.ndarray) -> int:
-    """``values`` written in place into slot ``name``'s first part, as Erlang writes a
-    slot: its bytes."""
+def _write_part(folder: Path, name: str, values: np.ndarray, part: int = PART_UNIT) -> int:
+    """``values`` written in place into slot ``name``'s first part (of ``part`` bytes), as
+    Erlang writes a slot, so that its pages (registered) stay: its bytes."""
     fd = os.open(folder / f"{name}.0", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        if os.fstat(fd).st_size != PART_UNIT:
-            os.ftruncate(fd, PART_UNIT)
+        if os.fstat(fd).st_size != part:
+            os.ftruncate(fd, part)
         os.pwrite(fd, values.tobytes(), 0)
     finally:
         os.close(fd)
