@@ -112,10 +112,11 @@ class OperandSlots:
 
     def registered(self, args: Sequence[FileArg]) -> bool:
         """Whether every operand of ``args`` lies in a slot's registered bytes (once
-        ``open`` mapped them): what a device would otherwise look up by address."""
+        ``open`` mapped them): what a device would otherwise look up by address. A slot of
+        another part size than an operand's replaced the one its view came from."""
         for arg in args:
             slot = self._slots.get(arg.name)
-            if slot is None or slot.pinned < arg.nbytes:
+            if slot is None or slot.part_bytes != arg.part_bytes or slot.pinned < arg.nbytes:
                 return False
         return True
 

@@ -242,3 +242,24 @@ def test_what_slots_say_is_registered_is_what_the_pinning_covers(folder: SharedF
     agree([other], True)
     assert kept.registered([FileArg("s404", F32, 400, PART_UNIT)]) is False
     assert kept.registered([FileArg("i7-1", F32, 400, PART_UNIT)]) is False
+
+
+def test_a_view_of_a_slot_replaced_under_its_name_is_not_called_registered(
+        folder: SharedFolder) -> None:
+    """One launch naming a slot at two part sizes (a frame Erlang never writes): the first
+    view's slot is dropped, unregistered, when the second maps; ``registered`` does not
+    vouch for it, as the lookup by address does not."""
+    pinner = cudadouble.Pinner()
+    pinning = Pinning(pinner, Budget(1 << 30))
+    kept = OperandSlots(folder, pinning)
+    small = write_slot(folder, "s11", np.ones(100, np.float32), PART_UNIT)
+    kept.open(small)
+    first = kept.open(small)  # registered from its second use
+    assert pinning.covers(first)
+    for k in range(2):  # the same name, made again at twice the part size
+        (Path(folder.path) / f"s11.{k}").unlink(missing_ok=True)
+    large = write_slot(folder, "s11", np.ones(100, np.float32), 2 * PART_UNIT)
+    kept.open(large)
+    kept.open(large)
+    assert not pinning.covers(first)
+    assert kept.registered([large]) and not kept.registered([small, large])
