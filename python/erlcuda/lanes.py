@@ -473,11 +473,17 @@ class Lane(threading.Thread):
                       and self.slots.registered(files))
         value, failure, fatal = self._run_one(plan, device, into, registered)
         result = failure if value is None else _placed(value, target, into)
-        if job.result_file is not None and type(result) is np.ndarray:
+        self._answer_one(job.job_id, self._sent(job, result), fatal)  # type: ignore[arg-type]
+
+    def _sent(self, job: Job, result: Result) -> Result:
+        """A job's result as its reply carries it: a vector not yet in its result slot
+        written there (an untraced job's: a traced result never travels through shared
+        memory), and as floats where its launch wants them."""
+        if job.trace is None and job.result_file is not None and type(result) is np.ndarray:
             result = self._write_result(job, result)
         if job.floats:
-            result = protocol.as_floats(result, self.writer.max_frame)  # type: ignore[arg-type]
-        self._answer_one(job.job_id, result, fatal)  # type: ignore[arg-type]
+            result = protocol.as_floats(result, self.writer.max_frame)
+        return result
 
     def _run_one(self, plan: Plan, device: Device, into: np.ndarray | None = None,
                  registered: bool = False) -> (
@@ -661,11 +667,7 @@ class Lane(threading.Thread):
             assert result is not None  # every job was answered above
             if job.trace is not None:
                 job.trace.update(take=t_take, run=t_run, done=t_done, encode=t_encode)
-            elif job.result_file is not None and type(result) is np.ndarray:
-                result = self._write_result(job, result)
-            if job.floats:
-                result = protocol.as_floats(result, self.writer.max_frame)
-            records.append((job.job_id, result, job.stamps()))
+            records.append((job.job_id, self._sent(job, result), job.stamps()))
         self._reply(records)
         if fatal is not None:
             self.on_fatal(fatal)

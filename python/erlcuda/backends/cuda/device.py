@@ -910,9 +910,10 @@ class CudaDevice(Device):
 
     def _vector_add_lone(self, r: Plan, into: np.ndarray | None,
                          registered: bool = False) -> np.ndarray:
-        """One large vector_add through the pipeline: its result in ``into`` (a result
-        buffer) where given, else in the output staging. ``registered``: its operands and
-        ``into`` are known to lie in registered memory (``execute``)."""
+        """One vector_add run alone: its result in ``into`` (a result buffer) where given,
+        else in the output staging; copied straight in and out where it is below the
+        pipeline's size and all of it lies in registered memory (``registered``: known to,
+        from ``execute``), else through the pipeline."""
         n = int(r.a.size)
         if n == 0:
             return np.empty(0, F32) if into is None else into
