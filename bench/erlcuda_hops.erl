@@ -4,7 +4,9 @@
 %% file still has a name, the answer) against one process that holds the files open itself
 %% (two `pwrite's and a `pread') and against the lean floor's single file (one `pwrite' of
 %% both operands, one `pread'). Each way is timed after the node has been idle for a
-%% millisecond (`lone': what a lone job meets, schedulers asleep) and back to back (`busy').
+%% millisecond (`idle': schedulers asleep, and a part's last check that its file is still
+%% named too old to count), after a round trip through a port (`port': as a lone caller's
+%% jobs follow each other, the worker's answer between them) and back to back (`busy').
 %%
 %%   erlc -o /tmp bench/erlcuda_hops.erl
 %%   erl -noshell -pa _build/default/lib/erlcuda/ebin -pa /tmp \
@@ -23,18 +25,19 @@ main() ->
     ok = erlcuda_shm_slots:create(),
     Folder = #{dir => Dir, keeper => erlcuda_shm_slots:keeper(), threshold => 1},
     try
-        io:format("# bench/erlcuda_hops.erl: us, p50 / p90 of ~b; lone: after 1 ms idle, "
-                  "busy: back to back~n", [?RUNS]),
+        io:format("# bench/erlcuda_hops.erl: us, p50 / p90 of ~b; idle: after 1 ms idle, "
+                  "port: after a round trip through a port, busy: back to back~n", [?RUNS]),
         io:format("~8s ~5s ~22s ~22s ~22s ~22s~n",
                   ["elements", "gap", "parts' processes", "one process, 3 files",
                    "floor: 1 file", "parts', no name check"]),
-        [sizes(Folder, N, Gap) || N <- [1000, 10000, 100000], Gap <- [lone, busy]]
+        Port = open_port({spawn, "cat"}, [binary]),
+        [sizes(Folder, N, Gap, Port) || N <- [1000, 10000, 100000], Gap <- [idle, port, busy]]
     after
         os:cmd("rm -rf " ++ Dir)
     end,
     ok.
 
-sizes(#{dir := Dir} = Folder, N, Gap) ->
+sizes(#{dir := Dir} = Folder, N, Gap, Port) ->
     Bytes = 4 * N,
     A = crypto:strong_rand_bytes(Bytes),
     B = crypto:strong_rand_bytes(Bytes),
@@ -67,7 +70,7 @@ sizes(#{dir := Dir} = Folder, N, Gap) ->
     NoCheck = fun() -> no_check(Pids, A, B, Bytes) end,
     Ways = [Parts, Held, Floor, NoCheck],
     %% the ways in turn, a block of each, twice: a slow spell hits them all
-    Times = [[timed(W, Gap, ?RUNS div 2) || W <- Ways] || _ <- [1, 2]],
+    Times = [[timed(W, {Gap, Port}, ?RUNS div 2) || W <- Ways] || _ <- [1, 2]],
     Merged = [lists:append(T) || T <- transpose(Times)],
     io:format("~8b ~5s~s~n", [N, Gap, [io_lib:format(" ~22s", [pcts(T)]) || T <- Merged]]),
     _ = [file:close(Fd) || Fd <- [F1 | Fds]],
@@ -116,8 +119,13 @@ timed(Fun, Gap, Runs) ->
          (erlang:monotonic_time(nanosecond) - T0) / 1000
      end || _ <- lists:seq(1, Runs)].
 
-idle(lone) -> receive after 1 -> ok end;
-idle(busy) -> ok.
+idle({idle, _}) ->
+    receive after 1 -> ok end;
+idle({port, Port}) ->
+    Port ! {self(), {command, <<"x">>}},
+    receive {Port, {data, _}} -> ok end;
+idle({busy, _}) ->
+    ok.
 
 pcts(Ts) ->
     S = lists:sort(Ts),

@@ -48,6 +48,12 @@
 -define(POOL_BYTES, (1 bsl 30)).
 %% Tries to take a free slot another caller may take first.
 -define(TRIES, 3).
+%% How long a part's check that its file is still named holds for the next write, which
+%% then answers before checking again (`written_part/5'): longer than a lone job's round
+%% trip up to a few million elements, and a small part of the worker's period between
+%% sweeps of the files gone (python/erlcuda/slots.py SWEEP_S), which alone makes a deleted
+%% file unreadable to a job (the worker then maps it by its name).
+-define(NAMED_MS, 5).
 
 %% `reserved': its first part's pages were allocated for a result (erlcuda_shm:result_slot/2).
 -type slot() :: #{seq := pos_integer(), dir := file:filename(), part_bytes := pos_integer(),
@@ -274,8 +280,12 @@ stats() ->
 %% A part file's process: it makes the file (new, never through what stands at its path),
 %% as long as a part, and writes each job's bytes at its start until told to stop, when it
 %% deletes it. A file deleted under it (its folder removed, say) fails the write that finds
-%% it gone and every later one (`linked/2'): the worker could not map it, and the job's data
-%% takes the pipe. Taken for a result, the part's pages are allocated first (`reserve/1'),
+%% it gone and every later one (`linked/2'): the worker could not map it by its name, and
+%% the job's data takes the pipe. That check is a second call to the file driver, which
+%% costs a lone job a wake-up of its own: it comes before the write's answer only where the
+%% last one is older than ?NAMED_MS, and after it otherwise (while jobs follow each other
+%% on the slot, the worker maps the file already: its mapping and this process's descriptor
+%% share the file's pages, named or not). Taken for a result, the part's pages are allocated first (`reserve/1'),
 %% once: the worker writes a result through its mapping, where a page a full /dev/shm
 %% cannot give would kill it (SIGBUS). It ends with the worker's keeper, once the reads it
 %% was given have run.
@@ -293,15 +303,34 @@ part(Keeper, Path, PartBytes) ->
                  {error, _} = Error ->
                      Error
              end,
-    part_loop(Opened, Path, PartBytes, false).
+    part_loop(Opened, Path, PartBytes, false, never).
 
-write_part({ok, Fd} = Opened, Path, Bin) ->
+write_part({ok, Fd}, Path, Bin) ->
     case file:pwrite(Fd, 0, Bin) of
-        ok -> linked(Opened, Path);
-        {error, Why} -> {{error, {Path, Why}}, Opened}
+        ok -> ok;
+        {error, Why} -> {error, {Path, Why}}
     end;
-write_part({error, Why} = Failed, Path, _) ->
-    {{error, {Path, Why}}, Failed}.
+write_part({error, Why}, Path, _) ->
+    {error, {Path, Why}}.
+
+%% A write answered once its file is known to be named still: checked first where the last
+%% check is older than ?NAMED_MS (`Named': when it was, or `never'), after the answer
+%% otherwise. The file as it then stands, and when it was checked.
+written_part(Opened, Path, Bin, {From, Ref}, Named) ->
+    Now = erlang:monotonic_time(millisecond),
+    case write_part(Opened, Path, Bin) of
+        ok when Named =/= never, Now - Named =< ?NAMED_MS ->
+            From ! {Ref, ok},
+            {_, Still} = linked(Opened, Path),
+            {Still, Now};
+        ok ->
+            {Written, Still} = linked(Opened, Path),
+            From ! {Ref, Written},
+            {Still, Now};
+        {error, _} = Error ->
+            From ! {Ref, Error},
+            {Opened, Named}
+    end.
 
 %% After a write: `ok', or `{error, {Path, deleted}}' once the file's last name is gone (its
 %% folder removed, say), which fails every later write too; and the file as it stands.
@@ -342,22 +371,21 @@ sized(Fd, PartBytes) ->
         {error, _} = Error -> Error
     end.
 
-part_loop(Opened, Path, PartBytes, Reserved) ->
+part_loop(Opened, Path, PartBytes, Reserved, Named) ->
     receive
         {{write, Bin}, From, Ref} ->
-            {Written, Now} = write_part(Opened, Path, Bin),
-            From ! {Ref, Written},
-            part_loop(Now, Path, PartBytes, Reserved);
+            {File, Checked} = written_part(Opened, Path, Bin, {From, Ref}, Named),
+            part_loop(File, Path, PartBytes, Reserved, Checked);
         {reserve, From, Ref} when Reserved ->
             From ! {Ref, ok},
-            part_loop(Opened, Path, PartBytes, Reserved);
+            part_loop(Opened, Path, PartBytes, Reserved, Named);
         {reserve, From, Ref} ->
             Done = reserve_part(Opened, Path, PartBytes),
             From ! {Ref, Done},
-            part_loop(Opened, Path, PartBytes, Done =:= ok);
+            part_loop(Opened, Path, PartBytes, Done =:= ok, Named);
         {{read, Bytes}, From, Ref} ->
             answer(From, Ref, read_part(Opened, Path, Bytes)),
-            part_loop(Opened, Path, PartBytes, Reserved);
+            part_loop(Opened, Path, PartBytes, Reserved, Named);
         {'EXIT', _Keeper, _} ->
             reads_left(Opened, Path),
             closed(Opened, Path);

@@ -37,6 +37,8 @@ slots_test_() ->
                           {"swept when idle or orphaned", fun swept/1},
                           {"gone with the keeper", fun keeper_gone/1},
                           {"refused once its file is deleted", fun deleted/1},
+                          {"a close write is checked after its answer",
+                           fun deleted_between_writes/1},
                           {"a result read from its slot", fun result_read/1},
                           {"a result read and sent by its part", fun result_read_then/1},
                           {"a result of a deleted slot is answered",
@@ -70,14 +72,34 @@ written_again(Folder) ->
     ?assertEqual(Made + 2, maps:get(made, erlcuda_shm_slots:stats())).
 
 %% A part's file deleted under it (its folder removed) fails the write that finds it gone
-%% (the job's data then takes the pipe: the worker could not map it) and every later one.
+%% (the job's data then takes the pipe: the worker could not map it) and every later one. A
+%% write long after the part's last check finds it before answering.
 deleted(Folder) ->
     {ok, Slot} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
     ?assertEqual(ok, write(Slot, [<<1>>])),
     ok = file:delete(part(Folder, Slot, 0)),
+    timer:sleep(20),
     {error, {Got, deleted}} = write(Slot, [<<2>>]),
     ?assertEqual(part(Folder, Slot, 0), unicode:characters_to_list(Got)),
     ?assertMatch({error, {_, deleted}}, write(Slot, [<<3>>])).
+
+%% A write that follows the part's last check closely is answered first and checked after
+%% (the worker maps the file already, and its mapping shares the pages): the write after
+%% it fails. (On a slow machine the second write may come late enough to be checked first.)
+deleted_between_writes(Folder) ->
+    {ok, Slot} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
+    ?assertEqual(ok, write(Slot, [<<1>>])),
+    {ok, Fd} = file:open(part(Folder, Slot, 0), [raw, read, binary]),
+    ok = file:delete(part(Folder, Slot, 0)),
+    Second = case write(Slot, [<<2>>]) of
+                 ok -> ok;
+                 {error, {_, deleted}} -> deleted
+             end,
+    ?assertMatch({error, {_, deleted}}, write(Slot, [<<3>>])),
+    %% an answered write is in the file's pages, which a mapping made before still reads
+    Expect = case Second of ok -> <<2>>; deleted -> <<1>> end,
+    ?assertEqual({ok, Expect}, file:pread(Fd, 0, 1)),
+    ok = file:close(Fd).
 
 %% A free slot taken for an operand of more parts than the pool has room for is deleted,
 %% and its bytes leave the pool's count with it.
