@@ -13,7 +13,8 @@ Python against what the floor's Python does. ``--profile`` adds cProfile's view 
 worker's lone path (its own overhead inflates every call; read it for the split).
 ``--slots`` times instead the lone path of a vector_add whose operands and result are in
 slots of a shared-memory folder (the frame Erlang writes when the job goes through shared
-memory), split into its mapping and its run, beside the same job from the frame.
+memory), split into its mapping and its run, beside the same job from the frame and the
+same job with the lane's reading of the last one forgotten (``Lane._again``).
 """
 
 from __future__ import annotations
@@ -112,6 +113,13 @@ def slot_frames(folder: Path, a: np.ndarray, b: np.ndarray) -> dict[str, bytes]:
                                                                      b.tobytes()])}
 
 
+def read_again(worker: Worker, body: bytearray) -> None:
+    """A slot job's lone path with the lane's reading of the last one forgotten: its
+    operands mapped, its plan made and its result's target found again."""
+    worker.lanes[0]._again = None
+    worker._take(body)
+
+
 def slot_split(worker: Worker, body: bytearray, n: int) -> list[str]:
     """A slot job's lone path in parts, in turn: the slot template's fill (the frame
     read), the operands mapped (``Lane.prepare_slots``, on a job of its own), the lane's
@@ -187,6 +195,8 @@ def slots_main(args: argparse.Namespace, a: np.ndarray, b: np.ndarray) -> list[s
                 worker._take(body)
             lines.append(summary(f"{kind}: worker lone path (_take)",
                                  timed(lambda body=body: worker._take(body), args.n)))
+        lines.append(summary("slots: the same, the slots read again each time (no _again)",
+                             timed(lambda: read_again(worker, frames["slots"]), args.n)))
         got = np.fromfile(base / "s3.0", np.float32, a.size)
         assert np.array_equal(got, a + b), "the result slot holds the sum"
         lines += slot_split(worker, frames["slots"], args.n)

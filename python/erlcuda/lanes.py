@@ -87,6 +87,24 @@ class Job:
 
 
 @dataclass(slots=True)
+class _Again:
+    """A lone job in slots as the lane ran it: its template's ``plan_of``, the operands and
+    result slot it named, and what was read from them (its plan on the slots' views, its
+    result's target, whether its memory is registered), which hold for the next lone job
+    of that template naming the same slots while the slots' ``changes`` stays the same."""
+
+    plan_of: Callable[[list[np.ndarray]], Plan]
+    files: Sequence[FileArg]
+    result: ResultSlot | None
+    changes: int
+    plan: Plan
+    target: ResultTarget | None
+    into: np.ndarray | None
+    registered: bool
+    names: tuple[str, ...]
+
+
+@dataclass(slots=True)
 class UniformJobs:
     """A batch frame's jobs read as a table (``templates.Table``): row ``i`` of ``batch`` is job
     ``job_ids[i]``'s."""
@@ -218,6 +236,7 @@ class Lane(threading.Thread):
         # Shared-memory files kept from job to job (``slots.py``), made once the device is
         # open (they may be pinned through it), and swept on this thread.
         self.slots: OperandSlots | None = None
+        self._again: _Again | None = None  # the last lone job in slots (``run_lone_slots``)
         self._keep_s = shm_keep_s
         self._sweep_at = 0.0
 
@@ -262,6 +281,8 @@ class Lane(threading.Thread):
             self.slots.sweep(now)
         except Exception:
             log.exception("device %d: sweeping shared-memory files failed", self.index)
+        if self._again is not None and self._again.changes != self.slots.changes:
+            self._again = None  # its views would keep a dropped slot's mapping
 
     def idle_wait(self) -> float | None:
         """How long this lane may sleep before its next sweep (``None``: nothing to
@@ -278,6 +299,7 @@ class Lane(threading.Thread):
         return device
 
     def close_here(self, device: Device | None) -> None:
+        self._again = None
         if self.slots is not None:
             try:
                 self.slots.close()
@@ -460,20 +482,60 @@ class Lane(threading.Thread):
         template): its operands mapped (``prepare_slots``), its vector result written
         straight into its result slot, with the least Python; what ``_batch`` does for a
         batch of one such job, which takes any job that needs more (an error to answer, no
-        device, too large for it, a program)."""
+        device, too large for it, a program). A job that names the slots the last one did,
+        through the same template, while they stay as they were, runs on what was read from
+        them for it (``_Again``)."""
+        again = self._again_for(job, files, plan_of) if device is not None else None
+        if again is None:
+            again = self._read_slots(job, files, plan_of, device)
+            if again is None:
+                self._batch([job], device)
+                return
+        assert device is not None  # ``_read_slots`` reads none without one
+        value, failure, fatal = self._run_one(again.plan, device, again.into,
+                                              again.registered)
+        result = failure if value is None else _placed(value, again.target, again.into)
+        self._answer_one(job.job_id, self._sent(job, result), fatal)  # type: ignore[arg-type]
+
+    def _again_for(self, job: Job, files: Sequence[FileArg],
+                   plan_of: Callable[[list[np.ndarray]], Plan]) -> _Again | None:
+        """The last lone slot job's reading, where ``job`` names what it named (a bound
+        method is equal to another of the same object's) and the slots stayed as they were;
+        its slots' uses counted."""
+        again = self._again
+        if (again is None or self.slots is None or again.changes != self.slots.changes
+                or again.plan_of != plan_of or again.result != job.result_file
+                or again.files != files):
+            return None
+        self.slots.touch(again.names)
+        job.plan = again.plan
+        return again
+
+    def _read_slots(self, job: Job, files: Sequence[FileArg],
+                    plan_of: Callable[[list[np.ndarray]], Plan],
+                    device: Device | None) -> _Again | None:
+        """A lone slot job's operands mapped and its result's target: what it runs on,
+        kept for the next where its slots are settled (``OperandSlots.settled``); ``None``
+        where it needs the batch's path."""
+        named = job.result_file
         self.prepare_slots(job, files, plan_of)
         plan = job.plan
         if (device is None or plan is None or plan.program is not None
                 or plan.device_bytes > self.memory):
-            self._batch([job], device)
-            return
+            return None
         target = self._result_target(job)
         into = None if target is None else target.view(kernels.F32)
-        registered = (target is not None and target.pinned and self.slots is not None
-                      and self.slots.registered(files))
-        value, failure, fatal = self._run_one(plan, device, into, registered)
-        result = failure if value is None else _placed(value, target, into)
-        self._answer_one(job.job_id, self._sent(job, result), fatal)  # type: ignore[arg-type]
+        slots = self.slots
+        registered = (target is not None and target.pinned and slots is not None
+                      and slots.registered(files))
+        names = tuple(f.name for f in files) + (() if named is None else (named.name,))
+        again = _Again(plan_of, files, named, -1 if slots is None else slots.changes, plan,
+                       target, into, registered, names)
+        # a result slot that could not be had is tried again by the next job
+        if (slots is not None and (named is None or target is not None)
+                and slots.settled(files, named)):
+            self._again = again
+        return again
 
     def _sent(self, job: Job, result: Result) -> Result:
         """A job's result as its reply carries it: a vector not yet in its result slot

@@ -88,6 +88,9 @@ class OperandSlots:
         self._clock = clock
         self._idle_s = idle_s
         self._slots: dict[str, _Slot] = {}
+        #: Counts every change to what the slots map or register: what was read from them
+        #: while it stays the same holds still (``settled``).
+        self.changes = 0
 
     @staticmethod
     def owns(name: str) -> bool:
@@ -134,15 +137,13 @@ class OperandSlots:
     def _mapped(self, arg: FileArg) -> _Slot:
         """The slot ``arg`` names, its parts mapped, and registered from its second use."""
         slot = self._slots.get(arg.name)
-        if (slot is not None and slot.parts and slot.part_bytes == arg.part_bytes
-                and arg.nbytes <= slot.parts * slot.part_bytes
-                and (slot.pinned == slot.parts * slot.part_bytes or slot.refused
-                     or self._pinning is None)):
+        if slot is not None and self._ready(slot, arg):
             # mapped (a part at least) and registered whole, or never to be: its name and
             # parts were checked as they were mapped
             slot.uses += 1
             slot.last = self._clock()
             return slot
+        self.changes += 1
         check_arg(arg)
         count = max(1, -(-arg.nbytes // arg.part_bytes))  # as many as ``part_sizes``
         now = self._clock()
@@ -163,6 +164,35 @@ class OperandSlots:
         if arg.nbytes and slot.uses >= 2:
             self._pin(slot)
         return slot
+
+    def _ready(self, slot: _Slot, arg: FileArg) -> bool:
+        """Whether ``arg`` lies in what ``slot`` has mapped, registered whole or never to be:
+        a use that changes nothing."""
+        mapped = slot.parts * slot.part_bytes
+        return (slot.parts > 0 and slot.part_bytes == arg.part_bytes and arg.nbytes <= mapped
+                and (slot.pinned == mapped or slot.refused or self._pinning is None))
+
+    def settled(self, args: Sequence[FileArg], result: ResultSlot | None) -> bool:
+        """Whether the slots of ``args`` and of ``result`` are mapped and registered as
+        they will stay while ``changes`` does: their views, and the answer of
+        ``registered``, hold for the next job that names them (``touch``)."""
+        wanted = list(args)
+        if result is not None:
+            wanted.append(FileArg(result.name, _BYTES, result.part_bytes, result.part_bytes))
+        for arg in wanted:
+            slot = self._slots.get(arg.name)
+            if slot is None or not self._ready(slot, arg):
+                return False
+        return True
+
+    def touch(self, names: Sequence[str]) -> None:
+        """The slots ``names`` are used again, through views read from them before (while
+        ``changes`` stayed the same): counted as ``open`` and ``result`` count a use."""
+        now = self._clock()
+        for name in names:
+            slot = self._slots[name]
+            slot.uses += 1
+            slot.last = now
 
     def _map_part(self, slot: _Slot) -> None:
         k = slot.parts
@@ -198,6 +228,7 @@ class OperandSlots:
 
     def _drop(self, slot: _Slot) -> None:
         """Forget a slot: unregistered now, unmapped once no view of it is left."""
+        self.changes += 1
         if slot.pinned and self._pinning is not None:
             self._pinning.unpin(slot.span.bytes(0, slot.pinned))
         slot.pinned = 0

@@ -47,6 +47,7 @@ from workerpipe import (
     parse_results,
     read_slot,
     result_slot,
+    write_part,
 )
 
 BACKENDS = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -609,7 +610,7 @@ def test_a_lone_slot_launch_is_answered_as_a_batch_of_one_would_be(folder: Path,
     part = 2 * PART_UNIT if case == "over_its_slot" else PART_UNIT
     try:
         def operand(name: str, values: np.ndarray) -> FileVector:
-            return FileVector(name, _write_part(folder, name, values, part), part_bytes=part)
+            return FileVector(name, write_part(folder, name, values, part), part_bytes=part)
 
         def answer(job_id: int, out: str, batch: bool) -> tuple[object, np.ndarray]:
             (folder / f"{out}.0").unlink(missing_ok=True)
@@ -688,7 +689,7 @@ def test_a_lone_slot_launch_tells_its_device_what_is_registered(folder: Path) ->
     try:
         for job_id, out in enumerate([outs[n] for n in ("s3", "s3", "s4", "s4", "s4")], 1):
             a, b = np.random.default_rng(job_id).standard_normal((2, 3000), dtype=np.float32)
-            args = [FileVector(name, _write_part(folder, name, v), part_bytes=PART_UNIT)
+            args = [FileVector(name, write_part(folder, name, v), part_bytes=PART_UNIT)
                     for name, v in (("s1", a), ("s2", b))]
             worker._take(bytearray(launch_frame(job_id, "vector_add", args, result_file=out)))
             (reply,) = parse_results(reader.read() or b"")
@@ -701,19 +702,6 @@ def test_a_lone_slot_launch_tells_its_device_what_is_registered(folder: Path) ->
         lane.close_here(device)
         os.close(replies_r)
         os.close(replies_w)
-
-
-def _write_part(folder: Path, name: str, values: np.ndarray, part: int = PART_UNIT) -> int:
-    """``values`` written in place into slot ``name``'s first part (of ``part`` bytes), as
-    Erlang writes a slot, so that its pages (registered) stay: its bytes."""
-    fd = os.open(folder / f"{name}.0", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        if os.fstat(fd).st_size != part:
-            os.ftruncate(fd, part)
-        os.pwrite(fd, values.tobytes(), 0)
-    finally:
-        os.close(fd)
-    return values.nbytes
 
 
 def test_a_slot_template_hit_whose_name_is_not_utf8_is_bad_args(folder: Path) -> None:

@@ -157,6 +157,19 @@ def result_slot(folder: Path, name: str = "s900", part_bytes: int = 1 << 20) -> 
     return name, part_bytes
 
 
+def write_part(folder: Path, name: str, values: np.ndarray, part: int = 1 << 20) -> int:
+    """``values`` written in place into slot ``name``'s first part (of ``part`` bytes), as
+    Erlang writes a slot, so that its pages (registered) stay: its bytes."""
+    fd = os.open(folder / f"{name}.0", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_size != part:
+            os.ftruncate(fd, part)
+        os.pwrite(fd, values.tobytes(), 0)
+    finally:
+        os.close(fd)
+    return values.nbytes
+
+
 def read_slot(folder: Path, name: str, nbytes: int, dtype: str = "<f4") -> np.ndarray:
     """The first ``nbytes`` of a slot's part, as Erlang reads a result from it."""
     with open(folder / f"{name}.0", "rb") as f:
