@@ -17,13 +17,21 @@ import numpy as np
 import pytest
 
 import cudadouble
-from erlcuda.framing import FrameReader, FrameWriter
+from erlcuda.framing import FrameReader
 from erlcuda.hostmem import Budget, Pinning
 from erlcuda.lanes import Lane
-from erlcuda.shm import PART_UNIT, SharedFolder
-from erlcuda.slots import IDLE_S, OperandSlots
-from erlcuda.worker import Options, Worker
-from workerpipe import FileVector, launch_frame, parse_results, read_slot, result_slot, write_part
+from erlcuda.shm import PART_UNIT
+from erlcuda.slots import IDLE_S
+from erlcuda.worker import Worker
+from workerpipe import (
+    FileVector,
+    launch_frame,
+    parse_results,
+    pinned_slot_worker,
+    read_slot,
+    result_slot,
+    write_part,
+)
 
 
 @dataclass
@@ -42,14 +50,10 @@ class Rig:
 def rig(tmp_path: Path) -> Iterator[Rig]:
     folder = tmp_path / "erlcuda-again"
     folder.mkdir()
-    replies_r, replies_w = os.pipe()
-    dead_r, dead_w = os.pipe()
-    shared = SharedFolder(str(folder))
-    worker = Worker(FrameReader(dead_r), FrameWriter(replies_w),
-                    Options(backend="cpu", spin_us=0), shm=shared)
+    worker, replies_r, replies_w = pinned_slot_worker(
+        folder, Pinning(cudadouble.Pinner(), Budget(1 << 30)))
     lane = worker.lanes[0]
-    device = worker._device = lane.open_here()
-    lane.slots = OperandSlots(shared, Pinning(cudadouble.Pinner(), Budget(1 << 30)))
+    device = worker._device
     readings: list[int] = []
     read = lane._read_slots
 
@@ -62,7 +66,7 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
         yield Rig(worker, lane, folder, FrameReader(replies_r), readings)
     finally:
         lane.close_here(device)
-        for fd in (replies_r, replies_w, dead_w):
+        for fd in (replies_r, replies_w):
             os.close(fd)
 
 

@@ -37,7 +37,6 @@ from erlcuda.shm import (
     SharedFolder,
     ShmError,
 )
-from erlcuda.slots import OperandSlots
 from erlcuda.worker import Options, Worker
 from programdefs import definition, inp, step
 from workerpipe import (
@@ -45,6 +44,7 @@ from workerpipe import (
     WorkerPipe,
     launch_frame,
     parse_results,
+    pinned_slot_worker,
     read_slot,
     result_slot,
     write_part,
@@ -664,15 +664,10 @@ def test_a_lone_slot_launch_tells_its_device_what_is_registered(folder: Path) ->
     looks nothing up by address) exactly when a lookup by address would say so: not on
     a slot's first use, and on every use once they are registered. The slots register
     through a double; the right sums land in the result slot each time."""
-    replies_r, replies_w = os.pipe()
-    dead_r, _dead_w = os.pipe()
-    shared = SharedFolder(str(folder))
-    worker = Worker(FrameReader(dead_r), FrameWriter(replies_w),
-                    Options(backend="cpu", spin_us=0), shm=shared)
-    lane = worker.lanes[0]
-    device = worker._device = lane.open_here()
     pinning = Pinning(cudadouble.Pinner(), Budget(1 << 30))
-    lane.slots = OperandSlots(shared, pinning)
+    worker, replies_r, replies_w = pinned_slot_worker(folder, pinning)
+    lane = worker.lanes[0]
+    device = worker._device
     told: list[tuple[bool, bool]] = []
     execute = device.execute
 

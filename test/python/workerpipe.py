@@ -22,6 +22,10 @@ import numpy as np
 from erlcuda import contract, etf
 from erlcuda.etf import Atom
 from erlcuda.framing import FrameReader, FrameWriter
+from erlcuda.hostmem import Pinning
+from erlcuda.shm import SharedFolder
+from erlcuda.slots import OperandSlots
+from erlcuda.worker import Options, Worker
 
 ROOT = Path(__file__).resolve().parents[2]
 W = contract.WIRE
@@ -155,6 +159,21 @@ def result_slot(folder: Path, name: str = "s900", part_bytes: int = 1 << 20) -> 
     with open(folder / f"{name}.0", "wb") as f:
         f.truncate(part_bytes)
     return name, part_bytes
+
+
+def pinned_slot_worker(folder: Path, pinning: Pinning) -> tuple[Worker, int, int]:
+    """A worker on the cpu backend, its device open on this thread (``_take`` runs a lone
+    frame there) and its slots in ``folder`` registering through ``pinning``: the worker,
+    and the read and write ends of the pipe its replies go to."""
+    replies_r, replies_w = os.pipe()
+    dead_r, _ = os.pipe()
+    shared = SharedFolder(str(folder))
+    worker = Worker(FrameReader(dead_r), FrameWriter(replies_w),
+                    Options(backend="cpu", spin_us=0), shm=shared)
+    lane = worker.lanes[0]
+    worker._device = lane.open_here()
+    lane.slots = OperandSlots(shared, pinning)
+    return worker, replies_r, replies_w
 
 
 def write_part(folder: Path, name: str, values: np.ndarray, part: int = 1 << 20) -> int:
