@@ -51,8 +51,7 @@
 %% How long a part's check that its file is still named holds for the next write, which
 %% then answers before checking again (`written_part/5'): longer than a lone job's round
 %% trip up to a few million elements, and a small part of the worker's period between
-%% sweeps of the files gone (python/erlcuda/slots.py SWEEP_S), which alone makes a deleted
-%% file unreadable to a job (the worker then maps it by its name).
+%% sweeps of the files gone (python/erlcuda/slots.py SWEEP_S).
 -define(NAMED_MS, 5).
 
 %% `reserved': its first part's pages were allocated for a result (erlcuda_shm:result_slot/2).
@@ -285,9 +284,12 @@ stats() ->
 %% costs a lone job a wake-up of its own: it comes before the write's answer only where the
 %% last one is older than ?NAMED_MS, and after it otherwise (while jobs follow each other
 %% on the slot, the worker maps the file already: its mapping and this process's descriptor
-%% share the file's pages, named or not). Taken for a result, the part's pages are allocated first (`reserve/1'),
-%% once: the worker writes a result through its mapping, where a page a full /dev/shm
-%% cannot give would kill it (SIGBUS). It ends with the worker's keeper, once the reads it
+%% share the file's pages, named or not). So a file deleted from outside within ?NAMED_MS of
+%% a check can fail the next job with a shared-memory error, where the lane that runs it has
+%% no mapping of the file (another device's lane, or the worker's sweep of files gone
+%% came between), rather than send it through the pipe. Taken for a result, the part's pages
+%% are allocated first (`reserve/1'), once: the worker writes a result through its mapping,
+%% where a page a full /dev/shm cannot give would kill it (SIGBUS). It ends with the worker's keeper, once the reads it
 %% was given have run.
 part(Keeper, Path, PartBytes) ->
     logger:update_process_metadata(#{domain => [erlcuda]}),

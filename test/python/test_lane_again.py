@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import cudadouble
 from erlcuda.framing import FrameReader
 from erlcuda.hostmem import Budget, Pinning
 from erlcuda.lanes import Lane
-from erlcuda.shm import PART_UNIT
+from erlcuda.shm import PART_UNIT, FileArg
 from erlcuda.slots import IDLE_S
 from erlcuda.worker import Worker
 from workerpipe import (
@@ -46,12 +47,13 @@ class Rig:
     readings: list[int]
 
 
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
+@contextmanager
+def rig_with(tmp_path: Path, budget: int) -> Iterator[Rig]:
+    """A ``Rig`` whose slots may register ``budget`` bytes."""
     folder = tmp_path / "erlcuda-again"
     folder.mkdir()
     worker, replies_r, replies_w = pinned_slot_worker(
-        folder, Pinning(cudadouble.Pinner(), Budget(1 << 30)))
+        folder, Pinning(cudadouble.Pinner(), Budget(budget)))
     lane = worker.lanes[0]
     device = worker._device
     readings: list[int] = []
@@ -68,6 +70,12 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
         lane.close_here(device)
         for fd in (replies_r, replies_w):
             os.close(fd)
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    with rig_with(tmp_path, 1 << 30) as made:
+        yield made
 
 
 def add(rig: Rig, job_id: int, x: str, y: str, out: str, seed: int) -> None:
@@ -149,3 +157,24 @@ def test_a_result_slot_that_could_not_be_had_is_tried_again(rig: Rig) -> None:
     np.testing.assert_allclose(np.array(reply.result[1], np.float32), a + b)
     result_slot(rig.folder, "s7")
     add(rig, 4, "s1", "s2", "s7", seed=4)
+
+
+def test_a_slot_whose_registration_changed_is_read_again(tmp_path: Path) -> None:
+    """A slot of the kept reading that another use grew past what the budget may register
+    (its registration redone, and refused) is read again: the next job is not told that
+    memory no longer registered is."""
+    with rig_with(tmp_path, 3 * PART_UNIT) as rig:
+        result_slot(rig.folder, "s3")
+        for job_id in range(1, 4):
+            add(rig, job_id, "s1", "s2", "s3", seed=job_id)
+        assert rig.lane._again is not None and rig.lane._again.registered
+        slots = rig.lane.slots
+        assert slots is not None
+        with open(rig.folder / "s1.1", "wb") as f:  # a second part, as Erlang grows a slot
+            f.truncate(PART_UNIT)
+        slots.open(FileArg("s1", np.dtype("<f4"), PART_UNIT + 4, PART_UNIT))
+        assert slots._slots["s1"].pinned == 0 and slots._slots["s1"].refused
+        before = len(rig.readings)
+        add(rig, 4, "s1", "s2", "s3", seed=4)
+        assert len(rig.readings) == before + 1
+        assert rig.lane._again is not None and not rig.lane._again.registered
