@@ -131,7 +131,7 @@ class OperandSlots:
         if nbytes > where.part_bytes:
             raise ShmError(f"shared memory: a result of {nbytes} bytes is over its slot's "
                            f"{where.part_bytes}")
-        slot = self._mapped(FileArg(where.name, _BYTES, where.part_bytes, where.part_bytes))
+        slot = self._mapped(_whole(where))
         return ResultTarget(slot.span.bytes(0, nbytes), slot.pinned > 0, where.part_bytes)
 
     def _mapped(self, arg: FileArg) -> _Slot:
@@ -178,7 +178,7 @@ class OperandSlots:
         ``registered``, hold for the next job that names them (``touch``)."""
         wanted = list(args)
         if result is not None:
-            wanted.append(FileArg(result.name, _BYTES, result.part_bytes, result.part_bytes))
+            wanted.append(_whole(result))
         for arg in wanted:
             slot = self._slots.get(arg.name)
             if slot is None or not self._ready(slot, arg):
@@ -245,6 +245,11 @@ class OperandSlots:
     def close(self) -> None:
         for slot in list(self._slots.values()):
             self._drop(slot)
+
+
+def _whole(where: ResultSlot) -> FileArg:
+    """A result slot as the operand its one part maps: all of its bytes."""
+    return FileArg(where.name, _BYTES, where.part_bytes, where.part_bytes)
 
 
 class ResultTarget:
