@@ -13,7 +13,10 @@
 %%
 %% Element types: `f32', `f64', `i32', `u32', `i64', `u8'. Lists are converted with a range
 %% check for the type (floats or integers for f32 and f64, integers for the others);
-%% vector results of integer types come back as lists of integers.
+%% vector results of integer types come back as lists of integers. `launch_sync' checks the
+%% range of a built-in kernel's f32 lists while the worker runs the job, and returns the
+%% same `{error, {bad_args, _}}' as `launch' for a number beyond it (the job's result is
+%% dropped).
 %%
 %% Buffers are vectors that stay on a device: `upload/2', `zeros/3', `empty/3', or any
 %% launch with `{keep, true}', make them; any kernel takes one wherever it takes a vector;
@@ -213,9 +216,13 @@ launch_sync(Kernel, Args, Opts) ->
                              fun(O) -> launch_sync1(Kernel, Args, O) end)
     end.
 
+%% The f32 range of list arguments is checked once the job is on its way, while the worker
+%% runs it (erlcuda_job:validate/4): a list with a number beyond the range fails the call
+%% with the error validate/3 gives, and the job's reply is dropped unread.
 launch_sync1(Kernel, Args, Opts) ->
-    case erlcuda_job:validate(Kernel, Args, Opts) of
-        {ok, #{timeout := Timeout} = Job} ->
+    case erlcuda_job:validate(Kernel, Args, Opts, later) of
+        {ok, #{timeout := Timeout} = Job0} ->
+            {Unranged, Job} = erlcuda_job:take_unranged(Job0),
             Alias = alias([explicit_unalias]),
             Deadline = erlcuda_await:deadline(Timeout),
             Keeps = case Job of
@@ -224,7 +231,10 @@ launch_sync1(Kernel, Args, Opts) ->
                     end,
             case erlcuda_submit:submit(Job#{deadline => Deadline}, Alias) of
                 {ok, JobId, Span} ->
-                    Result = await(JobId, Alias, Deadline, Keeps),
+                    Result = case erlcuda_job:in_range(Unranged) of
+                                 ok -> await(JobId, Alias, Deadline, Keeps);
+                                 {error, _} = Bad -> abandon(JobId, Alias, Keeps, Bad)
+                             end,
                     %% Its stop event is this process's, with the result as returned.
                     ok = erlcuda_telemetry:job_stop(Span, Result),
                     Result;
@@ -245,18 +255,21 @@ await(JobId, Alias, Deadline, Keeps) ->
             unalias(Alias),
             Result;
         _ ->
-            %% Buffers the job was to keep must not outlive the wait: a job still
-            %% registered is taken back (its buffers freed after it); one already answered
-            %% has its reply on the way or here, and the buffers in it are freed.
-            Late = case Keeps andalso erlcuda_jobs:cancel(JobId) of
-                       false when Keeps -> ?LATE_KEEP_MS;
-                       _ -> 0
-                   end,
-            %% The job's event is this caller's timeout, even once it is gone.
-            ok = erlcuda_jobs:disown(JobId),
-            erlcuda_await:drop(Alias, Late, fun erlcuda_buffers:free_all/1),
-            {error, timeout}
+            abandon(JobId, Alias, Keeps, {error, timeout})
     end.
+
+%% A job whose caller returns without its reply: buffers the job was to keep must not
+%% outlive the call. A job still registered is taken back (its buffers freed after it); one
+%% already answered has its reply on the way or here, and the buffers in it are freed.
+abandon(JobId, Alias, Keeps, Error) ->
+    Late = case Keeps andalso erlcuda_jobs:cancel(JobId) of
+               false when Keeps -> ?LATE_KEEP_MS;
+               _ -> 0
+           end,
+    %% The job's event is this caller's error, even once it is gone.
+    ok = erlcuda_jobs:disown(JobId),
+    erlcuda_await:drop(Alias, Late, fun erlcuda_buffers:free_all/1),
+    Error.
 
 %% @equiv await(JobId, 5000)
 -spec await(JobId :: job_id()) ->

@@ -10,7 +10,7 @@
 %% and the shape of its reply).
 -module(erlcuda_job).
 
--export([validate/3]).
+-export([validate/3, validate/4, take_unranged/1, in_range/1]).
 
 -export_type([job/0, general/0, arg/0, geometry/0]).
 
@@ -33,7 +33,10 @@
                  %% erlcuda_transports': its vectors through this transport whatever their size,
                  %% and the job neither counted nor sent as telemetry
                  transport => pipe | shm,
-                 quiet => true}.
+                 quiet => true,
+                 %% `validate/4' with `later': the f32 lists packed without their range
+                 %% check, by argument name, for `in_range/1' once the job is submitted
+                 unranged => [{binary(), list()}]}.
 %% A launch's argument as the wire takes it: an f32 vector (a binary), a dim, or one of
 %% the general path's kinds.
 -type arg() :: binary() | non_neg_integer()
@@ -59,10 +62,22 @@
 -spec validate(Kernel :: term(), Args :: term(), Opts :: term()) ->
     {ok, job()} | {error, erlcuda:reason()}.
 validate(Kernel, Args, Opts) ->
+    validate(Kernel, Args, Opts, now).
+
+%% @doc `validate/3', where `later' leaves the f32 range check of a built-in kernel's list
+%% arguments to `in_range/1' (the job carries them as `unranged'): a caller that waits for
+%% the reply runs that check while the worker runs the job, rather than before.
+-spec validate(Kernel :: term(), Args :: term(), Opts :: term(), now | later) ->
+    {ok, job()} | {error, erlcuda:reason()}.
+validate(Kernel, Args, Opts, Range) ->
     case options(Opts) of
         %% The options added for buffers and user kernels come apart (X): a plain launch
         %% has none.
-        {ok, {Job, X}} ->
+        {ok, {Job, X0}} ->
+            X = case Range of
+                    now -> X0;
+                    later -> X0#{range => later}
+                end,
             case erlcuda_program:is_program(Kernel) of
                 true -> program(Kernel, Args, Job, X);
                 false -> kernel(Kernel, Args, Job, X)
@@ -167,9 +182,15 @@ builtin_args(#{name := Kernel, params := Params, result := Result} = Spec, Args,
         false ->
             bad("~p runs in ~ts, not ~p", [Kernel, type_names(Types), Type]);
         true ->
-            case values(Params, Args, Type, General, #{}, []) of
-                {ok, Values, Buffers} ->
+            How = {Type, General, maps:get(range, X, now)},
+            case values(Params, Args, How, #{}, [], []) of
+                {ok, Values, Buffers, []} ->
                     check(Params, Result, Values, Buffers, Type, Job, X);
+                {ok, Values, Buffers, Unranged} ->
+                    case check(Params, Result, Values, Buffers, Type, Job, X) of
+                        {ok, Job1} -> {ok, Job1#{unranged => Unranged}};
+                        {error, _} = Error -> Error
+                    end;
                 {error, _} = Error ->
                     Error
             end
@@ -187,13 +208,24 @@ type_names([T]) -> atom_to_list(T);
 type_names(Types) -> lists:join(" or ", [atom_to_list(T) || T <- Types]).
 
 %% Each argument checked against its param, by name: `{vector, Elements, Arg}' or
-%% `{dim, N, Arg}', Arg as the wire takes it; with the buffers met, in order.
-values([], [], _, _, Acc, Buffers) ->
-    {ok, Acc, lists:reverse(Buffers)};
-values([#{name := Name} = P | Ps], [A | As], Type, General, Acc, Buffers) ->
+%% `{dim, N, Arg}', Arg as the wire takes it; with the buffers met, in order, and the f32
+%% lists whose range check comes later (How's range `later').
+values([], [], _, Acc, Buffers, Unranged) ->
+    {ok, Acc, lists:reverse(Buffers), Unranged};
+values([#{kind := vector, name := Name} | Ps], [A | As], {f32, _, later} = How, Acc, Buffers,
+       Unranged) when is_list(A) ->
+    case erlcuda_vector:pack_unranged(f32, A) of
+        {ok, Bin} ->
+            V = {vector, byte_size(Bin) div 4, Bin},
+            values(Ps, As, How, Acc#{Name => V}, Buffers, [{Name, A} | Unranged]);
+        {error, Why} ->
+            bad("~s: ~ts", [Name, Why])
+    end;
+values([#{name := Name} = P | Ps], [A | As], {Type, General, _} = How, Acc, Buffers,
+       Unranged) ->
     case value(P, A, Type, General) of
-        {ok, {buffer, B, V}} -> values(Ps, As, Type, General, Acc#{Name => V}, [B | Buffers]);
-        {ok, V} -> values(Ps, As, Type, General, Acc#{Name => V}, Buffers);
+        {ok, {buffer, B, V}} -> values(Ps, As, How, Acc#{Name => V}, [B | Buffers], Unranged);
+        {ok, V} -> values(Ps, As, How, Acc#{Name => V}, Buffers, Unranged);
         {error, _} = Error -> Error
     end.
 
@@ -560,6 +592,23 @@ geometry1(Job, Default) ->
 
 ceil_div(A, B) ->
     (A + B - 1) div B.
+
+%% @doc A job's `unranged' lists taken out of it: the job as it is submitted, and what
+%% `in_range/1' checks.
+-spec take_unranged(job()) -> {[{binary(), list()}], job()}.
+take_unranged(#{unranged := Unranged} = Job) -> {Unranged, maps:remove(unranged, Job)};
+take_unranged(Job) -> {[], Job}.
+
+%% @doc The range check `validate/4' left for later: `{bad_args, _}' names the first
+%% argument with a number beyond f32's range, as `validate/3' would have.
+-spec in_range([{binary(), list()}]) -> ok | {error, erlcuda:reason()}.
+in_range([]) ->
+    ok;
+in_range([{Name, List} | Rest]) ->
+    case erlcuda_vector:in_f32_range(List) of
+        true -> in_range(Rest);
+        false -> bad("~s: ~ts", [Name, erlcuda_vector:f32_range_error()])
+    end.
 
 proper_list(L) when is_list(L) ->
     try length(L) of _ -> true catch error:badarg -> false end;

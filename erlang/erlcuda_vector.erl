@@ -4,7 +4,8 @@
 %% of each type.
 -module(erlcuda_vector).
 
--export([types/0, is_type/1, size/1, index/1, type/1, pack/2, unpack/2, scalar/2]).
+-export([types/0, is_type/1, size/1, index/1, type/1, pack/2, pack_unranged/2, in_f32_range/1,
+         f32_range_error/0, unpack/2, scalar/2]).
 
 -export_type([type/0]).
 
@@ -47,7 +48,33 @@ type(Byte) ->
 %% the first element that does not fit.
 -spec pack(type(), list()) -> {ok, binary()} | {error, iodata()}.
 pack(Type, List) ->
-    try pack_list(Type, List) of
+    caught(Type, fun() -> pack_list(Type, List) end).
+
+%% @doc `pack/2' of f32 without the range check, for a caller that makes it later
+%% (`in_f32_range/1'): meanwhile a number beyond the range is an infinity in the binary.
+-spec pack_unranged(f32, list()) -> {ok, binary()} | {error, iodata()}.
+pack_unranged(f32, List) ->
+    caught(f32, fun() -> joined(f32n(List, 0, <<>>, [])) end).
+
+%% @doc Whether every number of a list (one `pack_unranged/2' took) is within f32's range.
+-spec in_f32_range([number()]) -> boolean().
+in_f32_range([A, B, C, D, E, F, G, H | T])
+  when ?F32(A), ?F32(B), ?F32(C), ?F32(D), ?F32(E), ?F32(F), ?F32(G), ?F32(H) ->
+    in_f32_range(T);
+in_f32_range([A | T]) when ?F32(A) ->
+    in_f32_range(T);
+in_f32_range([]) ->
+    true;
+in_f32_range(_) ->
+    false.
+
+%% @doc What `pack/2' says of a number beyond f32's range.
+-spec f32_range_error() -> string().
+f32_range_error() ->
+    "a number outside the f32 range".
+
+caught(Type, Pack) ->
+    try Pack() of
         Bin -> {ok, Bin}
     catch
         throw:{not_a_number, X} -> {error, io_lib:format("not a number: ~0P", [X, 8])};
@@ -55,7 +82,9 @@ pack(Type, List) ->
             {error, io_lib:format("~0P is not an integer (~p)", [X, 8, Type])};
         throw:{out_of_range, X} ->
             {error, io_lib:format("~0P is outside the ~p range", [X, 8, Type])};
-        throw:f32_range -> {error, "a number outside the f32 range"};
+        throw:f32_range -> {error, f32_range_error()};
+        %% only an integer too large for a float fails a float segment
+        error:badarg when Type =:= f32 -> {error, f32_range_error()};
         error:badarg when Type =:= f64 -> {error, "a number outside the f64 range"};
         error:_ -> {error, "not a proper list"}
     end.
@@ -88,6 +117,22 @@ f32s([A | T], N, Acc, Done) ->
 f32s([], _, Acc, Done) ->
     {Acc, Done};
 f32s(_, _, _, _) ->
+    error(improper_list).
+
+%% f32s without the range guards (pack_unranged/2).
+f32n(L, N, Acc, Done) when N >= ?CHUNK ->
+    f32n(L, 0, <<>>, [Acc | Done]);
+f32n([A, B, C, D, E, F, G, H | T], N, Acc, Done)
+  when is_number(A), is_number(B), is_number(C), is_number(D), is_number(E), is_number(F),
+       is_number(G), is_number(H) ->
+    f32n(T, N + 8, <<Acc/binary, A:32/float-little, B:32/float-little, C:32/float-little,
+                     D:32/float-little, E:32/float-little, F:32/float-little,
+                     G:32/float-little, H:32/float-little>>, Done);
+f32n([A | T], N, Acc, Done) ->
+    f32n(T, N + 1, <<Acc/binary, (number(A)):32/float-little>>, Done);
+f32n([], _, Acc, Done) ->
+    {Acc, Done};
+f32n(_, _, _, _) ->
     error(improper_list).
 
 f64s(L, N, Acc, Done) when N >= ?CHUNK ->

@@ -21,6 +21,32 @@ plain_launch_test() ->
                   <<3.0:32/float-little, 4.0:32/float-little>>, 1, 1, 2], maps:get(args, M)),
     ?assertNot(maps:is_key(general, M)).
 
+%% validate/4 with `later': a built-in f32 launch's lists packed without their range check
+%% and named for in_range/1, which says what validate/3 says; binaries, other types and
+%% user kernels are as validate/3 makes them.
+range_later_test() ->
+    Args = [[1.0, 1.0e39], <<3.0:32/float-little, 4.0:32/float-little>>],
+    {error, Now} = erlcuda_job:validate(vector_add, Args, []),
+    {ok, Job} = erlcuda_job:validate(vector_add, Args, [], later),
+    ?assertEqual([{<<"A">>, [1.0, 1.0e39]}], maps:get(unranged, Job)),
+    {Unranged, Sent} = erlcuda_job:take_unranged(Job),
+    ?assertNot(maps:is_key(unranged, Sent)),
+    ?assertEqual({error, Now}, erlcuda_job:in_range(Unranged)),
+    ?assertEqual({error, {bad_args, <<"A: a number outside the f32 range">>}},
+                 erlcuda_job:in_range(Unranged)),
+    {ok, Fine} = erlcuda_job:validate(vector_add, [[1.0, 2.0], [3, 4.0]], [], later),
+    {ok, Plain} = erlcuda_job:validate(vector_add, [[1.0, 2.0], [3, 4.0]], []),
+    {FineLists, FineSent} = erlcuda_job:take_unranged(Fine),
+    ?assertEqual(Plain, FineSent),
+    ?assertEqual([<<"B">>, <<"A">>], [N || {N, _} <- FineLists]),
+    ?assertEqual(ok, erlcuda_job:in_range(FineLists)),
+    {ok, F64} = erlcuda_job:validate(vector_add, [[1.0e300, 2.0], [3, 4]], [{type, f64}],
+                                     later),
+    ?assertEqual({[], F64}, erlcuda_job:take_unranged(F64)),
+    ?assertEqual(erlcuda_job:validate(vector_add, [[1.0, foo], [3, 4]], []),
+                 erlcuda_job:validate(vector_add, [[1.0, foo], [3, 4]], [], later)),
+    ?assertEqual({[], Plain}, erlcuda_job:take_unranged(Plain)).
+
 f64_launch_test() ->
     {ok, Job} = erlcuda_job:validate(vector_add, [[1, 2], [3.5, 4]], [{type, f64}]),
     ?assertEqual([{vector, f64, <<1.0:64/float-little, 2.0:64/float-little>>},

@@ -411,6 +411,48 @@ launch_sync_f32_timeout_and_non_finite_test_() ->
         no_message()
     end}).
 
+%% launch_sync checks an f32 list's range while the worker runs the job: a number beyond
+%% it, in any argument, at any place, fails the call with the error launch/3 gives at once
+%% (traced or not, its result kept or not); the job's reply never reaches the mailbox, and
+%% nothing stays behind (no job, nothing in flight, no buffer kept).
+range_checked_while_the_job_runs_test_() ->
+    with_app([], {timeout, 30, fun() ->
+        Base = buffer_usage(),
+        Ok = [float(I) || I <- lists:seq(1, 40)],
+        Bad = fun(P, X) -> lists:sublist(Ok, P) ++ [X | lists:nthtail(P + 1, Ok)] end,
+        Cases = [{vector_add, [Bad(P, X), Ok]} || P <- [0, 9, 39], X <- [1.0e39, -1 bsl 200]]
+            ++ [{vector_add, [Ok, Bad(17, -1.0e39)]}, {reduce, [Bad(5, 4.0e38)]},
+                {dot_product, [Ok, Bad(39, 1.0e39)]}],
+        lists:foreach(
+          fun({K, Args}) ->
+                  {error, {bad_args, _}} = Want = erlcuda:launch(K, Args),
+                  ?assertEqual({K, Want}, {K, erlcuda:launch_sync(K, Args)}),
+                  ?assertEqual({K, Want},
+                               {K, erlcuda:launch_sync(K, Args, [{format, binary}])}),
+                  %% as a launch refused before it is submitted: no stamps
+                  ?assertEqual({K, Want},
+                               {K, erlcuda:launch_sync(K, Args, [{trace, true}])})
+          end, Cases),
+        %% long enough that the reply may come before the check ends (shared memory too)
+        Long = lists:duplicate(300000, 0.5),
+        LongBad = Long ++ [1.0e39],
+        ?assertEqual(erlcuda:launch(vector_add, [LongBad, [1.0 | Long]]),
+                     erlcuda:launch_sync(vector_add, [LongBad, [1.0 | Long]])),
+        Kept = [Bad(3, 1.0e39), Ok],
+        ?assertEqual(erlcuda:launch(vector_add, Kept),
+                     erlcuda:launch_sync(vector_add, Kept, [{keep, true}])),
+        ?assertMatch({ok, [_ | _]}, erlcuda:launch_sync(vector_add, [Ok, Ok])),
+        timer:sleep(300),
+        no_message(),
+        ok = erlcuda_test_util:wait_until(fun() -> in_flight() =:= 0 end, 30),
+        ?assertEqual(0, erlcuda_jobs:size()),
+        ok = erlcuda_test_util:wait_until(fun() -> buffer_usage() =:= Base end, 300)
+    end}).
+
+buffer_usage() ->
+    #{device_info := Devices, owned_buffers := Owned} = erlcuda:info(),
+    {[maps:get(buffers, D) || D <- Devices], Owned}.
+
 %% launch_sync with {trace, true} answers with the stamps beside the result, also for an
 %% error, and leaves nothing in the mailbox. The stamps are nanoseconds by stage, each
 %% timed on one clock (they mixed the worker's perf_counter readings with a monotonic

@@ -91,6 +91,33 @@ pack_by_eights_test() ->
 
 reason({error, Why}) -> iolist_to_binary(Why).
 
+%% pack_unranged/2 makes pack/2's bytes from any list pack/2 takes, and its errors but the
+%% range's; a number beyond f32's range becomes an infinity there, which in_f32_range/1
+%% finds wherever it lies, as pack/2 does.
+pack_unranged_test() ->
+    [begin
+         L = [case I rem 3 of 0 -> I; _ -> I * 0.5 end || I <- lists:seq(1, N)],
+         ?assertEqual(erlcuda_vector:pack(f32, L), erlcuda_vector:pack_unranged(f32, L)),
+         ?assert(erlcuda_vector:in_f32_range(L))
+     end || N <- [0, 1, 7, 8, 9, 1000, 4095, 4096, 4097, 8200]],
+    Ok = lists:duplicate(5000, 1.5),
+    [begin
+         At = lists:sublist(Ok, P) ++ [Big | lists:nthtail(P, Ok)],
+         {ok, Bin} = erlcuda_vector:pack_unranged(f32, At),
+         <<_:P/binary-unit:32, Inf:32/little, _/binary>> = Bin,
+         ?assertEqual({P, Big, 16#7F800000}, {P, Big, Inf band 16#7FFFFFFF}),
+         ?assertNot(erlcuda_vector:in_f32_range(At)),
+         ?assertEqual(<<"a number outside the f32 range">>, reason(erlcuda_vector:pack(f32, At)))
+     end || P <- [0, 3, 8, 13, 4095, 4096, 4100, 5000], Big <- [1.0e39, -1.0e39, 1 bsl 200]],
+    ?assert(erlcuda_vector:in_f32_range([3.4028234663852886e38, -3.4028234663852886e38])),
+    ?assertEqual(<<"a number outside the f32 range">>,
+                 reason(erlcuda_vector:pack_unranged(f32, [1.0, 1 bsl 1100]))),
+    ?assertEqual(<<"not a number: foo">>,
+                 reason(erlcuda_vector:pack_unranged(f32, Ok ++ [foo]))),
+    ?assertEqual(<<"not a proper list">>, reason(erlcuda_vector:pack_unranged(f32, Ok ++ 2.0))),
+    ?assertEqual(erlcuda_vector:f32_range_error(),
+                 binary_to_list(reason(erlcuda_vector:pack(f32, [1.0e39])))).
+
 unpack_non_finite_test() ->
     Inf32 = <<0, 0, 128, 127>>,
     Inf64 = <<0, 0, 0, 0, 0, 0, 240, 127>>,
