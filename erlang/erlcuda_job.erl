@@ -73,23 +73,19 @@ validate(Kernel, Args, Opts, Range) ->
     case options(Opts) of
         %% The options added for buffers and user kernels come apart (X): a plain launch
         %% has none.
-        {ok, {Job, X0}} ->
-            X = case Range of
-                    now -> X0;
-                    later -> X0#{range => later}
-                end,
+        {ok, {Job, X}} ->
             case erlcuda_program:is_program(Kernel) of
                 true -> program(Kernel, Args, Job, X);
-                false -> kernel(Kernel, Args, Job, X)
+                false -> kernel(Kernel, Args, Job, X, Range)
             end;
         {error, _} = Error ->
             Error
     end.
 
-kernel(Kernel, Args, Job, X) ->
+kernel(Kernel, Args, Job, X, Range) ->
     case erlcuda_catalogue:lookup(Kernel) of
         {ok, #{user := _} = Spec} -> user(Spec, Args, Job#{kernel => Kernel}, X);
-        {ok, Spec} -> builtin(Spec, Args, Job#{kernel => Kernel}, X);
+        {ok, Spec} -> builtin(Spec, Args, Job#{kernel => Kernel}, X, Range);
         error -> {error, {unknown_kernel, Kernel}}
     end.
 
@@ -150,12 +146,12 @@ dims(_) -> error.
 
 %% Built-in kernels.
 
-builtin(#{name := Kernel} = Spec, Args, Job, X) ->
+builtin(#{name := Kernel} = Spec, Args, Job, X, Range) ->
     case geometry_options(X) of
         [Opt | _] -> {error, {bad_option, Opt}};
         [] ->
             case arity(Kernel, length(maps:get(params, Spec)), Args) of
-                ok -> builtin_args(Spec, Args, Job, X);
+                ok -> builtin_args(Spec, Args, Job, X, Range);
                 {error, _} = Error -> Error
             end
     end.
@@ -172,7 +168,8 @@ arity(Kernel, Arity, Args) ->
     end.
 
 %% The launch's element type: {type, T}, else its first buffer's, else the kernel's first.
-builtin_args(#{name := Kernel, params := Params, result := Result} = Spec, Args, Job, X) ->
+builtin_args(#{name := Kernel, params := Params, result := Result} = Spec, Args, Job, X,
+             Range) ->
     #{types := Types, general := General} = Spec,
     Type = case X of
                #{type := T} -> T;
@@ -182,7 +179,7 @@ builtin_args(#{name := Kernel, params := Params, result := Result} = Spec, Args,
         false ->
             bad("~p runs in ~ts, not ~p", [Kernel, type_names(Types), Type]);
         true ->
-            How = {Type, General, maps:get(range, X, now)},
+            How = {Type, General, Range},
             case values(Params, Args, How, #{}, [], []) of
                 {ok, Values, Buffers, []} ->
                     check(Params, Result, Values, Buffers, Type, Job, X);
