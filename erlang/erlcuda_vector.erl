@@ -54,7 +54,7 @@ pack(Type, List) ->
 %% (`in_f32_range/1'): meanwhile a number beyond the range is an infinity in the binary.
 -spec pack_unranged(f32, list()) -> {ok, binary()} | {error, iodata()}.
 pack_unranged(f32, List) ->
-    caught(f32, fun() -> joined(f32n(List, 0, <<>>, [])) end).
+    caught(f32, fun() -> joined(numbers(List, 32, 0, <<>>, [])) end).
 
 %% @doc Whether every number of a list (one `pack_unranged/2' took) is within f32's range.
 -spec in_f32_range([number()]) -> boolean().
@@ -93,7 +93,7 @@ caught(Type, Pack) ->
 %% width and range come from the contract. Bit syntax keeps the low bits of a negative
 %% integer, so one little-endian segment packs signed and unsigned types alike.
 pack_list(f32, List) -> joined(f32s(List, 0, <<>>, []));
-pack_list(f64, List) -> joined(f64s(List, 0, <<>>, []));
+pack_list(f64, List) -> joined(numbers(List, 64, 0, <<>>, []));
 pack_list(Type, List) ->
     {Min, Max} = erlcuda_contract:element_range(Type),
     Bits = 8 * erlcuda_contract:element_size(Type),
@@ -119,35 +119,23 @@ f32s([], _, Acc, Done) ->
 f32s(_, _, _, _) ->
     error(improper_list).
 
-%% f32s without the range guards (pack_unranged/2).
-f32n(L, N, Acc, Done) when N >= ?CHUNK ->
-    f32n(L, 0, <<>>, [Acc | Done]);
-f32n([A, B, C, D, E, F, G, H | T], N, Acc, Done)
+%% Numbers checked by type alone, eight a step, `Bits' wide: f64, and f32 for a caller that
+%% checks the range later (pack_unranged/2). A number beyond the f32 range becomes an
+%% infinity; an integer too large for any float fails its segment (badarg).
+numbers(L, Bits, N, Acc, Done) when N >= ?CHUNK ->
+    numbers(L, Bits, 0, <<>>, [Acc | Done]);
+numbers([A, B, C, D, E, F, G, H | T], Bits, N, Acc, Done)
   when is_number(A), is_number(B), is_number(C), is_number(D), is_number(E), is_number(F),
        is_number(G), is_number(H) ->
-    f32n(T, N + 8, <<Acc/binary, A:32/float-little, B:32/float-little, C:32/float-little,
-                     D:32/float-little, E:32/float-little, F:32/float-little,
-                     G:32/float-little, H:32/float-little>>, Done);
-f32n([A | T], N, Acc, Done) ->
-    f32n(T, N + 1, <<Acc/binary, (number(A)):32/float-little>>, Done);
-f32n([], _, Acc, Done) ->
+    numbers(T, Bits, N + 8, <<Acc/binary, A:Bits/float-little, B:Bits/float-little,
+                              C:Bits/float-little, D:Bits/float-little, E:Bits/float-little,
+                              F:Bits/float-little, G:Bits/float-little,
+                              H:Bits/float-little>>, Done);
+numbers([A | T], Bits, N, Acc, Done) ->
+    numbers(T, Bits, N + 1, <<Acc/binary, (number(A)):Bits/float-little>>, Done);
+numbers([], _, _, Acc, Done) ->
     {Acc, Done};
-f32n(_, _, _, _) ->
-    error(improper_list).
-
-f64s(L, N, Acc, Done) when N >= ?CHUNK ->
-    f64s(L, 0, <<>>, [Acc | Done]);
-f64s([A, B, C, D, E, F, G, H | T], N, Acc, Done)
-  when is_number(A), is_number(B), is_number(C), is_number(D), is_number(E), is_number(F),
-       is_number(G), is_number(H) ->
-    f64s(T, N + 8, <<Acc/binary, A:64/float-little, B:64/float-little, C:64/float-little,
-                     D:64/float-little, E:64/float-little, F:64/float-little,
-                     G:64/float-little, H:64/float-little>>, Done);
-f64s([A | T], N, Acc, Done) ->
-    f64s(T, N + 1, <<Acc/binary, (number(A)):64/float-little>>, Done);
-f64s([], _, Acc, Done) ->
-    {Acc, Done};
-f64s(_, _, _, _) ->
+numbers(_, _, _, _, _) ->
     error(improper_list).
 
 %% The chunks in order, one binary: the last chunk alone is taken as it is.
