@@ -218,34 +218,50 @@ launch_sync(Kernel, Args, Opts) ->
 
 %% The f32 range of list arguments is checked once the job is on its way, while the worker
 %% runs it (erlcuda_job:validate/4): a list with a number beyond the range fails the call
-%% with the error validate/3 gives, and the job's reply is dropped unread.
+%% with the error validate/3 gives, and the job's reply is dropped unread. A launch that may
+%% wait for room in a full queue (`{wait, Ms}') is checked before, as is one its submit
+%% refuses: no refusal hides a bad argument.
 launch_sync1(Kernel, Args, Opts) ->
     case erlcuda_job:validate(Kernel, Args, Opts, later) of
         {ok, #{timeout := Timeout} = Job0} ->
             {Unranged, Job} = erlcuda_job:take_unranged(Job0),
-            Alias = alias([explicit_unalias]),
-            Deadline = erlcuda_await:deadline(Timeout),
-            Keeps = case Job of
-                        #{general := #{keep := N}} -> N > 0;
-                        #{} -> false
-                    end,
-            case erlcuda_submit:submit(Job#{deadline => Deadline}, Alias) of
-                {ok, JobId, Span} ->
-                    Result = case erlcuda_job:in_range(Unranged) of
-                                 ok -> await(JobId, Alias, Deadline, Keeps);
-                                 {error, _} = Bad -> abandon(JobId, Alias, Keeps, Bad)
-                             end,
-                    %% Its stop event is this process's, with the result as returned.
-                    ok = erlcuda_telemetry:job_stop(Span, Result),
-                    Result;
-                {error, _} = Error ->
-                    unalias(Alias),
-                    Error
+            case is_map_key(wait, Job) of
+                true ->
+                    case erlcuda_job:in_range(Unranged) of
+                        ok -> submit_sync(Job, [], Timeout);
+                        {error, _} = Bad -> Bad
+                    end;
+                false ->
+                    submit_sync(Job, Unranged, Timeout)
             end;
         {error, {remote_buffer, B}} ->
             erlcuda_remote:follow(B, Kernel, Args, Opts, sync);
         {error, _} = Error ->
             Error
+    end.
+
+submit_sync(Job, Unranged, Timeout) ->
+    Alias = alias([explicit_unalias]),
+    Deadline = erlcuda_await:deadline(Timeout),
+    Keeps = case Job of
+                #{general := #{keep := N}} -> N > 0;
+                #{} -> false
+            end,
+    case erlcuda_submit:submit(Job#{deadline => Deadline}, Alias) of
+        {ok, JobId, Span} ->
+            Result = case erlcuda_job:in_range(Unranged) of
+                         ok -> await(JobId, Alias, Deadline, Keeps);
+                         {error, _} = Bad -> abandon(JobId, Alias, Keeps, Bad)
+                     end,
+            %% Its stop event is this process's, with the result as returned.
+            ok = erlcuda_telemetry:job_stop(Span, Result),
+            Result;
+        {error, _} = Refused ->
+            unalias(Alias),
+            case erlcuda_job:in_range(Unranged) of
+                ok -> Refused;
+                {error, _} = Bad -> Bad
+            end
     end.
 
 %% The reply names the alias (erlcuda_jobs), never a job id: nothing else can match.

@@ -66,10 +66,20 @@ validate(Kernel, Args, Opts) ->
 
 %% @doc `validate/3', where `later' leaves the f32 range check of a built-in kernel's list
 %% arguments to `in_range/1' (the job carries them as `unranged'): a caller that waits for
-%% the reply runs that check while the worker runs the job, rather than before.
+%% the reply runs that check while the worker runs the job, rather than before. A launch
+%% refused at once is refused as `validate/3' refuses it: the first bad argument in order
+%% is named, whatever is wrong with it.
 -spec validate(Kernel :: term(), Args :: term(), Opts :: term(), now | later) ->
     {ok, job()} | {error, erlcuda:reason()}.
-validate(Kernel, Args, Opts, Range) ->
+validate(Kernel, Args, Opts, now) ->
+    checked(Kernel, Args, Opts, now);
+validate(Kernel, Args, Opts, later) ->
+    case checked(Kernel, Args, Opts, later) of
+        {ok, _} = Ok -> Ok;
+        {error, _} -> checked(Kernel, Args, Opts, now)
+    end.
+
+checked(Kernel, Args, Opts, Range) ->
     case options(Opts) of
         %% The options added for buffers and user kernels come apart (X): a plain launch
         %% has none.
@@ -208,13 +218,18 @@ type_names(Types) -> lists:join(" or ", [atom_to_list(T) || T <- Types]).
 %% `{dim, N, Arg}', Arg as the wire takes it; with the buffers met, in order, and the f32
 %% lists whose range check comes later (How's range `later').
 values([], [], _, Acc, Buffers, Unranged) ->
-    {ok, Acc, lists:reverse(Buffers), Unranged};
+    {ok, Acc, lists:reverse(Buffers), lists:reverse(Unranged)};
 values([#{kind := vector, name := Name} | Ps], [A | As], {f32, _, later} = How, Acc, Buffers,
        Unranged) when is_list(A) ->
     case erlcuda_vector:pack_unranged(f32, A) of
-        {ok, Bin} ->
-            V = {vector, byte_size(Bin) div 4, Bin},
-            values(Ps, As, How, Acc#{Name => V}, Buffers, [{Name, A} | Unranged]);
+        {ok, Packed} ->
+            case vector(Packed, Name, f32) of
+                {ok, Bin} ->
+                    V = {vector, byte_size(Bin) div 4, Bin},
+                    values(Ps, As, How, Acc#{Name => V}, Buffers, [{Name, A} | Unranged]);
+                {error, _} = Error ->
+                    Error
+            end;
         {error, Why} ->
             bad("~s: ~ts", [Name, Why])
     end;
@@ -597,7 +612,7 @@ take_unranged(#{unranged := Unranged} = Job) -> {Unranged, maps:remove(unranged,
 take_unranged(Job) -> {[], Job}.
 
 %% @doc The range check `validate/4' left for later: `{bad_args, _}' names the first
-%% argument with a number beyond f32's range, as `validate/3' would have.
+%% argument, in order, with a number beyond f32's range, as `validate/3' would have.
 -spec in_range([{binary(), list()}]) -> ok | {error, erlcuda:reason()}.
 in_range([]) ->
     ok;

@@ -38,14 +38,21 @@ range_later_test() ->
     {ok, Plain} = erlcuda_job:validate(vector_add, [[1.0, 2.0], [3, 4.0]], []),
     {FineLists, FineSent} = erlcuda_job:take_unranged(Fine),
     ?assertEqual(Plain, FineSent),
-    ?assertEqual([<<"B">>, <<"A">>], [N || {N, _} <- FineLists]),
+    ?assertEqual([<<"A">>, <<"B">>], [N || {N, _} <- FineLists]),
     ?assertEqual(ok, erlcuda_job:in_range(FineLists)),
     {ok, F64} = erlcuda_job:validate(vector_add, [[1.0e300, 2.0], [3, 4]], [{type, f64}],
                                      later),
     ?assertEqual({[], F64}, erlcuda_job:take_unranged(F64)),
     ?assertEqual(erlcuda_job:validate(vector_add, [[1.0, foo], [3, 4]], []),
                  erlcuda_job:validate(vector_add, [[1.0, foo], [3, 4]], [], later)),
-    ?assertEqual({[], Plain}, erlcuda_job:take_unranged(Plain)).
+    ?assertEqual({[], Plain}, erlcuda_job:take_unranged(Plain)),
+    %% both beyond the range: the first argument is named, as validate/3 names it
+    {ok, Both} = erlcuda_job:validate(vector_add, [[1.0e39], [2.0e39]], [], later),
+    ?assertEqual(erlcuda_job:validate(vector_add, [[1.0e39], [2.0e39]], []),
+                 erlcuda_job:in_range(maps:get(unranged, Both))),
+    %% refused at once, it is refused as validate/3 refuses it (a range before a length)
+    ?assertEqual(erlcuda_job:validate(vector_add, [[1.0e39], [1.0, 2.0]], []),
+                 erlcuda_job:validate(vector_add, [[1.0e39], [1.0, 2.0]], [], later)).
 
 f64_launch_test() ->
     {ok, Job} = erlcuda_job:validate(vector_add, [[1, 2], [3.5, 4]], [{type, f64}]),

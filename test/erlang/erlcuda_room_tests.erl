@@ -46,6 +46,15 @@ no_wait() ->
     ?assertEqual({error, overloaded}, erlcuda:launch(reduce, [[1.0]], ?DEV0)),
     ?assertEqual({error, overloaded}, erlcuda:launch(reduce, [[1.0]], #{device => 0, wait => 0})),
     ?assertEqual({error, overloaded}, erlcuda:launch_sync(reduce, [[1.0]], ?DEV0)),
+    %% a full queue never hides a bad argument, nor waits for room to tell it: a list's
+    %% range, which launch_sync checks while a job runs, is checked before either
+    Range = erlcuda:launch(reduce, [[1.0e39]], ?DEV0),
+    ?assertMatch({error, {bad_args, _}}, Range),
+    ?assertEqual(Range, erlcuda:launch_sync(reduce, [[1.0e39]], ?DEV0)),
+    ?assertEqual(Range, erlcuda:launch_sync(reduce, [[1.0e39]], #{device => 0, wait => 10000})),
+    %% it did not wait: room comes only with the filling job's reply, not here yet
+    ?assertEqual(none, receive {erlcuda, Job, R} -> {early, R} after 0 -> none end),
+    ?assertEqual(0, waiting()),
     %% the other device has room
     ?assertEqual({ok, 2.0}, erlcuda:launch_sync(reduce, [[2.0]], [{device, 1}])),
     ?assertEqual({error, {bad_option, {wait, -1}}}, erlcuda:launch(reduce, [[1.0]], [{wait, -1}])),

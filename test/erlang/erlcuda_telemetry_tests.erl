@@ -137,6 +137,28 @@ quitter_test_() ->
         end
     end}).
 
+%% A launch_sync whose f32 list holds a number beyond the range is refused after its job
+%% was submitted (the range is checked while the worker runs it): its start and an
+%% exception with the bad_args reason, in the caller, and no second event when its job is
+%% answered. A launch refused before it is submitted emits nothing.
+range_refused_after_submit_test_() ->
+    with_app([], {timeout, 60, fun() ->
+        Id = forward(?JOB_EVENTS),
+        try
+            {error, Why} = erlcuda:launch_sync(reduce, [[1.0, 1.0e39]], [{device, 0}]),
+            {_, #{job_id := J}, Self} = next_event([erlcuda, job, start]),
+            ?assertEqual(self(), Self),
+            ?assertMatch({_, #{job_id := J, kind := error, reason := Why}, Self},
+                         next_event([erlcuda, job, exception])),
+            ?assertEqual([], after_device_0([J])),
+            ?assertMatch({error, {bad_args, _}}, erlcuda:launch_sync(reduce, [[foo]])),
+            ?assertMatch({error, {bad_args, _}}, erlcuda:launch(reduce, [[1.0e39]])),
+            ?assertEqual([], [E || {event, _, _, _, _} = E <- erlcuda_test_util:flush()])
+        after
+            telemetry:detach(Id)
+        end
+    end}).
+
 %% The job events of `Jobs' run by the event process by the time a job behind them on
 %% device 0 is answered (their replies, and so their events, were sent before its reply).
 after_device_0(Jobs) ->

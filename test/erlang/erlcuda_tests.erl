@@ -438,6 +438,19 @@ range_checked_while_the_job_runs_test_() ->
         LongBad = Long ++ [1.0e39],
         ?assertEqual(erlcuda:launch(vector_add, [LongBad, [1.0 | Long]]),
                      erlcuda:launch_sync(vector_add, [LongBad, [1.0 | Long]])),
+        %% whatever else is wrong, the first bad argument in order is named, as launch/3
+        %% names it: ranges in both, a range before a type, a length or a count
+        F64 = element(2, erlcuda:upload([1.0], [{type, f64}])),
+        Mixed = [{vector_add, [[1.0e39], [2.0e39]]}, {vector_add, [[1.0e39], [foo]]},
+                 {vector_add, [[1.0e39], [1.0, 2.0]]}, {vector_add, [[1.0e39], <<1, 2, 3>>]},
+                 {vector_add, [[], [1.0e39]]}, {vector_add, [[1.0e39, foo], [1.0, 2.0]]},
+                 {vector_add, [[1.0e39 | foo], [1.0]]}, {matmul, [[1.0e39], [1.0], -1, 1, 1]},
+                 {vector_add, [[1.0e39], [1 bsl 2000]]}],
+        [?assertEqual({K, As, erlcuda:launch(K, As)}, {K, As, erlcuda:launch_sync(K, As)})
+         || {K, As} <- Mixed],
+        ?assertEqual(erlcuda:launch(vector_add, [[1.0e39], F64], [{type, f32}]),
+                     erlcuda:launch_sync(vector_add, [[1.0e39], F64], [{type, f32}])),
+        ok = erlcuda:free(F64),
         Kept = [Bad(3, 1.0e39), Ok],
         ?assertEqual(erlcuda:launch(vector_add, Kept),
                      erlcuda:launch_sync(vector_add, Kept, [{keep, true}])),
