@@ -218,14 +218,15 @@ launch_sync(Kernel, Args, Opts) ->
 
 %% The f32 range of list arguments is checked once the job is on its way, while the worker
 %% runs it (erlcuda_job:validate/4): a list with a number beyond the range fails the call
-%% with the error validate/3 gives, and the job's reply is dropped unread. A launch that may
-%% wait for room in a full queue (`{wait, Ms}') is checked before, as is one its submit
-%% refuses: no refusal hides a bad argument.
+%% with the error validate/3 gives, and the job's reply is dropped unread. A launch whose
+%% submit may wait (for room in a full queue, or for the port's writer) is checked before
+%% it; one whose submit refuses it is checked before that refusal is returned: no wait or
+%% refusal hides a bad argument.
 launch_sync1(Kernel, Args, Opts) ->
     case erlcuda_job:validate(Kernel, Args, Opts, later) of
         {ok, #{timeout := Timeout} = Job0} ->
             {Unranged, Job} = erlcuda_job:take_unranged(Job0),
-            case is_map_key(wait, Job) of
+            case Unranged =/= [] andalso erlcuda_submit:may_wait(Job) of
                 true ->
                     case erlcuda_job:in_range(Unranged) of
                         ok -> submit_sync(Job, [], Timeout);

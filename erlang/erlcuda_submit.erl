@@ -3,7 +3,18 @@
 %% queue, register it, and write its frame to the port. No shared server is on this path.
 -module(erlcuda_submit).
 
--export([submit/2]).
+-export([submit/2, may_wait/1]).
+
+%% @doc Whether submitting `Job' now may wait: for room in a full queue (`{wait, Ms}'), or
+%% for the port's writer, past its byte bound.
+-spec may_wait(erlcuda_job:job()) -> boolean().
+may_wait(#{wait := _}) ->
+    true;
+may_wait(_) ->
+    case erlcuda_status:status() of
+        #{status := up, writer_counters := Counters} -> erlcuda_writer:backlogged(Counters);
+        _ -> false
+    end.
 
 %% @doc Write a checked job to the worker; the reply goes to `ReplyTo'. With the job's id,
 %% what a process that waits for the reply needs to run its stop event.

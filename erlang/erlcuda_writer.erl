@@ -15,7 +15,7 @@
 %% launches (a buffer's `free', `control/2'), and the port owner's calls (`direct/2').
 -module(erlcuda_writer).
 
--export([start_link/1, init/1, new_counters/0, pending/1, launch/3, hand_over/5,
+-export([start_link/1, init/1, new_counters/0, pending/1, backlogged/1, launch/3, hand_over/5,
          hand_over_control/3, control/2, direct/2, stats/1]).
 
 %% counters: frames handed over and not yet written; jobs written here; batch frames written;
@@ -65,16 +65,25 @@ hand_over(Writer, Counters, Frame, Size, Deadline) ->
                 false -> gone
             end;
         true ->
-            Ref = monitor(process, Writer),
-            Writer ! {launch, Frame, Size, {self(), Ref}},
+            %% The writer answers the monitor's alias: once the caller stops waiting, a
+            %% late answer is dropped rather than left in its mailbox.
+            Ref = monitor(process, Writer, [{alias, demonitor}]),
+            Writer ! {launch, Frame, Size, {Ref, Ref}},
             receive
                 {Ref, written} -> demonitor(Ref, [flush]), ok;
                 {'DOWN', Ref, process, _, _} -> gone
             after wait_ms(Deadline) ->
                 demonitor(Ref, [flush]),
-                late
+                receive {Ref, written} -> ok
+                after 0 -> late
+                end
             end
     end.
+
+%% @doc Whether a launch handed over now would wait for the writer (past its byte bound).
+-spec backlogged(counters()) -> boolean().
+backlogged(Counters) ->
+    atomics:get(Counters, ?BYTES) > ?MAX_PENDING_BYTES.
 
 %% @doc Write a launch frame: by the caller itself while nothing waits for the writer and
 %% the port is not busy (a lone job pays no hop), else handed to the port's writer. Never
@@ -208,7 +217,7 @@ write(Port, Counters, Frames, Bytes, N, Waiters) ->
     atomics:sub(Counters, ?BYTES, Bytes),
     atomics:add(Counters, ?JOBS, N),
     atomics:add(Counters, ?FRAMES, 1),
-    _ = [Pid ! {Ref, written} || {Pid, Ref} <- Waiters],
+    _ = [To ! {Ref, written} || {To, Ref} <- Waiters],
     ok.
 
 write_control(Port, Counters, Frame) ->

@@ -102,7 +102,8 @@ batch_frame_stays_within_the_frame_limit_test_() ->
 %% Past 64 MiB waiting in the writer a caller waits for its frame to be written: launch_sync's
 %% {timeout, Ms} bounds that wait too, so launch_sync(..., [{timeout, 300}]) answers
 %% {error, timeout} while the port stays busy (a worker that stops reading until the watchdog,
-%% 30 s by default, would kill it).
+%% 30 s by default, would kill it), and the writer's answer once the frame is written later
+%% never reaches that caller's mailbox. A list out of range is refused without that wait.
 launch_sync_timeout_holds_behind_the_writer_test_() ->
     with_app_no_shm([], {timeout, 40, fun() ->
         #{worker_os_pid := Os} = erlcuda:info(),
@@ -116,18 +117,30 @@ launch_sync_timeout_holds_behind_the_writer_test_() ->
                          end) || _ <- lists:seq(1, 80)],
         timer:sleep(500),
         T0 = erlang:monotonic_time(millisecond),
-        spawn(fun() ->
-                      Sync = erlcuda:launch_sync(reduce, [[1.0]], [{timeout, 300}]),
-                      Self ! {sync, Sync, erlang:monotonic_time(millisecond) - T0}
-              end),
+        Waiter = spawn(fun() ->
+                               Sync = erlcuda:launch_sync(reduce, [[1.0]], [{timeout, 300}]),
+                               Self ! {sync, Sync, erlang:monotonic_time(millisecond) - T0},
+                               %% what reached it after it stopped waiting
+                               receive go -> Self ! {left, erlcuda_test_util:flush()} end
+                       end),
         Got = receive {sync, SyncR, SyncMs} -> {SyncR, SyncMs}
               after 2500 -> still_waiting_after_2500_ms end,
+        %% a list out of range is refused without waiting for the writer, as launch/3 does
+        Bad = erlcuda:launch(reduce, [[1.0e39]]),
+        ?assertMatch({error, {bad_args, _}}, Bad),
+        spawn(fun() -> Self ! {bad, erlcuda:launch_sync(reduce, [[1.0e39]], [{timeout, 3000}])}
+              end),
+        GotBad = receive {bad, B} -> B after 2500 -> still_waiting_after_2500_ms end,
         signal(Os, "CONT"),
         _ = [receive {filled, F, _} -> ok after 10000 -> ok end || F <- Fillers],
         receive {sync, _, _} -> ok after 10000 -> ok end,
         ok = wait_until(fun() -> erlcuda_jobs:size() =:= 0 end, 100),
         %% answered while the worker was still stopped, not once it went on
-        ?assertMatch({{error, timeout}, _}, Got)
+        ?assertMatch({{error, timeout}, _}, Got),
+        ?assertEqual(Bad, GotBad),
+        %% its frame written after it gave up: the writer's late answer is dropped
+        Waiter ! go,
+        ?assertEqual([], receive {left, Left} -> Left after 5000 -> no_answer end)
     end}).
 
 %% A worker killed while frames sit in the writer's mailbox and callers of large jobs are
