@@ -196,7 +196,7 @@ def _serve(args: argparse.Namespace, extensions: Mapping[str, Extension]) -> int
             logging.getLogger("erlcuda").error("no shared memory: %s", exc)
             shm = None
     worker = Worker(FrameReader(3), writer, options, shm, extensions)
-    return worker.serve()
+    return worker.serve(once_open=portenv.settle_heap)
 
 
 def main(argv: Sequence[str] | None = None,

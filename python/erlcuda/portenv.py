@@ -16,11 +16,21 @@ the page faults of a large batch cost more than its work. What is kept is bounde
 thread shares one arena, and ``HeapTrim``'s thread gives every free page back
 (``malloc_trim``) every ``TRIM_EVERY_S``, under load or idle, so the worker's memory under a
 long load stays near what its frame reader's pool (``framing.FrameReader``) holds.
+
+``settle_heap`` takes what start-up made out of the cyclic collector's walks. A collection
+walks every object tracked in the generations it collects, with the GIL held, so that no
+other thread runs Python meanwhile: every device's lane and the port's threads wait. Start-up
+(the modules, the backend, the compiled kernels) leaves tens of thousands of such objects,
+which live as long as the worker; walked, they make each collection of the older generations
+a pause that one job on any device pays, a small job held up by another device's large one.
+Frozen once the devices are open (``gc.freeze``), they are never walked again, and what
+jobs allocate later is collected as before.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import stat
@@ -31,7 +41,7 @@ from collections.abc import Callable
 from typing import cast
 
 __all__ = ["HeapTrim", "PortEnvError", "check_port_fds", "die_with_parent",
-           "keep_freed_memory"]
+           "keep_freed_memory", "settle_heap"]
 
 PORT_FDS = (3, 4)
 #: ``prctl(PR_SET_PDEATHSIG, sig)``: the signal the kernel sends when the parent dies.
@@ -112,6 +122,12 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False  # not glibc (musl has no mallopt)
     return all(mallopt(param, value) == 1 for param, value in _MALLOPT)
+
+
+def settle_heap() -> None:
+    """Collect what start-up left unreachable, then freeze the rest (see above)."""
+    gc.collect()
+    gc.freeze()
 
 
 class HeapTrim:

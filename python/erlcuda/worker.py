@@ -158,18 +158,24 @@ class Worker:
         # of the frames read, for the reading thread alone
         self._templates = Templates(self.registry)
         self._calls: queue.SimpleQueue[Call | _Freed | None] = queue.SimpleQueue()
+        self._once_open: Callable[[], None] | None = None  # ``serve``'s, for the threads'
         self._control = threading.Thread(target=self._serve_calls, name="erlcuda-control",
                                          daemon=True)
 
     # -- main loop -------------------------------------------------------------------------
-    def serve(self) -> int:
+    def serve(self, once_open: Callable[[], None] | None = None) -> int:
         """The one loop: read a frame, take what it holds (``_take``), and run what was
-        taken once nothing more is read ahead (``_flush``); at the end of the input, stop."""
+        taken once nothing more is read ahead (``_flush``); at the end of the input, stop.
+        ``once_open`` is called once every device is open (or could not be), before the
+        first call is answered."""
         if self.inline:
             self._device = self.lanes[0].open_here()
+            if once_open is not None:
+                once_open()
         else:
             for lane in self.lanes:
                 lane.start()
+            self._once_open = once_open
             self._control.start()
         try:
             while True:
@@ -458,6 +464,10 @@ class Worker:
         return handlers
 
     def _serve_calls(self) -> None:
+        if self._once_open is not None:
+            for lane in self.lanes:
+                lane.ready.wait()
+            self._once_open()
         while (call := self._calls.get()) is not None:
             if type(call) is _Freed:
                 frame = call.answer()

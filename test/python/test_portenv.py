@@ -1,15 +1,18 @@
-"""The worker's process set-up: how much freed memory it keeps (``portenv``)."""
+"""The worker's process set-up: how much freed memory it keeps, and its heap frozen once
+open (``portenv``)."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 
 import pytest
 
-from erlcuda.portenv import HeapTrim
+from erlcuda.portenv import HeapTrim, settle_heap
 from test_cli import ENV
 
 
@@ -67,3 +70,29 @@ def test_the_heap_is_trimmed_from_a_thread_of_its_own_even_when_idle() -> None:
     assert thread is not None and thread.daemon
     assert done.wait(10), "no trim while nothing else ran"
     assert calls[:3] == [0, 0, 0]
+
+
+class _Node:
+    me: _Node | None = None
+
+
+def _tracked_ids() -> set[int]:
+    return {id(o) for generation in range(3) for o in gc.get_objects(generation)}
+
+
+def test_settling_the_heap_collects_its_garbage_and_freezes_the_rest() -> None:
+    garbage, kept = _Node(), _Node()
+    garbage.me, kept.me = garbage, kept  # cycles: only the collector frees them
+    dead = weakref.ref(garbage)
+    del garbage
+    gc.unfreeze()
+    try:
+        settle_heap()
+        assert dead() is None
+        assert gc.get_freeze_count() > 0
+        # frozen: in no generation, so that no collection walks it again
+        assert id(kept) not in _tracked_ids() and gc.is_tracked(kept)
+        young = _Node()
+        assert id(young) in _tracked_ids()
+    finally:
+        gc.unfreeze()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import struct
 import threading
 import time
@@ -81,7 +82,8 @@ def test_hello_describes_the_backend(worker: WorkerPipe) -> None:
     assert [d["jobs"] for d in info["device_info"]] == [0, 0]
     assert bytes(info["version"]).decode() == erlcuda.__version__
     assert info["protocol"] == contract.PROTOCOL
-    assert [bytes(h) for h in info["hooks"]] == [b"fault", b"print", b"stall"]
+    assert [bytes(h) for h in info["hooks"]] == [b"fault", b"print", b"stall",
+                                                  b"frozen"]
 
 
 def test_the_bench_worker_names_its_calls(bench_worker: WorkerPipe) -> None:
@@ -130,12 +132,52 @@ def test_hello_with_other_arguments_is_refused(plain_worker: WorkerPipe) -> None
     assert plain_worker.result() == (1, ("ok", 1.0))
 
 
-@pytest.mark.parametrize("function", ["fault", "print", "stall", "echo", "pure"])
+@pytest.mark.parametrize("function", ["fault", "print", "stall", "frozen", "echo", "pure"])
 def test_test_and_bench_calls_are_unknown_to_the_shipped_worker(plain_worker: WorkerPipe,
                                                                 function: str) -> None:
     tag, _, reason = plain_worker.call(function, 0, 0)
     assert tag == "e"
     assert bytes(reason).decode() == f"unknown call {function}"
+
+
+def test_the_serving_worker_freezes_its_start_up_heap(any_layout: WorkerPipe) -> None:
+    # Start-up's objects out of the collector's walks: each walk of them held up every
+    # device's jobs at once (``portenv.settle_heap``).
+    tag, _, frozen = any_layout.call("frozen")
+    assert tag == "r" and frozen > 1000
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_serve_calls_once_open_when_every_device_is_open_before_any_answer(
+        devices: int) -> None:
+    # One device: the reading thread owns it; more: each lane's thread opens its own.
+    from erlcuda.framing import FrameReader, FrameWriter
+    from erlcuda.worker import Options, Worker
+
+    requests_r, requests_w = os.pipe()
+    replies_r, replies_w = os.pipe()
+    seen: list[tuple[list[bool], bool]] = []
+    try:
+        worker = Worker(FrameReader(requests_r), FrameWriter(replies_w),
+                        Options(backend="cpu", cpu_devices=devices))
+
+        def once_open() -> None:
+            answered, _, _ = select.select([replies_r], [], [], 0)
+            seen.append(([lane.ready.is_set() for lane in worker.lanes], bool(answered)))
+
+        FrameWriter(requests_w).write(
+            etf.encode((Atom("C"), 1, Atom("erlcuda"), Atom("info"), [])))
+        os.close(requests_w)
+        assert worker.serve(once_open) == 0
+        assert seen == [([True] * devices, False)]
+        reply = etf.decode(FrameReader(replies_r).read() or b"")
+        assert reply[:2] == ("r", 1) and reply[2]["devices"] == devices
+    finally:
+        for fd in (requests_r, replies_r, replies_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def test_an_extension_cannot_replace_a_call_of_the_worker() -> None:

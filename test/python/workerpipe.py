@@ -29,7 +29,7 @@ from erlcuda.worker import Options, Worker
 
 ROOT = Path(__file__).resolve().parents[2]
 W = contract.WIRE
-#: The worker with the test calls (fault, print, stall), and the benchmarks' (echo, pure).
+#: The worker with the test calls (fault, print, stall, frozen), and the benchmarks' (echo, pure).
 TEST_WORKER = "erlcuda_testworker"
 BENCH_WORKER = "erlcuda_benchworker"
 #: Where they are: put on the worker's path ahead of the package.

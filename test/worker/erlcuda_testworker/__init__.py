@@ -11,6 +11,8 @@ It runs ``erlcuda.cli.main`` with these calls added (``erlcuda.worker.Extension`
   ``Ms`` ms; the file ``Marker`` made as it begins (the stall reaches the device thread
   through the worker's control thread, behind anything it does: a test waits for the
   marker, not a guessed time, before it counts on the device being busy).
+- ``frozen()``: how many objects the collector no longer walks (``gc.get_freeze_count``):
+  what the worker froze once its devices were open (``erlcuda.portenv.settle_heap``).
 
 Also the helpers GPU tests use on a device directly: ``inject_fault``, ``pool_stats``; and,
 with ``ERLCUDA_TEST_PIN`` set, a double of the registration of host memory (``pin_double``).
@@ -18,6 +20,7 @@ with ``ERLCUDA_TEST_PIN`` set, a double of the registration of host memory (``pi
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from pathlib import Path
@@ -94,7 +97,12 @@ def stall(worker: Worker, args: list[Any]) -> Any:
     return protocol.OK
 
 
-CALLS: dict[str, Extension] = {"fault": fault, "print": print_call, "stall": stall}
+def frozen(worker: Worker, args: list[Any]) -> Any:
+    return gc.get_freeze_count()
+
+
+CALLS: dict[str, Extension] = {"fault": fault, "print": print_call, "stall": stall,
+                               "frozen": frozen}
 
 
 class NullPinner:
