@@ -293,10 +293,12 @@ class Lane(threading.Thread):
 
     # -- a lane run by the port's reading thread (one device: no hand-off) ------------------
     def open_here(self) -> Device | None:
-        """Open the device in the calling thread, which then owns it."""
-        device = self._open()
-        self.ready.set()
-        return device
+        """Open the device in the calling thread, which then owns it; ``ready`` set
+        whatever the opening does (a caller waits on it)."""
+        try:
+            return self._open()
+        finally:
+            self.ready.set()
 
     def close_here(self, device: Device | None) -> None:
         self._again = None

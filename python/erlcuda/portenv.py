@@ -21,10 +21,14 @@ long load stays near what its frame reader's pool (``framing.FrameReader``) hold
 walks every object tracked in the generations it collects, with the GIL held, so that no
 other thread runs Python meanwhile: every device's lane and the port's threads wait. Start-up
 (the modules, the backend, the compiled kernels) leaves tens of thousands of such objects,
-which live as long as the worker; walked, they make each collection of the older generations
-a pause that one job on any device pays, a small job held up by another device's large one.
-Frozen once the devices are open (``gc.freeze``), they are never walked again, and what
-jobs allocate later is collected as before.
+which live as long as the worker: walked by the middle generation's collection that
+promotes them and by every full collection after, they make each such collection a pause
+that one job on any device pays, a small job held up by another device's large one. Frozen
+once the devices are open (``gc.freeze``, after one collection), they are never walked
+again; they are still freed by their reference counts, but a cycle among them that is
+dropped later is never collected. Objects made later are collected as before, though a
+full collection then comes more often: the collector puts one off until its oldest
+generation has grown by a quarter, which a small generation does sooner.
 """
 
 from __future__ import annotations

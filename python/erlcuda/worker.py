@@ -167,11 +167,10 @@ class Worker:
         """The one loop: read a frame, take what it holds (``_take``), and run what was
         taken once nothing more is read ahead (``_flush``); at the end of the input, stop.
         ``once_open`` is called once every device is open (or could not be), before the
-        first call is answered."""
+        first call is answered (with several devices, launches are not held for it)."""
         if self.inline:
             self._device = self.lanes[0].open_here()
-            if once_open is not None:
-                once_open()
+            _call_once_open(once_open)
         else:
             for lane in self.lanes:
                 lane.start()
@@ -467,7 +466,7 @@ class Worker:
         if self._once_open is not None:
             for lane in self.lanes:
                 lane.ready.wait()
-            self._once_open()
+            _call_once_open(self._once_open)
         while (call := self._calls.get()) is not None:
             if type(call) is _Freed:
                 frame = call.answer()
@@ -808,6 +807,17 @@ class _Freed:
 
 def _refused(function: str) -> str:
     return f"unknown call {function:.80}"
+
+
+def _call_once_open(once_open: Callable[[], None] | None) -> None:
+    """``serve``'s ``once_open``, whose failure is logged: it must not end the thread that
+    answers calls, nor the serve loop."""
+    if once_open is None:
+        return
+    try:
+        once_open()
+    except Exception:
+        log.exception("once the devices were open: %r failed", once_open)
 
 
 def _unanswered(call: Call) -> bool:

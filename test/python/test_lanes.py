@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 
 from erlcuda import kernels
 from erlcuda.backends.base import Backend, BackendError, Device, Result
@@ -271,3 +272,16 @@ def test_a_lone_job_whose_backend_breaks_its_contract_is_internal() -> None:
     replies = writer.results()
     assert [replies[1][1][0], replies[2][1][0]] == ["internal", "internal"]
     assert not fatal and lane.stats.errors == 2
+
+
+def test_a_lane_is_ready_even_when_opening_its_device_raises() -> None:
+    # the control thread waits for every lane's ready before it answers calls
+    lane, _, _ = make_lane()
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    lane._open = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        lane.open_here()
+    assert lane.ready.is_set()

@@ -7,8 +7,9 @@ import select
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -147,37 +148,63 @@ def test_the_serving_worker_freezes_its_start_up_heap(any_layout: WorkerPipe) ->
     assert tag == "r" and frozen > 1000
 
 
-@pytest.mark.parametrize("devices", [1, 2])
-def test_serve_calls_once_open_when_every_device_is_open_before_any_answer(
-        devices: int) -> None:
-    # One device: the reading thread owns it; more: each lane's thread opens its own.
+def _served_info(devices: int, once_open: Callable[[Any], None],
+                 slow_open: bool = False) -> tuple[int, Any]:
+    """An in-process worker of ``devices`` cpu devices given one info call and the end of
+    its input, its ``serve`` given ``once_open`` (called with the worker); with
+    ``slow_open``, its last lane's device opens only once the control thread could have run
+    (released from another thread): what ``serve`` returned, and the info reply."""
     from erlcuda.framing import FrameReader, FrameWriter
     from erlcuda.worker import Options, Worker
 
     requests_r, requests_w = os.pipe()
     replies_r, replies_w = os.pipe()
-    seen: list[tuple[list[bool], bool]] = []
     try:
         worker = Worker(FrameReader(requests_r), FrameWriter(replies_w),
                         Options(backend="cpu", cpu_devices=devices))
-
-        def once_open() -> None:
-            answered, _, _ = select.select([replies_r], [], [], 0)
-            seen.append(([lane.ready.is_set() for lane in worker.lanes], bool(answered)))
-
+        if slow_open:
+            lane, released = worker.lanes[-1], threading.Event()
+            opened = lane._open
+            lane._open = lambda: (released.wait(), opened())[1]  # type: ignore[method-assign]
+            threading.Timer(0.2, released.set).start()
         FrameWriter(requests_w).write(
             etf.encode((Atom("C"), 1, Atom("erlcuda"), Atom("info"), [])))
         os.close(requests_w)
-        assert worker.serve(once_open) == 0
-        assert seen == [([True] * devices, False)]
-        reply = etf.decode(FrameReader(replies_r).read() or b"")
-        assert reply[:2] == ("r", 1) and reply[2]["devices"] == devices
+        code = worker.serve(lambda: once_open(worker))
+        # The control thread answers calls and is not joined: its answer may come after
+        # serve returned. A guard against a hang where no answer comes: not a timing.
+        answered, _, _ = select.select([replies_r], [], [], 30)
+        return code, etf.decode(FrameReader(replies_r).read()) if answered else None
     finally:
         for fd in (requests_r, replies_r, replies_w):
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_serve_calls_once_open_when_every_device_is_open_before_any_answer(
+        devices: int) -> None:
+    # One device: the reading thread owns it; more: each lane's thread opens its own.
+    seen: list[list[bool]] = []
+    code, reply = _served_info(
+        devices, lambda worker: seen.append([lane.ready.is_set() for lane in worker.lanes]),
+        slow_open=devices > 1)
+    assert code == 0
+    assert reply is not None and reply[:2] == ("r", 1) and reply[2]["devices"] == devices
+    assert seen == [[True] * devices]
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_failing_once_open_is_logged_and_calls_are_still_answered(
+        devices: int, caplog: pytest.LogCaptureFixture) -> None:
+    def fails(_worker: Any) -> None:
+        raise RuntimeError("no heap to settle")
+
+    code, reply = _served_info(devices, fails)
+    assert code == 0 and reply is not None and reply[:2] == ("r", 1)
+    assert "no heap to settle" in caplog.text
 
 
 def test_an_extension_cannot_replace_a_call_of_the_worker() -> None:
