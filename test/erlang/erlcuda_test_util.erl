@@ -117,11 +117,14 @@ stall(Node, Device, Ms) ->
     ok = erpc:cast(Node, erlcuda_worker, call, [stall, [Device, Ms, Marker], Ms + 5000]),
     stall_begun(Marker, fun() -> false end).
 
+%% A marker path no other node has used: unique integers start again in every node, and a
+%% marker left by an earlier node's run (made after its stall_begun/2 had returned) would
+%% be taken for this stall's beginning.
 marker() ->
     Dir = filename:basedir(user_cache, "erlcuda-tests"),
     ok = filelib:ensure_dir(filename:join(Dir, "x")),
-    unicode:characters_to_binary(
-      filename:join(Dir, "stall-" ++ integer_to_list(erlang:unique_integer([positive])))).
+    Name = io_lib:format("stall-~s-~b", [os:getpid(), erlang:unique_integer([positive])]),
+    unicode:characters_to_binary(filename:join(Dir, Name)).
 
 %% Until the marker is made (then deleted) or Answered() holds, for up to a minute.
 stall_begun(Marker, Answered) ->
