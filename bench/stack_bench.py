@@ -102,6 +102,27 @@ LONE_WHAT = {"binary": "vector_add, binaries", "lists": "vector_add, lists",
 # -- configuration ---------------------------------------------------------------------------
 
 
+def overridden(config: Json, settings: Sequence[str]) -> Json:
+    """``config`` with each ``SECTION.KEY=VALUE`` of ``settings`` in place (VALUE as JSON,
+    else the string itself): only a key the plan has, so that a typo fails the run rather
+    than running the plan unchanged."""
+    for setting in settings:
+        name, sep, text = setting.partition("=")
+        section, dot, key = name.partition(".")
+        if not sep or not dot:
+            raise SystemExit(f"bench: --set {setting}: not SECTION.KEY=VALUE")
+        if not isinstance(config.get(section), dict) or key not in config[section]:
+            keys = ", ".join(sorted(config[section])) if isinstance(
+                config.get(section), dict) else "none: no such section"
+            raise SystemExit(f"bench: --set {setting}: no {name} in the plan (its keys: {keys})")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        config[section] = {**config[section], key: value}
+    return config
+
+
 def plan(mode: str) -> Json:
     """What each section runs, for ``quick`` (about a minute on two cores) or ``full``."""
     if mode == "quick":
@@ -1898,6 +1919,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", choices=SECTIONS, action="append",
                         help="run only this section (repeatable)")
     parser.add_argument("--seed", type=int, default=20240601)
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="one setting of the mode's plan replaced, VALUE read as JSON "
+                             "(else as a string), e.g. --set hold.repeats=8 --set "
+                             "'hold.shm_modes=[\"auto\"]' (repeatable)")
     parser.add_argument("--erlport", type=Path, metavar="DIR|TGZ",
                         help="add the erlport section: erlport's python:call beside erlcuda "
                              "in the same node (an unpacked erlport tree, or its .tgz, which "
@@ -1938,7 +1963,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_start = load_average()
     ebin = app_ebin()
     compile_bench(ebin)
-    config = plan("quick" if args.quick else "full")
+    config = overridden(plan("quick" if args.quick else "full"), args.set)
     config["sections"] = list(args.only or SECTIONS)
     erlport = config.pop("erlport")
     if "erlport" not in config["sections"]:

@@ -83,6 +83,26 @@ def run_main(mod: types.ModuleType, argv: list[str], monkeypatch: pytest.MonkeyP
     return Path(seen[0])
 
 
+def test_set_replaces_a_setting_of_the_plan_and_refuses_one_it_lacks(
+    stack_bench: types.ModuleType, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    quick = stack_bench.plan("quick")
+    config = stack_bench.overridden(
+        stack_bench.plan("quick"),
+        ["hold.repeats=8", 'hold.shm_modes=["auto"]', "hold.calls=[\"launch\"]",
+         "lone.size=2000"])
+    assert config["hold"] == {**quick["hold"], "repeats": 8, "shm_modes": ["auto"],
+                              "calls": ["launch"]}
+    assert config["lone"] == {**quick["lone"], "size": 2000}
+    assert {k: v for k, v in config.items() if k not in ("hold", "lone")} == {
+        k: v for k, v in quick.items() if k not in ("hold", "lone")}
+    for bad in ["hold.repaets=8", "holds.repeats=8", "hold.repeats", "repeats=8"]:
+        with pytest.raises(SystemExit, match="--set"):
+            stack_bench.overridden(stack_bench.plan("quick"), [bad])
+    with pytest.raises(SystemExit, match=r"no hold\.repaets in the plan"):
+        run_main(stack_bench, ["--set", "hold.repaets=8"], monkeypatch)
+
+
 @pytest.mark.parametrize("argv", [[], ["--quick"], ["--full", "--backend", "cuda"]])
 def test_stack_bench_writes_to_scratch_by_default(
     stack_bench: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
