@@ -111,15 +111,15 @@ def overridden(config: Json, settings: Sequence[str]) -> Json:
         section, dot, key = name.partition(".")
         if not sep or not dot:
             raise SystemExit(f"bench: --set {setting}: not SECTION.KEY=VALUE")
-        if not isinstance(config.get(section), dict) or key not in config[section]:
-            keys = ", ".join(sorted(config[section])) if isinstance(
-                config.get(section), dict) else "none: no such section"
+        known = config.get(section)
+        if not isinstance(known, dict) or key not in known:
+            keys = ", ".join(sorted(known)) if isinstance(known, dict) else "none: no such section"
             raise SystemExit(f"bench: --set {setting}: no {name} in the plan (its keys: {keys})")
         try:
             value = json.loads(text)
         except json.JSONDecodeError:
             value = text
-        config[section] = {**config[section], key: value}
+        config[section] = {**known, key: value}
     return config
 
 
