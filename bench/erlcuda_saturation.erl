@@ -65,7 +65,8 @@ stages(Kernel, Args, Callers) ->
     io:format("~p, ~b callers: ~b jobs/s over 3 s~n", [Kernel, Callers, round(Jobs / 3)]),
     [io:format("  ~s ~p: running ~.1f % of ~.2f s; mailbox every 20 ms ~w~n",
                [Name, P, 100 * maps:get(P, Busy, 0) / (T1 - T0), Wall, Lens])
-     || {Name, P, Lens} <- lists:zip3(["port owner", "writer"], Traced, Mailboxes)],
+     || {Name, P, Lens} <- lists:zip3(lists:sublist(["port owner", "writer"], length(Traced)),
+                                      Traced, Mailboxes)],
     Shares = [round(100 * (Ticks - maps:get(Tid, Threads0)) / ticks_per_s() / Wall)
               || {Tid, Ticks} <- maps:to_list(Threads1), maps:is_key(Tid, Threads0)],
     io:format("  worker threads, % of a core each (busiest first): ~w~n",
