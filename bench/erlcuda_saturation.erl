@@ -67,7 +67,8 @@ stages(Kernel, Args, Callers) ->
                [Name, P, 100 * maps:get(P, Busy, 0) / (T1 - T0), Wall, Lens])
      || {Name, P, Lens} <- lists:zip3(lists:sublist(["port owner", "writer"], length(Traced)),
                                       Traced, Mailboxes)],
-    Shares = [round(100 * (Ticks - maps:get(Tid, Threads0)) / ticks_per_s() / Wall)
+    Hz = ticks_per_s(),
+    Shares = [round(100 * (Ticks - maps:get(Tid, Threads0)) / Hz / Wall)
               || {Tid, Ticks} <- maps:to_list(Threads1), maps:is_key(Tid, Threads0)],
     io:format("  worker threads, % of a core each (busiest first): ~w~n",
               [lists:reverse(lists:sort(Shares))]).

@@ -48,7 +48,7 @@ split(N, T) ->
     A = bin(N), B = bin(N),
     _ = [add(A, B, T) || _ <- lists:seq(1, 50)],
     Ts = [add(A, B, T) || _ <- lists:seq(1, 400)],
-    P50 = fun(L) -> lists:nth(200, lists:sort(L)) end,
+    P50 = fun(L) -> pct(lists:sort(L), 0.5) end,
     io:format("~8b ~5s total p50 ~8.1f submit p50 ~8.1f  wait p50 ~8.1f~n",
               [N, T, P50([X + Y || {X, Y} <- Ts]), P50([X || {X, _} <- Ts]),
                P50([Y || {_, Y} <- Ts])]).
@@ -68,6 +68,9 @@ gaps(N, Gap) ->
                                 end || _ <- lists:seq(1, 5)])
          end,
     S = lists:sort(Ts),
-    P = fun(Q) -> lists:nth(max(1, round(Q * length(S))), S) end,
     io:format("~8b  sync gap ~b ms  p10 ~7.1f p50 ~7.1f p90 ~7.1f~n",
-              [N, Gap, P(0.1), P(0.5), P(0.9)]).
+              [N, Gap, pct(S, 0.1), pct(S, 0.5), pct(S, 0.9)]).
+
+%% The Q-quantile of a sorted list (its round(Q * length)-th element).
+pct(Sorted, Q) ->
+    lists:nth(max(1, round(Q * length(Sorted))), Sorted).
