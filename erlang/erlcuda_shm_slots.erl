@@ -48,8 +48,8 @@
 -define(POOL_BYTES, (1 bsl 30)).
 %% Tries to take a free slot another caller may take first.
 -define(TRIES, 3).
-%% How long a part's check that its file is still named holds for the next write, which
-%% then answers before checking again (`written_part/5'): longer than a lone job's round
+%% How long a part's check that its file is still named holds for the writes that follow,
+%% which are answered unchecked (`written_part/5'): longer than a lone job's round
 %% trip up to a few million elements, and a small part of the worker's period between
 %% sweeps of the files gone (python/erlcuda/slots.py SWEEP_S).
 -define(NAMED_MS, 5).
@@ -281,13 +281,15 @@ stats() ->
 %% deletes it. A file deleted under it (its folder removed, say) fails the write that finds
 %% it gone and every later one (`linked/2'): the worker could not map it by its name, and
 %% the job's data takes the pipe. That check is a second call to the file driver, which
-%% costs a lone job a wake-up of its own: it comes before the write's answer only where the
-%% last one is older than ?NAMED_MS, and after it otherwise (while jobs follow each other
-%% on the slot, the worker maps the file already: its mapping and this process's descriptor
-%% share the file's pages, named or not). So a file deleted from outside within ?NAMED_MS of
-%% a check can fail the next job with a shared-memory error, where the lane that runs it has
-%% no mapping of the file (another device's lane, or the worker's sweep of files gone
-%% came between), rather than send it through the pipe. Taken for a result, the part's pages
+%% costs a job a wake-up of its own, before its answer or after it (the part's process busy
+%% while the job's caller goes on): it is made before the write's answer where the last one
+%% is older than ?NAMED_MS, and not at all otherwise (while jobs follow each other on the
+%% slot, the worker maps the file already: its mapping and this process's descriptor share
+%% the file's pages, named or not). So a file deleted from outside within ?NAMED_MS of a
+%% check can fail the jobs that follow on the slot until the next check with a
+%% shared-memory error, where the lane that runs them has no mapping of the file (another
+%% device's lane, or the worker's sweep of files gone came between), rather than send them
+%% through the pipe. Taken for a result, the part's pages
 %% are allocated first (`reserve/1'), once: the worker writes a result through its mapping,
 %% where a page a full /dev/shm cannot give would kill it (SIGBUS). It ends with the worker's
 %% keeper, once the reads it was given have run.
@@ -316,15 +318,14 @@ write_part({error, Why}, Path, _) ->
     {error, {Path, Why}}.
 
 %% A write answered once its file is known to be named still: checked first where the last
-%% check is older than ?NAMED_MS (`Named': when it was, or `never'), after the answer
-%% otherwise. The file as it then stands, and when it was checked.
+%% check is older than ?NAMED_MS (`Named': when it was, or `never'), not at all otherwise.
+%% The file as it then stands, and when it was last checked.
 written_part(Opened, Path, Bin, {From, Ref}, Named) ->
     Now = erlang:monotonic_time(millisecond),
     case write_part(Opened, Path, Bin) of
         ok when Named =/= never, Now - Named =< ?NAMED_MS ->
             From ! {Ref, ok},
-            {_, Still} = linked(Opened, Path),
-            {Still, Now};
+            {Opened, Named};
         ok ->
             {Written, Still} = linked(Opened, Path),
             From ! {Ref, Written},
