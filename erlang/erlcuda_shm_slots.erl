@@ -289,10 +289,10 @@ stats() ->
 %% check can fail the jobs that follow on the slot until the next check with a
 %% shared-memory error, where the lane that runs them has no mapping of the file (another
 %% device's lane, or the worker's sweep of files gone came between), rather than send them
-%% through the pipe. Taken for a result, the part's pages
-%% are allocated first (`reserve/1'), once: the worker writes a result through its mapping,
-%% where a page a full /dev/shm cannot give would kill it (SIGBUS). It ends with the worker's
-%% keeper, once the reads it was given have run.
+%% through the pipe. Taken for a result, the part's pages are allocated first (`reserve/1'),
+%% once: the worker writes a result through its mapping, where a page a full /dev/shm cannot
+%% give would kill it (SIGBUS). It ends with the worker's keeper, once the reads it was given
+%% have run.
 part(Keeper, Path, PartBytes) ->
     logger:update_process_metadata(#{domain => [erlcuda]}),
     %% its keeper's end is a message: the reads it was given run first (`read_then/3')
