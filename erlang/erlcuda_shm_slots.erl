@@ -49,9 +49,10 @@
 %% Tries to take a free slot another caller may take first.
 -define(TRIES, 3).
 %% How long a part's check that its file is still named holds for the writes that follow,
-%% which are answered unchecked (`written_part/5'): longer than a lone job's round
-%% trip up to a few million elements, and a small part of the worker's period between
-%% sweeps of the files gone (python/erlcuda/slots.py SWEEP_S).
+%% which are answered unchecked (`written_part/5'), in whole milliseconds of the monotonic
+%% clock (so 5 to 6 ms): longer than a lone job's round trip up to a few million elements,
+%% and a small part of the worker's period between sweeps of the files gone
+%% (python/erlcuda/slots.py SWEEP_S).
 -define(NAMED_MS, 5).
 
 %% `reserved': its first part's pages were allocated for a result (erlcuda_shm:result_slot/2).
@@ -280,19 +281,19 @@ stats() ->
 %% as long as a part, and writes each job's bytes at its start until told to stop, when it
 %% deletes it. A file deleted under it (its folder removed, say) fails the write that finds
 %% it gone and every later one (`linked/2'): the worker could not map it by its name, and
-%% the job's data takes the pipe. That check is a second call to the file driver, which
-%% costs a job a wake-up of its own, before its answer or after it (the part's process busy
-%% while the job's caller goes on): it is made before the write's answer where the last one
-%% is older than ?NAMED_MS, and not at all otherwise (while jobs follow each other on the
-%% slot, the worker maps the file already: its mapping and this process's descriptor share
-%% the file's pages, named or not). So a file deleted from outside within ?NAMED_MS of a
-%% check can fail the jobs that follow on the slot until the next check with a
-%% shared-memory error, where the lane that runs them has no mapping of the file (another
-%% device's lane, or the worker's sweep of files gone came between), rather than send them
-%% through the pipe. Taken for a result, the part's pages are allocated first (`reserve/1'),
-%% once: the worker writes a result through its mapping, where a page a full /dev/shm cannot
-%% give would kill it (SIGBUS). It ends with the worker's keeper, once the reads it was given
-%% have run.
+%% the job's data takes the pipe. That check is a second call to the file driver, a wake-up
+%% of its own: before a write's answer it delays the job, and after it it would keep the
+%% part's process busy while the job's caller goes on. So it is made before the write's
+%% answer where the last one is older than ?NAMED_MS, and not at all otherwise (while jobs
+%% follow each other on the slot, the worker maps the file already: its mapping and this
+%% process's descriptor share the file's pages, named or not). A file deleted from outside
+%% is found by the first write once the last check is over ?NAMED_MS old; the jobs written
+%% before that, whose lane has no mapping of the file (another device's lane, or the
+%% worker's sweep of files gone came between), fail with a shared-memory error rather than
+%% go through the pipe. Taken for a result, the part's pages are allocated first
+%% (`reserve/1'), once: the worker writes a result through its mapping, where a page a full
+%% /dev/shm cannot give would kill it (SIGBUS). It ends with the worker's keeper, once the
+%% reads it was given have run.
 part(Keeper, Path, PartBytes) ->
     logger:update_process_metadata(#{domain => [erlcuda]}),
     %% its keeper's end is a message: the reads it was given run first (`read_then/3')
@@ -317,9 +318,10 @@ write_part({ok, Fd}, Path, Bin) ->
 write_part({error, Why}, Path, _) ->
     {error, {Path, Why}}.
 
-%% A write answered once its file is known to be named still: checked first where the last
-%% check is older than ?NAMED_MS (`Named': when it was, or `never'), not at all otherwise.
-%% The file as it then stands, and when it was last checked.
+%% A write answered once its file is taken as named still: checked first where the last
+%% check is older than ?NAMED_MS (`Named': when it was, or `never'), taken from that check
+%% otherwise (which writes answered so do not renew). The file as it then stands, and when
+%% it was last checked.
 written_part(Opened, Path, Bin, {From, Ref}, Named) ->
     Now = erlang:monotonic_time(millisecond),
     case write_part(Opened, Path, Bin) of
