@@ -46,9 +46,8 @@ stages(Kernel, Args, Callers) ->
     Traced = [Owner | writers(Owner)],
     OsPid = erlcuda_status:worker_os_pid(),
     Stop = erlang:monotonic_time(millisecond) + 3000,
-    Self = self(),
-    Pids = [spawn_link(fun() -> Self ! {done, until(Kernel, Args, Stop, 0)} end)
-            || _ <- lists:seq(1, Callers)],
+    {Done, Pids} = callers(Kernel, Args, Callers),
+    [P ! go || P <- Pids],
     timer:sleep(1000),
     Threads0 = thread_ticks(OsPid),
     T0 = erlang:monotonic_time(nanosecond),
@@ -60,7 +59,8 @@ stages(Kernel, Args, Callers) ->
     Threads1 = thread_ticks(OsPid),
     Tracer ! {report, self()},
     Busy = receive {busy, B} -> B end,
-    Jobs = lists:sum([receive {done, J} -> J end || _ <- Pids]),
+    timer:sleep(max(0, Stop - erlang:monotonic_time(millisecond))),
+    Jobs = stopped(Done, Pids),
     Wall = (T1 - T0) / 1.0e9,
     io:format("~p, ~b callers: ~b jobs/s over 3 s~n", [Kernel, Callers, round(Jobs / 3)]),
     [io:format("  ~s ~p: running ~.1f % of ~.2f s; mailbox every 20 ms ~w~n",
@@ -78,15 +78,6 @@ writers(Owner) ->
     {links, Links} = process_info(Owner, links),
     [P || P <- Links, is_pid(P),
           proc_lib:translate_initial_call(P) =:= {erlcuda_writer, init, 1}].
-
-until(Kernel, Args, Stop, N) ->
-    case erlang:monotonic_time(millisecond) >= Stop of
-        true ->
-            N;
-        false ->
-            {ok, _} = erlcuda:launch_sync(Kernel, Args, ?OPTS),
-            until(Kernel, Args, Stop, N + 1)
-    end.
 
 %% Each traced process's mailbox length, every 20 ms, Count times: one list per process.
 mailboxes(Traced, Count) ->
@@ -134,24 +125,37 @@ ticks_per_s() ->
 %% -- timeline -------------------------------------------------------------------------------
 
 timeline(Kernel, Args, Callers) ->
-    Done = counters:new(1, [write_concurrency]),
-    Self = self(),
-    Pids = [spawn_link(fun() -> receive go -> ok end,
-                                Self ! {done, counting(Kernel, Args, Done)} end)
-            || _ <- lists:seq(1, Callers)],
+    {Done, Pids} = callers(Kernel, Args, Callers),
     T0 = erlang:monotonic_time(millisecond),
     [P ! go || P <- Pids],
     Marks = [begin
                  timer:sleep(max(0, T0 + 50 * I - erlang:monotonic_time(millisecond))),
                  counters:get(Done, 1)
              end || I <- lists:seq(1, 40)],
-    [P ! stop || P <- Pids],
-    _ = [receive {done, _} -> ok end || _ <- Pids],
+    _ = stopped(Done, Pids),
     Steps = lists:zipwith(fun(A, B) -> 20 * (B - A) end, [0 | lists:droplast(Marks)], Marks),
     io:format("~p, ~b callers: jobs/s in each 50 ms: ~w~n", [Kernel, Callers, Steps]),
     io:format("  first second ~b jobs/s; 0.5 to 2 s ~b jobs/s~n",
               [lists:nth(20, Marks),
                round((lists:nth(40, Marks) - lists:nth(10, Marks)) / 1.5)]).
+
+%% -- the callers ---------------------------------------------------------------------------
+
+%% `Callers' processes that each loop `launch_sync' from `go' until `stop', counting the jobs
+%% answered in `Done'.
+callers(Kernel, Args, Callers) ->
+    Done = counters:new(1, [write_concurrency]),
+    Self = self(),
+    Pids = [spawn_link(fun() -> receive go -> ok end,
+                                Self ! {done, counting(Kernel, Args, Done)} end)
+            || _ <- lists:seq(1, Callers)],
+    {Done, Pids}.
+
+%% The callers stopped, each once its job in flight is answered: the jobs answered.
+stopped(Done, Pids) ->
+    [P ! stop || P <- Pids],
+    _ = [receive {done, _} -> ok end || _ <- Pids],
+    counters:get(Done, 1).
 
 counting(Kernel, Args, Done) ->
     receive
