@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -343,6 +343,86 @@ def test_a_small_job_that_comes_again_is_replayed_right(device: CudaDevice,
         assert device._replays.captures >= captures + 1
         staging = device._staging()
         assert device._quicks.find((kernel, n), staging) is not None
+
+
+def staging_after(device: CudaDevice, job: Callable[[], None], n: int) -> np.ndarray:
+    """What the device's output staging holds after ``job`` (its first ``n`` f32s), a
+    sentinel written there before it."""
+    import pycuda.driver as cuda
+
+    device._dev_out.ensure(n)
+    cuda.memset_d32(device._dev_out.ptr, 0x7FC00001, n)  # a NaN no sum of these gives
+    job()
+    seen = np.empty(n, np.float32)
+    cuda.memcpy_dtoh(seen, device._dev_out.ptr)
+    return seen
+
+
+@pytest.mark.parametrize("registered", [False, True])
+@pytest.mark.parametrize("above", [False, True])
+def test_a_small_vector_add_runs_in_place_on_pinned_memory(device: CudaDevice, above: bool,
+                                                           registered: bool) -> None:
+    """Up to ``IN_PLACE_MAX`` elements, a vector_add whose operands and result lie in pinned
+    host memory (the staging, or a job's registered slots) runs on it in place where the
+    device takes host pointers: its sums are right and the device's output staging is not
+    written; above it, the sums come back through the staging. A job in registered memory
+    at an address that is not 16-byte aligned is right too (the kernel's element path)."""
+    from erlcuda.backends.cuda.kernels import IN_PLACE_MAX, PACK_ALIGN
+
+    n = IN_PLACE_MAX + (PACK_ALIGN if above else -1)
+    gen = rng(13)
+    a, b = vec(gen, n), vec(gen, n)
+    skew = 4 if registered and not above else 0
+    region = np.frombuffer(mmap.mmap(-1, 3 * PAGE * -(-(4 * n + skew) // PAGE)), np.uint8)
+    span = region.size // 3
+    sa, sb, out = (region[i * span + skew : i * span + skew + 4 * n].view(np.float32)
+                   for i in range(3))
+    sa[:], sb[:] = a, b
+    plan = parse("vector_add", [sa, sb] if registered else [a, b])
+    results: list[np.ndarray] = []
+
+    def job() -> None:
+        into = [out] if registered else None
+        results.append(device.execute([plan], into=into, registered=registered)[0])
+
+    if registered:
+        assert device.pinning.pin(region)
+    try:
+        for _ in range(3):  # the staging's: then replayed as a graph, then by its quick entry
+            seen = staging_after(device, job, n)
+            np.testing.assert_array_equal(results[-1], a + b)
+            if above or not device._host_pointers:
+                np.testing.assert_array_equal(seen, a + b)
+            else:
+                assert np.isnan(seen).all()
+    finally:
+        if registered:
+            device.pinning.unpin(region)
+
+
+@pytest.mark.parametrize("kernel", ["reduce", "dot_product"])
+@pytest.mark.parametrize("above", [False, True])
+def test_a_small_reduce_runs_in_place_on_the_staging(device: CudaDevice, kernel: str,
+                                                     above: bool) -> None:
+    """A lone reduce or dot_product whose operands fit ``IN_PLACE_MAX`` reads them from the
+    pinned staging in place and writes its sum there where the device takes host pointers:
+    the sum is right and the device's output staging is not written; above it, the sum
+    comes back through the staging."""
+    from erlcuda.backends.cuda.kernels import IN_PLACE_MAX, PACK_ALIGN
+
+    n = IN_PLACE_MAX + PACK_ALIGN if above else 5000
+    gen = rng(17)
+    a, b = vec(gen, n), vec(gen, n)
+    plan = parse(kernel, [a] if kernel == "reduce" else [a, b])
+    terms = a.astype(np.float64) * (1 if kernel == "reduce" else b.astype(np.float64))
+    sums: list[float] = []
+    for _ in range(3):  # then replayed as a graph, then by its quick entry
+        seen = staging_after(device, lambda: sums.append(device.execute([plan])[0]), 1)
+        check_sum(sums[-1], terms)
+        if above or not device._host_pointers:
+            assert seen[0] == np.float32(sums[-1])
+        else:
+            assert np.isnan(seen[0])
 
 
 @pytest.mark.parametrize("registered", [False, True])

@@ -46,6 +46,7 @@ from .kernels import (
     BUILTIN_ARITY,
     F64,
     FUNCTIONS,
+    IN_PLACE_MAX,
     MATMUL_BK,
     MATMUL_F64_TILE,
     MATMUL_THREADS,
@@ -116,6 +117,11 @@ def _same(kernel: str, arrays: Sequence[CudaArray], sizes: Sequence[int]) -> Non
 # -- the device ----------------------------------------------------------------------------
 
 
+def _address(array: np.ndarray) -> int:
+    """Where ``array``'s first element lies in host memory."""
+    return int(array.__array_interface__["data"][0])
+
+
 def _b(request: Plan) -> np.ndarray:
     assert request.b is not None, f"{request.kernel} needs two operands"
     return request.b
@@ -153,7 +159,15 @@ class CudaDevice(Device):
         return self._dev.make_context()
 
     def _setup(self, cubins: Mapping[str, bytes]) -> None:
-        self._sm_count = int(self._dev.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT))
+        attribute = cuda.device_attribute
+        self._sm_count = int(self._dev.get_attribute(attribute.MULTIPROCESSOR_COUNT))
+        # Whether kernels may read and write pinned host memory, allocated or registered, at
+        # its host addresses (unified addressing): small jobs then skip their copies. A job
+        # in slots runs on them in place on its lane's word that they are registered, which
+        # holds: slots are registered and released only on this thread.
+        self._host_pointers = bool(
+            self._dev.get_attribute(attribute.UNIFIED_ADDRESSING)
+            and self._dev.get_attribute(attribute.CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM))
         self._modules = {stem: cuda.module_from_buffer(cubin) for stem, cubin in cubins.items()}
         self._fn: dict[str, Kernel] = {}
         for name, (stem, signature) in FUNCTIONS.items():
@@ -941,17 +955,28 @@ class CudaDevice(Device):
     def _vector_add_direct(self, a: np.ndarray, b: np.ndarray, into: np.ndarray,
                            b_at: int) -> np.ndarray:
         """A lone vector_add below the pipeline's size whose operands and result all lie in
-        registered host memory (a job in slots): copied straight in and out on the stream,
-        one wait. Not replayed as a graph: a graph's copies from registered memory measured
-        slower than these calls (bench/lone_parts.py --slots)."""
+        registered host memory (a job in slots): run in place where it is small enough
+        (``_in_place``), else copied straight in and out on the stream; one wait. Not
+        replayed as a graph: a graph's copies from registered memory measured slower than
+        these calls (bench/lone_parts.py --slots)."""
         n = int(a.size)
-        d_in, d_out = self._dev_in.ptr, self._dev_out.ptr
-        cuda.memcpy_htod_async(d_in, a, self._stream)
-        cuda.memcpy_htod_async(d_in + 4 * b_at, b, self._stream)
-        self.launch_vector_add(d_in, d_in + 4 * b_at, d_out, n)
-        cuda.memcpy_dtoh_async(into, d_out, self._stream)
+        if self._in_place(n):
+            self.launch_vector_add(_address(a), _address(b), _address(into), n)
+        else:
+            d_in, d_out = self._dev_in.ptr, self._dev_out.ptr
+            cuda.memcpy_htod_async(d_in, a, self._stream)
+            cuda.memcpy_htod_async(d_in + 4 * b_at, b, self._stream)
+            self.launch_vector_add(d_in, d_in + 4 * b_at, d_out, n)
+            cuda.memcpy_dtoh_async(into, d_out, self._stream)
         self._stream.synchronize()
         return into
+
+    def _in_place(self, elements: int) -> bool:
+        """Whether a job of ``elements`` f32 operands whose operands and result lie in
+        pinned host memory runs there: its kernels read the operands over the bus and write
+        the result back themselves, with no copy queued before or after them. Up to
+        ``IN_PLACE_MAX`` that costs less (bench/zero_copy.py); beyond it, not measured."""
+        return self._host_pointers and elements <= IN_PLACE_MAX
 
     def _sum_lone(self, r: Plan, *, dot: bool) -> float:
         """One large reduce (dot: dot_product): its operands copied in through the
@@ -980,8 +1005,13 @@ class CudaDevice(Device):
         fill(host_in, b_at)
         d_in, d_out = self._dev_in.ptr, self._dev_out.ptr
         out = self._host_out.array[:total]
+        in_place = self._in_place(total)
 
         def queue() -> None:
+            if in_place:  # the staging is pinned: the kernel reads and writes it there
+                h_in = self._host_in.ptr
+                self.launch_vector_add(h_in, h_in + 4 * b_at, self._host_out.ptr, total)
+                return
             cuda.memcpy_htod_async(d_in, host_in, self._stream)
             self.launch_vector_add(d_in, d_in + 4 * b_at, d_out, total)
             cuda.memcpy_dtoh_async(out, d_out, self._stream)
@@ -1043,8 +1073,14 @@ class CudaDevice(Device):
         if count == 1:
             host = host_in[:in_elements]
             out = self._host_out.array[:1]
+            in_place = self._in_place(in_elements)
 
             def queue() -> None:
+                if in_place:  # the staging is pinned: the kernels read and write it there
+                    h_x = self._host_in.ptr
+                    h_y = h_x + 4 * y_at if dot else h_x
+                    self.launch_reduce(h_x, h_y, total, self._host_out.ptr, dot=dot)
+                    return
                 cuda.memcpy_htod_async(d_x, host, self._stream)
                 self.launch_reduce(d_x, d_y, total, d_out, dot=dot)
                 cuda.memcpy_dtoh_async(out, d_out, self._stream)
