@@ -14,10 +14,13 @@ blocks that take turns (``--rounds`` of them, ``--n`` calls each):
 - staging, packing only: what both of the above spend before the GPU;
 - registered, copies: operands and result in a file of /dev/shm registered with the
   driver (a job in slots): both copies in, the kernel, the copy out;
-- registered, in place: the kernel alone on the file's pages.
+- registered, in place: the kernel alone on the file's pages;
+- reduce, copies and reduce, in place: a lone reduce of the first operand from the staging,
+  its copy in, the two passes and the sum's copy out, or the passes alone on the staging.
 
-Every mode's answer is checked once against numpy before it is timed. Prints p10, p50 and
-p90 in µs per mode and size: the sizes up to which in place costs less set
+Every mode's answer is checked against numpy before it is timed, its output overwritten
+with NaN first. The in-place modes run only where the device takes host pointers. Prints
+p10, p50 and p90 in µs per mode and size: the sizes up to which in place costs less set
 ``backends/cuda/kernels.py``'s ``IN_PLACE_MAX``.
 """
 
@@ -44,13 +47,15 @@ from erlcuda.backends.cuda.transfers import pack  # noqa: E402
 
 SIZES = [1_000, 10_000, 30_000, 100_000, 250_000, 500_000]
 Mode = Callable[[], np.ndarray | None]
+#: A mode by name, with the output it writes (overwritten with NaN before its check).
+Modes = dict[str, tuple[Mode, np.ndarray | None]]
 
 
 def round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def staging_modes(dev: CudaDevice, a: np.ndarray, b: np.ndarray) -> dict[str, Mode]:
+def staging_modes(dev: CudaDevice, a: np.ndarray, b: np.ndarray) -> Modes:
     """The modes on the device's pinned staging, each replayed as a graph alike."""
     import pycuda.driver as cuda  # the cuda backend is running: PyCUDA is there
 
@@ -73,23 +78,36 @@ def staging_modes(dev: CudaDevice, a: np.ndarray, b: np.ndarray) -> dict[str, Mo
     def in_place() -> None:
         dev.launch_vector_add(h_in, h_in + 4 * b_at, h_out, n)
 
-    def run(key: str, queue: Callable[[], None]) -> Mode:
+    def sum_copies() -> None:
+        cuda.memcpy_htod_async(d_in, host_in[:n], dev.stream)
+        dev.launch_reduce(d_in, d_in, n, d_out, dot=False)
+        cuda.memcpy_dtoh_async(host_out[:1], d_out, dev.stream)
+
+    def sum_in_place() -> None:
+        dev.launch_reduce(h_in, h_in, n, h_out, dot=False)
+
+    def run(key: str, queue: Callable[[], None], out: int) -> Mode:
         def one() -> np.ndarray:
             packed()
             dev._replayed((key, n), n, queue)
-            return host_out[:n]
+            return host_out[:out]
         return one
 
     def pack_only() -> None:
         packed()
 
-    return {"staging, copies": run("bench-copies", copies),
-            "staging, in place": run("bench-in-place", in_place),
-            "staging, packing only": pack_only}
+    modes: Modes = {"staging, copies": (run("bench-copies", copies, n), host_out[:n]),
+                    "staging, packing only": (pack_only, None),
+                    "reduce, copies": (run("bench-sum-copies", sum_copies, 1), host_out[:1])}
+    if dev._host_pointers:
+        modes["staging, in place"] = (run("bench-in-place", in_place, n), host_out[:n])
+        modes["reduce, in place"] = (run("bench-sum-in-place", sum_in_place, 1),
+                                     host_out[:1])
+    return modes
 
 
 def registered_modes(dev: CudaDevice, a: np.ndarray, b: np.ndarray,
-                     folder: Path) -> tuple[dict[str, Mode], Callable[[], None]]:
+                     folder: Path) -> tuple[Modes, Callable[[], None]]:
     """The modes on a registered file's pages, and what releases the file."""
     import pycuda.driver as cuda
 
@@ -97,9 +115,13 @@ def registered_modes(dev: CudaDevice, a: np.ndarray, b: np.ndarray,
     span = round_up(4 * n, 4096)
     path = folder / f"zero-copy-{n}"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    os.ftruncate(fd, 3 * span)
-    pages = np.frombuffer(mmap.mmap(fd, 3 * span), np.uint8)
-    os.close(fd)
+    try:
+        os.ftruncate(fd, 3 * span)
+        mapping = mmap.mmap(fd, 3 * span)
+    finally:
+        os.close(fd)
+        path.unlink()  # the mapping keeps the pages
+    pages = np.frombuffer(mapping, np.uint8)
     sa, sb, sc = (pages[i * span : i * span + 4 * n].view(np.float32) for i in range(3))
     sa[:], sb[:] = a, b
     if not dev.pinning.pin(pages):
@@ -122,26 +144,36 @@ def registered_modes(dev: CudaDevice, a: np.ndarray, b: np.ndarray,
 
     def release() -> None:
         dev.pinning.unpin(pages)
-        path.unlink()
 
-    return {"registered, copies": copies, "registered, in place": in_place}, release
+    modes: Modes = {"registered, copies": (copies, sc)}
+    if dev._host_pointers:
+        modes["registered, in place"] = (in_place, sc)
+    return modes, release
 
 
-def check(modes: dict[str, Mode], want: np.ndarray) -> None:
-    for name, mode in modes.items():
+def check(modes: Modes, sums: np.ndarray, total: float) -> None:
+    """Each mode's answer, its output overwritten with NaN before it ran: the sums exact,
+    the reduce's total within f32's rounding over a sum of small integers."""
+    for name, (mode, out) in modes.items():
         for _ in range(20):  # graphs captured, caches warm
             mode()
+        if out is None:
+            continue
+        out[:] = np.nan
         got = mode()
-        if got is not None and not np.array_equal(got, want):
-            raise SystemExit(f"{name}: wrong sums at {want.size} elements")
+        assert got is not None
+        right = (abs(float(got[0]) - total) <= 1e-5 * total if got.size == 1
+                 else np.array_equal(got, sums))
+        if not right:
+            raise SystemExit(f"{name}: wrong answer at {sums.size} elements")
 
 
-def timed(modes: dict[str, Mode], calls: int, rounds: int) -> dict[str, list[float]]:
+def timed(modes: Modes, calls: int, rounds: int) -> dict[str, list[float]]:
     """Blocks of ``calls`` of each mode in turn, ``rounds`` times; µs per call."""
     clock = time.perf_counter_ns
     samples: dict[str, list[float]] = {name: [] for name in modes}
     for _ in range(rounds):
-        for name, mode in modes.items():
+        for name, (mode, _) in modes.items():
             mode()  # a block's first call follows another mode's work: not timed
             for _ in range(calls):
                 t0 = clock()
@@ -170,7 +202,7 @@ def main() -> int:
             shared, release = registered_modes(dev, a, b, folder)
             try:
                 modes |= shared
-                check(modes, a + b)
+                check(modes, a + b, float(a.astype(np.float64).sum()))
                 for name, values in timed(modes, args.n, args.rounds).items():
                     p10, p50, p90 = np.percentile(values, [10, 50, 90])
                     print(f"{n:>9} {name:<24} p10 {p10:8.1f}  p50 {p50:8.1f}  "

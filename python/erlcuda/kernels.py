@@ -220,11 +220,13 @@ _check_catalogue()
 
 
 def as_f32(value: Any, what: str) -> np.ndarray:
-    """A 1-D little-endian f32 view of a binary, or a copy of a list of numbers."""
+    """A 1-D little-endian f32 view of a binary, or a copy of a list of numbers; an array as
+    it is where it is contiguous f32, else a contiguous f32 copy (the backends read and
+    copy a vector's bytes from its first on)."""
     if isinstance(value, np.ndarray):
         if value.ndim != 1:
             raise BadArgs(f"{what}: expected a 1-D vector")
-        return value.astype(F32, copy=False)
+        return np.ascontiguousarray(value, dtype=F32)
     if isinstance(value, (bytes, bytearray, memoryview)):
         nbytes = memoryview(value).nbytes
         if nbytes % 4:
@@ -323,8 +325,9 @@ def _rules(spec: contract.KernelSpec) -> _Rules:
 def parse(kernel: str, args: Sequence[Any]) -> Plan:
     """Check ``args`` against ``kernel``'s declaration; raise ``BadArgs`` with a readable reason.
 
-    A vector is a 1-D numpy array of its element type (taken as it is), an f32 binary
-    (viewed) or a list of numbers (copied); a dim a non-negative integer.
+    A vector is a 1-D numpy array of its element type (taken as it is where contiguous,
+    else copied), an f32 binary (viewed) or a list of numbers (copied); a dim a
+    non-negative integer.
     """
     spec = contract.KERNELS.get(kernel)
     if spec is None:
@@ -345,7 +348,8 @@ def parse(kernel: str, args: Sequence[Any]) -> Plan:
     elements = 0
     for i, name, dtype in plan.vectors:
         value = values[i]
-        if type(value) is not np.ndarray or value.dtype is not dtype or value.ndim != 1:
+        if (type(value) is not np.ndarray or value.dtype is not dtype or value.ndim != 1
+                or not value.flags.c_contiguous):
             value = values[i] = _vector(value, name, dtype)
         size = value.size
         if size > limit:

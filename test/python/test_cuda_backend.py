@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from erlcuda.backends.base import BackendError
-from erlcuda.kernels import batch_plan, parse
+from erlcuda.kernels import Plan, batch_plan, parse
 
 if TYPE_CHECKING:
     from erlcuda.backends.cuda import CudaDevice
@@ -358,41 +358,65 @@ def staging_after(device: CudaDevice, job: Callable[[], None], n: int) -> np.nda
     return seen
 
 
-@pytest.mark.parametrize("registered", [False, True])
-@pytest.mark.parametrize("above", [False, True])
-def test_a_small_vector_add_runs_in_place_on_pinned_memory(device: CudaDevice, above: bool,
-                                                           registered: bool) -> None:
-    """Up to ``IN_PLACE_MAX`` elements, a vector_add whose operands and result lie in pinned
-    host memory (the staging, or a job's registered slots) runs on it in place where the
-    device takes host pointers: its sums are right and the device's output staging is not
-    written; above it, the sums come back through the staging. A job in registered memory
-    at an address that is not 16-byte aligned is right too (the kernel's element path)."""
+def in_place_sizes(kernel: str) -> dict[str, list[int]]:
+    """Jobs' sizes by case: replayed as graphs (then by quick entries), at the in-place
+    limit (never replayed; a lone vector_add's one under it, below the pipeline's size),
+    and above it (for vector_add from the staging a batch: each job below the pipeline's
+    size, their sum above the limit)."""
     from erlcuda.backends.cuda.kernels import IN_PLACE_MAX, PACK_ALIGN
 
-    n = IN_PLACE_MAX + (PACK_ALIGN if above else -1)
-    gen = rng(13)
-    a, b = vec(gen, n), vec(gen, n)
-    skew = 4 if registered and not above else 0
+    limit = {"vector_add": IN_PLACE_MAX - 1, "reduce": IN_PLACE_MAX,
+             "dot_product": IN_PLACE_MAX // 2 - PACK_ALIGN}[kernel]
+    above = {"vector_add": [IN_PLACE_MAX // 2 + 32] * 2, "reduce": [IN_PLACE_MAX + 64],
+             "dot_product": [IN_PLACE_MAX // 2 + 64]}[kernel]
+    return {"graph": [3001], "limit": [limit], "above": above}
+
+
+@pytest.mark.parametrize("registered", [False, True])
+@pytest.mark.parametrize("case", ["graph", "limit", "above"])
+def test_a_small_vector_add_runs_in_place_on_pinned_memory(device: CudaDevice, case: str,
+                                                           registered: bool) -> None:
+    """Up to ``IN_PLACE_MAX`` elements, vector_adds whose operands and result lie in pinned
+    host memory (the staging, or a job's registered slots) run on it in place where the
+    device takes host pointers: each run's sums are right and the device's output staging
+    is not written; above it, the sums come back through the device's staging (a batch
+    from the staging, the pipeline from slots). A job in registered memory at an address
+    that is not 16-byte aligned is right too (the kernel's element path)."""
+    from erlcuda.backends.cuda.kernels import IN_PLACE_MAX
+
+    sizes = in_place_sizes("vector_add")[case]
+    if registered:
+        sizes = [IN_PLACE_MAX + 64] if case == "above" else sizes[:1]
+    n, total = sizes[0], sum(sizes)
+    skew = 4 if registered and case != "above" else 0
     region = np.frombuffer(mmap.mmap(-1, 3 * PAGE * -(-(4 * n + skew) // PAGE)), np.uint8)
     span = region.size // 3
     sa, sb, out = (region[i * span + skew : i * span + skew + 4 * n].view(np.float32)
                    for i in range(3))
-    sa[:], sb[:] = a, b
-    plan = parse("vector_add", [sa, sb] if registered else [a, b])
-    results: list[np.ndarray] = []
-
-    def job() -> None:
-        into = [out] if registered else None
-        results.append(device.execute([plan], into=into, registered=registered)[0])
-
+    gen = rng(13)
     if registered:
         assert device.pinning.pin(region)
     try:
-        for _ in range(3):  # the staging's: then replayed as a graph, then by its quick entry
-            seen = staging_after(device, job, n)
-            np.testing.assert_array_equal(results[-1], a + b)
-            if above or not device._host_pointers:
-                np.testing.assert_array_equal(seen, a + b)
+        for _ in range(4):  # graph: captured, then replayed, then by its quick entry
+            pairs = [(vec(gen, k), vec(gen, k)) for k in sizes]
+            results: list[np.ndarray] = []
+            device._host_out.ensure(total)[:total] = np.nan
+            out[:] = np.nan
+            if registered:
+                sa[:], sb[:] = pairs[0]
+                plans = [parse("vector_add", [sa, sb])]
+            else:
+                plans = [parse("vector_add", list(p)) for p in pairs]
+
+            def job(plans: list[Plan] = plans, results: list[np.ndarray] = results) -> None:
+                into = [out] if registered else None
+                results.extend(device.execute(plans, into=into, registered=registered))
+
+            seen = staging_after(device, job, total)
+            sums = np.concatenate([a + b for a, b in pairs])
+            np.testing.assert_array_equal(np.concatenate(results), sums)
+            if case == "above" or not device._host_pointers:
+                np.testing.assert_array_equal(seen, sums)
             else:
                 assert np.isnan(seen).all()
     finally:
@@ -401,40 +425,62 @@ def test_a_small_vector_add_runs_in_place_on_pinned_memory(device: CudaDevice, a
 
 
 @pytest.mark.parametrize("kernel", ["reduce", "dot_product"])
-@pytest.mark.parametrize("above", [False, True])
+@pytest.mark.parametrize("case", ["graph", "limit", "above"])
 def test_a_small_reduce_runs_in_place_on_the_staging(device: CudaDevice, kernel: str,
-                                                     above: bool) -> None:
+                                                     case: str) -> None:
     """A lone reduce or dot_product whose operands fit ``IN_PLACE_MAX`` reads them from the
     pinned staging in place and writes its sum there where the device takes host pointers:
-    the sum is right and the device's output staging is not written; above it, the sum
-    comes back through the staging."""
-    from erlcuda.backends.cuda.kernels import IN_PLACE_MAX, PACK_ALIGN
-
-    n = IN_PLACE_MAX + PACK_ALIGN if above else 5000
+    each run's sum is right and the device's output staging is not written; above it, the
+    sum comes back through the staging."""
+    [n] = in_place_sizes(kernel)[case]
     gen = rng(17)
-    a, b = vec(gen, n), vec(gen, n)
-    plan = parse(kernel, [a] if kernel == "reduce" else [a, b])
-    terms = a.astype(np.float64) * (1 if kernel == "reduce" else b.astype(np.float64))
-    sums: list[float] = []
-    for _ in range(3):  # then replayed as a graph, then by its quick entry
-        seen = staging_after(device, lambda: sums.append(device.execute([plan])[0]), 1)
+    for _ in range(4):  # graph: captured, then replayed, then by its quick entry
+        a, b = vec(gen, n), vec(gen, n)
+        plan = parse(kernel, [a] if kernel == "reduce" else [a, b])
+        terms = a.astype(np.float64) * (1 if kernel == "reduce" else b.astype(np.float64))
+        sums: list[float] = []
+        device._host_out.ensure(1)[:1] = np.nan
+
+        def job(plan: Plan = plan, sums: list[float] = sums) -> None:
+            sums.append(device.execute([plan])[0])
+
+        seen = staging_after(device, job, 1)
         check_sum(sums[-1], terms)
-        if above or not device._host_pointers:
+        if case == "above" or not device._host_pointers:
             assert seen[0] == np.float32(sums[-1])
         else:
             assert np.isnan(seen[0])
 
 
+def test_a_strided_job_in_registered_memory_is_right(device: CudaDevice) -> None:
+    """Operands that lie in registered memory but not contiguously (every other f32 of a
+    registered region) are not run as if their bytes were contiguous: the sums are right."""
+    n = 5000
+    region = np.frombuffer(mmap.mmap(-1, 3 * PAGE * -(-8 * n // PAGE)), np.uint8)
+    span = region.size // 3
+    a, b = (region[i * span : i * span + 8 * n].view(np.float32)[::2] for i in range(2))
+    out = region[2 * span : 2 * span + 4 * n].view(np.float32)
+    gen = rng(19)
+    assert device.pinning.pin(region)
+    try:
+        a[:], b[:] = vec(gen, n), vec(gen, n)
+        out[:] = np.nan
+        [got] = device.execute([parse("vector_add", [a, b])], into=[out])
+        np.testing.assert_array_equal(got, a + b)
+    finally:
+        device.pinning.unpin(region)
+
+
 @pytest.mark.parametrize("registered", [False, True])
 @pytest.mark.parametrize("n", [1000, 100_000, 1 << 20])
-def test_a_lone_job_in_registered_memory_is_copied_straight_and_right(device: CudaDevice,
+def test_a_lone_job_in_registered_memory_is_run_straight_and_right(device: CudaDevice,
                                                                       n: int,
                                                                       registered: bool) -> None:
     """A lone vector_add whose operands and result lie in registered host memory (a job in
-    slots) is copied straight from and into it, found by address or vouched for by its
-    lane (``registered``), below the pipeline's size and above: each run answers its own
-    data, in the result memory it was given, and again right once a larger job has moved
-    the staging."""
+    slots) runs straight on it (in place, or copied straight from and into it), found by
+    address or vouched for by its lane (``registered``), below the pipeline's size and
+    above: each run answers its own data, in the result memory it was given, and again
+    right once a larger job has moved the staging."""
     region = np.frombuffer(mmap.mmap(-1, 3 * PAGE * -(-4 * n // PAGE)), np.uint8)
     span = region.size // 3
     a, b, out = (region[i * span : i * span + 4 * n].view(np.float32) for i in range(3))

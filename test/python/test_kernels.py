@@ -20,6 +20,16 @@ def test_binaries_are_viewed_not_copied() -> None:
     assert request.a[0] == 9.0
 
 
+def test_contiguous_arrays_are_taken_as_they_are_and_strided_ones_copied() -> None:
+    # The backends read a vector's bytes from its first on (a copy's source, a kernel run
+    # in place on pinned memory): a strided view must not reach them as it is.
+    whole = np.arange(8, dtype=np.float32)
+    request = parse("vector_add", [whole[:4], whole[::2]])
+    assert request.a.base is whole  # a view, not a copy
+    assert request.b is not None and request.b.flags.c_contiguous
+    assert list(request.b) == [0.0, 2.0, 4.0, 6.0]
+
+
 def test_lists_of_numbers_are_accepted() -> None:
     request = parse("vector_add", [[1, 2.5], [3, 4]])
     assert request.a.dtype == np.float32 and list(request.b) == [3.0, 4.0]

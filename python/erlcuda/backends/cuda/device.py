@@ -925,7 +925,7 @@ class CudaDevice(Device):
     def _vector_add_lone(self, r: Plan, into: np.ndarray | None,
                          registered: bool = False) -> np.ndarray:
         """One vector_add run alone: its result in ``into`` (a result buffer) where given,
-        else in the output staging; copied straight in and out where it is below the
+        else in the output staging; run straight on its memory where it is below the
         pipeline's size and all of it lies in registered memory (``registered``: known to,
         from ``execute``), else through the pipeline."""
         n = int(r.a.size)
@@ -949,16 +949,20 @@ class CudaDevice(Device):
         return out
 
     def _registered(self, *hosts: np.ndarray) -> bool:
-        """Whether every one of ``hosts`` lies in registered host memory (slots)."""
-        return bool(self.pinning.count) and all(self.pinning.covers(h) for h in hosts)
+        """Whether every one of ``hosts`` lies whole in registered host memory (slots):
+        contiguous, so that its bytes are those from its first on, as a kernel reads them
+        in place and as ``covers`` counts them."""
+        return bool(self.pinning.count) and all(
+            h.flags.c_contiguous and self.pinning.covers(h) for h in hosts)
 
     def _vector_add_direct(self, a: np.ndarray, b: np.ndarray, into: np.ndarray,
                            b_at: int) -> np.ndarray:
         """A lone vector_add below the pipeline's size whose operands and result all lie in
-        registered host memory (a job in slots): run in place where it is small enough
-        (``_in_place``), else copied straight in and out on the stream; one wait. Not
-        replayed as a graph: a graph's copies from registered memory measured slower than
-        these calls (bench/lone_parts.py --slots)."""
+        registered host memory (a job in slots, contiguous): run in place where the device
+        takes host pointers (``_in_place``: every size below the pipeline's), else copied
+        straight in and out on the stream; one wait. Not replayed as a graph: a graph's
+        copies from registered memory measured slower than these calls
+        (bench/lone_parts.py --slots)."""
         n = int(a.size)
         if self._in_place(n):
             self.launch_vector_add(_address(a), _address(b), _address(into), n)
