@@ -30,7 +30,8 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["DEFAULT_LIMIT", "Budget", "PinError", "Pinner", "Pinning", "default_limit"]
+__all__ = ["DEFAULT_LIMIT", "Budget", "PinError", "Pinner", "Pinning", "address",
+           "default_limit"]
 
 #: The most bytes of host memory the worker keeps registered at once, by default.
 MAX_DEFAULT_LIMIT = 4 << 30
@@ -47,6 +48,12 @@ class Pinner(Protocol):
         """Register ``view``'s bytes (a contiguous byte array of whole pages); the function
         that undoes it. Raises ``PinError``."""
         ...
+
+
+def address(array: np.ndarray) -> int:
+    """Where ``array``'s first element lies in host memory (without ``ctypes.data``'s
+    object made for each call)."""
+    return int(array.__array_interface__["data"][0])
 
 
 def default_limit(ram: int | None = None) -> int:

@@ -45,6 +45,7 @@ import numpy as np
 
 from . import contract, general, kernels, protocol
 from .general import Held
+from .hostmem import address
 from .kernels import Operand, Plan, UniformPlans
 from .shm import FileArg, ResultSlot
 
@@ -315,7 +316,7 @@ class Templates:
         # The plan's a and b must be the operands' mappings, in order, else the template
         # would not say what the check made of the frame.
         if not operands or len(values) != len(mapped) or any(
-                _address(v) != _address(m) or v.nbytes != m.nbytes or v.dtype != m.dtype
+                address(v) != address(m) or v.nbytes != m.nbytes or v.dtype != m.dtype
                 for v, m in zip(values, mapped, strict=True)):
             return
         spans = [protocol.LAUNCH_JOB_ID, _FLAGS_SPAN, *names, *([result] if result else [])]
@@ -344,10 +345,10 @@ class Templates:
             return
         spans, _ = layout
         data = []
-        base = _address(np.frombuffer(frame, np.uint8))
+        base = address(np.frombuffer(frame, np.uint8))
         for index, (start, end) in spans:
             value = plan.operands[index].value
-            if _address(value) != base + start or value.nbytes != end - start:
+            if address(value) != base + start or value.nbytes != end - start:
                 return  # the plan's data must be views of these very bytes
             data.append((index, start, value.size, value.dtype))
         header = _header(frame, [protocol.LAUNCH_JOB_ID, *(span for _, span in spans)])
@@ -460,12 +461,12 @@ class Templates:
         values = [v for v in (plan.a, plan.b) if v is not None]
         if len(values) != len(spans) or not 1 <= len(spans) <= 2:
             return
-        base = _address(np.frombuffer(frame, np.uint8))
+        base = address(np.frombuffer(frame, np.uint8))
         vectors = []
         for value, (start, end) in zip(values, spans, strict=True):
             # The plan's a and b must be views of these very bytes (the check took them as
             # they were), else the template would not say what the check made of the frame.
-            if _address(value) != base + start or value.nbytes != end - start:
+            if address(value) != base + start or value.nbytes != end - start:
                 return
             vectors.append((start, value.size, value.dtype))
         # The header: what lies around the JobId and the data spans.
@@ -547,5 +548,3 @@ def _matches(header: tuple[tuple[int, int, bytes], ...], frame: bytearray | memo
     return all(frame[start:end] == held for start, end, held in header)
 
 
-def _address(array: np.ndarray) -> int:
-    return int(array.__array_interface__["data"][0])

@@ -11,7 +11,7 @@ import numpy as np
 import pycuda.driver as cuda
 
 from ...compile import arch_of
-from ...hostmem import Pinning
+from ...hostmem import Pinning, address
 from ...kernels import F32, Plan, UniformPlans
 from ..base import (
     STAGE_MAX,
@@ -115,11 +115,6 @@ def _same(kernel: str, arrays: Sequence[CudaArray], sizes: Sequence[int]) -> Non
 
 
 # -- the device ----------------------------------------------------------------------------
-
-
-def _address(array: np.ndarray) -> int:
-    """Where ``array``'s first element lies in host memory."""
-    return int(array.__array_interface__["data"][0])
 
 
 def _b(request: Plan) -> np.ndarray:
@@ -965,7 +960,7 @@ class CudaDevice(Device):
         (bench/lone_parts.py --slots)."""
         n = int(a.size)
         if self._in_place(n):
-            self.launch_vector_add(_address(a), _address(b), _address(into), n)
+            self.launch_vector_add(address(a), address(b), address(into), n)
         else:
             d_in, d_out = self._dev_in.ptr, self._dev_out.ptr
             cuda.memcpy_htod_async(d_in, a, self._stream)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pycuda.driver as cuda
 
-from ...hostmem import PinError
+from ...hostmem import PinError, address
 from ...kernels import F32
 from ..base import BackendError
 from ..pool import Block
@@ -241,15 +241,15 @@ class CudaPinner:
         if self._register is None or self._unregister is None:
             raise PinError("the CUDA driver library could not be loaded for host registration")
         flags = 0 if view.flags.writeable else self.READ_ONLY
-        address = int(view.__array_interface__["data"][0])
-        status = self._register(address, int(view.nbytes), flags)
+        start = address(view)
+        status = self._register(start, int(view.nbytes), flags)
         if status != 0:
             raise PinError(f"cuMemHostRegister of {view.nbytes} bytes failed: CUDA error "
                            f"{status}")
         unregister = self._unregister
 
         def unpin() -> None:
-            unregister(address)  # a failure leaves nothing to undo: the context went first
+            unregister(start)  # a failure leaves nothing to undo: the context went first
 
         return unpin
 
