@@ -8,7 +8,7 @@ blocks that take turns (``--rounds`` of them, ``--n`` calls each):
 
 - staging, copies: the operands packed into the pinned input staging, copied to the device,
   the kernel, the sum copied back into the output staging (one wait; replayed as a graph
-  where the size allows, as ``CudaDevice._add`` does above ``IN_PLACE_MAX``);
+  where the size allows, as ``CudaDevice._add`` does above its measured ``in_place_max``);
 - staging, in place: the same packing, then the kernel alone, reading the staging and
   writing the output staging over the bus (replayed as a graph alike);
 - staging, packing only: what both of the above spend before the GPU;
@@ -20,8 +20,8 @@ blocks that take turns (``--rounds`` of them, ``--n`` calls each):
 
 Every mode's answer is checked against numpy before it is timed, its output overwritten
 with NaN first. The in-place modes run only where the device takes host pointers. Prints
-p10, p50 and p90 in µs per mode and size: the sizes up to which in place costs less set
-``backends/cuda/kernels.py``'s ``IN_PLACE_MAX``.
+p10, p50 and p90 in µs per mode and size, and the device's own choice as it opened
+(``backends/in_place.py``: ``in_place_max`` and the figures it came from).
 """
 
 from __future__ import annotations
@@ -193,7 +193,11 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="erlcuda-zero-copy-",
                                    dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     print(f"{dev.info()['name']}: in place where the device takes host pointers: "
-          f"{dev._host_pointers}")
+          f"{dev._host_pointers}; chosen as it opened: up to {dev.in_place_max} elements"
+          + (f" ({dev.in_place_error})" if dev.in_place_error else ""))
+    for t in dev.in_place_timings:
+        print(f"  at open {t.elements:>9}: copies {t.copies_s * 1e6:8.1f}  "
+              f"in place {t.in_place_s * 1e6:8.1f} µs (medians)")
     try:
         for n in args.sizes:
             i = np.arange(n)

@@ -358,35 +358,63 @@ def staging_after(device: CudaDevice, job: Callable[[], None], n: int) -> np.nda
     return seen
 
 
-def in_place_sizes(kernel: str) -> dict[str, list[int]]:
-    """Jobs' sizes by case: replayed as graphs (then by quick entries), at the in-place
-    limit (never replayed; a lone vector_add's one under it, below the pipeline's size),
-    and above it (for vector_add from the staging a batch: each job below the pipeline's
-    size, their sum above the limit)."""
-    from erlcuda.backends.cuda.kernels import IN_PLACE_MAX, PACK_ALIGN
+def in_place_sizes(kernel: str, limit: int) -> dict[str, list[int]]:
+    """Jobs' sizes by case, for a device that runs jobs of up to ``limit`` operand elements
+    in place: replayed as graphs (then by quick entries), at the limit (never replayed; a
+    lone vector_add's one under it, below the pipeline's size), and above it (for
+    vector_add from the staging a batch: each job below the pipeline's size, their sum
+    above the limit)."""
+    from erlcuda.backends.cuda.kernels import PACK_ALIGN
 
-    limit = {"vector_add": IN_PLACE_MAX - 1, "reduce": IN_PLACE_MAX,
-             "dot_product": IN_PLACE_MAX // 2 - PACK_ALIGN}[kernel]
-    above = {"vector_add": [IN_PLACE_MAX // 2 + 32] * 2, "reduce": [IN_PLACE_MAX + 64],
-             "dot_product": [IN_PLACE_MAX // 2 + 64]}[kernel]
-    return {"graph": [3001], "limit": [limit], "above": above}
+    at = {"vector_add": limit - 1, "reduce": limit,
+          "dot_product": limit // 2 - PACK_ALIGN}[kernel]
+    above = {"vector_add": [limit // 2 + 32] * 2, "reduce": [limit + 64],
+             "dot_product": [limit // 2 + 64]}[kernel]
+    return {"graph": [min(3001, limit // 4)], "limit": [at], "above": above}
+
+
+def in_place_limit(device: CudaDevice) -> tuple[int, bool]:
+    """The limit the in-place tests take their sizes from (the device's measured one, else
+    the most there is), and whether jobs within it run in place."""
+    from erlcuda.backends.in_place import IN_PLACE_MAX
+
+    return device.in_place_max or IN_PLACE_MAX, device.in_place_max > 0
+
+
+def test_the_device_times_in_place_against_copies_as_it_opens(device: CudaDevice) -> None:
+    """Where the device takes host pointers it timed vector_adds both ways at every size as
+    it opened, each right (no infinite figure) on this GPU, and runs in place up to what
+    those figures choose; ``info`` says so. Without host pointers nothing is timed and
+    nothing runs in place."""
+    from erlcuda.backends.in_place import IN_PLACE_SIZES, choose_in_place_max
+
+    timings = device.in_place_timings
+    assert device.info()["in_place_max"] == device.in_place_max
+    if not device._host_pointers:
+        assert device.in_place_max == 0 and not timings
+        return
+    assert device.in_place_error is None
+    assert [t.elements for t in timings] == list(IN_PLACE_SIZES)
+    assert all(0 < t.copies_s < 1 and 0 < t.in_place_s < 1 for t in timings)
+    assert device.in_place_max == choose_in_place_max(timings)
 
 
 @pytest.mark.parametrize("registered", [False, True])
 @pytest.mark.parametrize("case", ["graph", "limit", "above"])
 def test_a_small_vector_add_runs_in_place_on_pinned_memory(device: CudaDevice, case: str,
                                                            registered: bool) -> None:
-    """Up to ``IN_PLACE_MAX`` elements, vector_adds whose operands and result lie in pinned
-    host memory (the staging, or a job's registered slots) run on it in place where the
-    device takes host pointers: each run's sums are right and the device's output staging
-    is not written; above it, the sums come back through the device's staging (a batch
-    from the staging, the pipeline from slots). A job in registered memory at an address
-    that is not 16-byte aligned is right too (the kernel's element path)."""
-    from erlcuda.backends.cuda.kernels import IN_PLACE_MAX
+    """Up to the device's ``in_place_max`` elements, vector_adds whose operands and result
+    lie in pinned host memory (the staging, or a job's registered slots) run on it in place
+    where the device measured that it pays: each run's sums are right and the device's
+    output staging is not written; above it, the sums come back through the device's
+    staging (a batch from the staging, the pipeline from slots). A job in registered memory
+    at an address that is not 16-byte aligned is right too (the kernel's element path)."""
+    from erlcuda.backends.in_place import IN_PLACE_MAX
 
-    sizes = in_place_sizes("vector_add")[case]
+    limit, in_place = in_place_limit(device)
+    sizes = in_place_sizes("vector_add", limit)[case]
     if registered:
-        sizes = [IN_PLACE_MAX + 64] if case == "above" else sizes[:1]
+        sizes = [max(limit, IN_PLACE_MAX) + 64] if case == "above" else sizes[:1]
     n, total = sizes[0], sum(sizes)
     skew = 4 if registered and case != "above" else 0
     region = np.frombuffer(mmap.mmap(-1, 3 * PAGE * -(-(4 * n + skew) // PAGE)), np.uint8)
@@ -415,7 +443,7 @@ def test_a_small_vector_add_runs_in_place_on_pinned_memory(device: CudaDevice, c
             seen = staging_after(device, job, total)
             sums = np.concatenate([a + b for a, b in pairs])
             np.testing.assert_array_equal(np.concatenate(results), sums)
-            if case == "above" or not device._host_pointers:
+            if case == "above" or not in_place:
                 np.testing.assert_array_equal(seen, sums)
             else:
                 assert np.isnan(seen).all()
@@ -428,11 +456,12 @@ def test_a_small_vector_add_runs_in_place_on_pinned_memory(device: CudaDevice, c
 @pytest.mark.parametrize("case", ["graph", "limit", "above"])
 def test_a_small_reduce_runs_in_place_on_the_staging(device: CudaDevice, kernel: str,
                                                      case: str) -> None:
-    """A lone reduce or dot_product whose operands fit ``IN_PLACE_MAX`` reads them from the
-    pinned staging in place and writes its sum there where the device takes host pointers:
-    each run's sum is right and the device's output staging is not written; above it, the
-    sum comes back through the staging."""
-    [n] = in_place_sizes(kernel)[case]
+    """A lone reduce or dot_product whose operands fit the device's ``in_place_max`` reads
+    them from the pinned staging in place and writes its sum there where the device measured
+    that it pays: each run's sum is right and the device's output staging is not written;
+    above it, the sum comes back through the staging."""
+    limit, in_place = in_place_limit(device)
+    [n] = in_place_sizes(kernel, limit)[case]
     gen = rng(17)
     for _ in range(4):  # graph: captured, then replayed, then by its quick entry
         a, b = vec(gen, n), vec(gen, n)
@@ -446,7 +475,7 @@ def test_a_small_reduce_runs_in_place_on_the_staging(device: CudaDevice, kernel:
 
         seen = staging_after(device, job, 1)
         check_sum(sums[-1], terms)
-        if case == "above" or not device._host_pointers:
+        if case == "above" or not in_place:
             assert seen[0] == np.float32(sums[-1])
         else:
             assert np.isnan(seen[0])

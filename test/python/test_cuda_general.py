@@ -260,9 +260,9 @@ def test_info_keys(device: CudaDevice) -> None:
 
     info = device.info()
     assert set(info) == {"name", "total_memory", "free_memory", "compute_capability",
-                         "pool_bytes", "pinned_bytes", "register_min"}
+                         "pool_bytes", "pinned_bytes", "register_min", "in_place_max"}
     assert set(info) <= contract.ATOMS  # Erlang knows every key
-    for key in ("pool_bytes", "pinned_bytes", "register_min"):
+    for key in ("pool_bytes", "pinned_bytes", "register_min", "in_place_max"):
         assert isinstance(info[key], int) and info[key] >= 0, key
 
 

@@ -21,6 +21,7 @@ from ..base import (
     Result,
     stage_layout,
 )
+from ..in_place import IN_PLACE_SIZES, InPlaceTiming, choose_in_place_max, time_both
 from ..pipeline import (
     CALIBRATION_SIZES,
     NEVER,
@@ -46,7 +47,6 @@ from .kernels import (
     BUILTIN_ARITY,
     F64,
     FUNCTIONS,
-    IN_PLACE_MAX,
     MATMUL_BK,
     MATMUL_F64_TILE,
     MATMUL_THREADS,
@@ -130,6 +130,11 @@ class CudaDevice(Device):
 
     calibration: list[Timing] = []  # noqa: RUF012 - replaced per device, never mutated
     calibration_error: str | None = None
+    #: The most operand elements a job runs in place with (``in_place.py``), and the
+    #: figures that chose it; 0 where the device takes no host pointers.
+    in_place_max = 0
+    in_place_timings: list[InPlaceTiming] = []  # noqa: RUF012 - replaced per device
+    in_place_error: str | None = None
 
     def __init__(self, index: int, cubins: Mapping[str, bytes]) -> None:
         """Make the context (pushed on this thread's stack) and load the kernels."""
@@ -208,6 +213,7 @@ class CudaDevice(Device):
         self._pipeline = Pipeline(cuda, (self._stream, self._stream2), self._pipeline_chunks,
                                   self.pinning, pack_chunk)
         self.calibrate()
+        self.in_place_max = self._measure_in_place()
 
     def calibrate(self, sizes: Sequence[int] = CALIBRATION_SIZES) -> list[Timing]:
         """Time the copies of a fresh mapping at each size (``pipeline.Timing``): staged,
@@ -306,6 +312,8 @@ class CudaDevice(Device):
                 # from which a job's own operand file is registered for its copy.
                 "pinned_bytes": self.pinning.bytes,
                 "register_min": self._pipeline.register_min,
+                # The most operand elements a small job runs in place with, as measured.
+                "in_place_max": self.in_place_max,
             }
 
     def close(self) -> None:
@@ -974,8 +982,63 @@ class CudaDevice(Device):
         """Whether a job of ``elements`` f32 operands whose operands and result lie in
         pinned host memory runs there: its kernels read the operands over the bus and write
         the result back themselves, with no copy queued before or after them. Up to
-        ``IN_PLACE_MAX`` that costs less (bench/zero_copy.py); beyond it, not measured."""
-        return self._host_pointers and elements <= IN_PLACE_MAX
+        ``in_place_max``, measured as the device opened (0 without host pointers)."""
+        return elements <= self.in_place_max
+
+    def _measure_in_place(self) -> int:
+        """``in_place.choose_in_place_max`` of vector_adds timed both ways at each of
+        ``IN_PLACE_SIZES`` on pinned and device memory of their own, freed after; 0 (the
+        copies) without host pointers, without room for them, or where in place failed or
+        computed other sums than the copies."""
+        if not self._host_pointers:
+            return 0
+        span = round_up(max(IN_PLACE_SIZES), PACK_ALIGN)
+        try:
+            host = cuda.pagelocked_empty(4 * span, F32)
+        except cuda.Error:
+            return 0  # no room now: copies, as on a device without host pointers
+        try:
+            scratch = cuda.mem_alloc(3 * span * 4)
+        except cuda.Error:
+            host.base.free()
+            return 0
+        try:
+            self.in_place_timings = [self._time_in_place(host, int(scratch), span, n)
+                                     for n in IN_PLACE_SIZES]
+        except Exception as exc:  # no figures is no reason to lose the device: copies
+            self.in_place_timings = []
+            self.in_place_error = f"{type(exc).__name__}: {exc}"
+        finally:
+            scratch.free()
+            host.base.free()
+        return choose_in_place_max(self.in_place_timings)
+
+    def _time_in_place(self, host: np.ndarray, scratch: int, span: int,
+                       n: int) -> InPlaceTiming:
+        """A vector_add of ``n`` elements from ``host`` (operands packed as ``_add`` packs
+        them; results at ``2 * span``, copied, and ``3 * span``, in place) timed both ways;
+        in place as slow as never where its sums are not the copies'."""
+        b_at = round_up(n, PACK_ALIGN)
+        host[:n] = np.arange(n, dtype=F32) % 97
+        host[b_at : b_at + n] = np.arange(n, dtype=F32) % 89
+        copied, placed = host[2 * span : 2 * span + n], host[3 * span : 3 * span + n]
+        h = address(host)
+        stream = self._stream
+
+        def copies() -> None:
+            cuda.memcpy_htod_async(scratch, host[: b_at + n], stream)
+            self.launch_vector_add(scratch, scratch + 4 * b_at, scratch + 8 * span, n)
+            cuda.memcpy_dtoh_async(copied, scratch + 8 * span, stream)
+            stream.synchronize()
+
+        def in_place() -> None:
+            self.launch_vector_add(h, h + 4 * b_at, h + 12 * span, n)
+            stream.synchronize()
+
+        copies_s, in_place_s = time_both(copies, in_place)
+        right = np.array_equal(copied, placed) and np.array_equal(
+            copied, host[:n] + host[b_at : b_at + n])
+        return InPlaceTiming(n, copies_s, in_place_s if right else float("inf"))
 
     def _sum_lone(self, r: Plan, *, dot: bool) -> float:
         """One large reduce (dot: dot_product): its operands copied in through the

@@ -22,10 +22,6 @@ BLOCK_1D = 256
 #: blocks read faster (bench/gpu_kernels.py), so the cap only bounds the grid for huge
 #: vectors; up to 2048 * SMs * 1024 elements each thread adds one float4.
 VECTOR_ADD_BLOCKS_PER_SM = 2048
-#: Most operand elements of a job run in place on pinned host memory (``_in_place``): a
-#: batch of vector_adds in the staging, a lone one in registered slots, a lone reduce or
-#: dot_product in the staging.
-IN_PLACE_MAX = 1 << 19
 #: Blocks per multiprocessor of reduction pass 1 (from 4 to 32 read alike: a middle one).
 REDUCE_BLOCKS_PER_SM = 8
 #: Elements each thread of reduce pass 1 handles at least: fewer blocks for small vectors.
