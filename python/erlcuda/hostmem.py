@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
 
-__all__ = ["DEFAULT_LIMIT", "Budget", "PinError", "Pinner", "Pinning", "address",
+__all__ = ["DEFAULT_LIMIT", "Addresses", "Budget", "PinError", "Pinner", "Pinning", "address",
            "default_limit"]
 
 #: The most bytes of host memory the worker keeps registered at once, by default.
@@ -54,6 +55,31 @@ def address(array: np.ndarray) -> int:
     """Where ``array``'s first element lies in host memory (without ``ctypes.data``'s
     object made for each call)."""
     return int(array.__array_interface__["data"][0])
+
+
+class Addresses:
+    """``address``, remembered for arrays that come again and again: the views of its slots
+    that a lane runs one lone job after another on. Looked up by identity through a weak
+    reference, so that an array gone is never taken for a new one given its id, and the
+    cache keeps no mapping alive; only views are remembered, whose data never moves (an
+    array that owns its data may be resized)."""
+
+    #: Arrays remembered at most; all are forgotten when it is reached.
+    LIMIT = 64
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[weakref.ref[np.ndarray], int]] = {}
+
+    def __call__(self, array: np.ndarray) -> int:
+        known = self._known.get(id(array))
+        if known is not None and known[0]() is array:
+            return known[1]
+        at = address(array)
+        if array.base is not None:
+            if len(self._known) >= self.LIMIT:
+                self._known.clear()
+            self._known[id(array)] = (weakref.ref(array), at)
+        return at
 
 
 def default_limit(ram: int | None = None) -> int:

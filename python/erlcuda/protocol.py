@@ -1071,14 +1071,21 @@ def _record(job_id: int, res: Result, stamps: Mapping[str, int] | None,
 def _lone(job_id: int, res: Result, max_frame: int) -> tuple[Chunks, int] | None:
     """A lone job's results frame and its size, byte for byte what ``_encode_records``
     makes of ``[(job_id, res, None)]``, for the plain results (a float, a 1-D contiguous
-    f32 array that fits ``max_frame``, ``Floats``, a buffer kept: ``Kept``); ``None`` for any other,
-    which ``_encode_records`` then answers."""
+    f32 array that fits ``max_frame``, ``Floats``, a buffer kept: ``Kept``, a result written
+    into its slot: ``FileResult``); ``None`` for any other, which ``_encode_records`` then
+    answers."""
     cls = type(res)
     if cls is float:
         size = _LONE_HEAD.size + 8
         if size > max_frame:
             return None
         return [_LONE_HEAD.pack(_W.results, 1, job_id, _T_SCALAR, 8) + _pack_f64(res)], size
+    if cls is FileResult:  # a result written into its slot: a lone shm job's reply
+        size = _LONE_HEAD.size + _FILE_RECORD.size
+        if size > max_frame:
+            return None
+        return [_LONE_HEAD.pack(_W.results, 1, job_id, _T_FILE, _FILE_RECORD.size)
+                + _FILE_RECORD.pack(res.nbytes, res.part_bytes)], size
     if cls is Kept:
         index = _TYPE_OF_NAME.get(res.type)
         size = _LONE_HEAD.size + _HANDLE_RECORD.size

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -116,24 +116,35 @@ class SlotTemplate:
     kernel: str
     dims: tuple[int, int, int, int, int]
     scalar: bool
+    # The last frame's slot names and what ``fill`` made of them: a lone caller's jobs name
+    # the same slots one after another, and its lane knows them again by identity.
+    last: list[tuple[tuple[bytes, ...], tuple[FileArg, ...], ResultSlot | None]] = field(
+        default_factory=list, compare=False, repr=False)
 
     def matches(self, frame: bytearray | memoryview) -> bool:
         return _matches(self.header, frame) and _flags(frame) == self.flags
 
     def fill(self, frame: bytearray | memoryview
-             ) -> tuple[list[FileArg], ResultSlot | None] | None:
-        """The operands (``FileArg``) and result slot ``frame`` (which ``matches``) names;
-        ``None`` where a name is not UTF-8 (the decoder says why)."""
+             ) -> tuple[tuple[FileArg, ...], ResultSlot | None] | None:
+        """The operands (``FileArg``) and result slot ``frame`` (which ``matches``) names,
+        the very objects of the last frame where it named the same slots; ``None`` where a
+        name is not UTF-8 (the decoder says why)."""
+        names = tuple(bytes(frame[start:end]) for start, end in self.names)
+        if self.result is not None:
+            names += (bytes(frame[self.result[0]:self.result[1]]),)
+        last = self.last
+        if last and last[0][0] == names:
+            return last[0][1], last[0][2]
         try:
-            files = [FileArg(bytes(frame[start:end]).decode("utf-8"), f.dtype, f.nbytes,
-                             f.part_bytes)
-                     for (start, end), f in zip(self.names, self.files, strict=True)]
+            files = tuple(FileArg(name.decode("utf-8"), f.dtype, f.nbytes, f.part_bytes)
+                          for name, f in zip(names[: len(self.files)], self.files,
+                                             strict=True))
         except UnicodeDecodeError:
             return None
         result = None
         if self.result is not None:
-            start, end, part_bytes = self.result
-            result = ResultSlot(bytes(frame[start:end]).decode("latin-1"), part_bytes)
+            result = ResultSlot(names[-1].decode("latin-1"), self.result[2])
+        last[:] = [(names, files, result)]
         return files, result
 
     def plan(self, arrays: list[np.ndarray]) -> Plan:

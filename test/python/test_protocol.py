@@ -26,7 +26,7 @@ from erlcuda.backends.base import ERROR_CODES, BackendError
 from erlcuda.backends.cpu import CpuBackend
 from erlcuda.etf import Atom, ImproperList
 from erlcuda.protocol import Call, Failure, Launch, ProtocolError
-from erlcuda.shm import ResultSlot
+from erlcuda.shm import FileResult, ResultSlot
 from strategies import PID
 from workerpipe import (
     BENCH_WORKER,
@@ -526,6 +526,8 @@ def test_a_result_file_of_4_gib_or_more_has_a_record() -> None:
     np.arange(63, dtype=np.float32), np.arange(64, dtype=np.float32),  # 252 and 256 bytes
     np.arange(100_000, dtype=np.float32),
     protocol.Kept(2**64 - 1, "u8", 2**40), protocol.Kept(3, "f64", 2),
+    # a result written into its slot
+    FileResult(40_000, 1 << 20), FileResult((1 << 32) + 4, (1 << 32) + (1 << 20)),
     # a program's one output
     protocol.Listed((1.5,)), protocol.Listed((np.arange(63, dtype=np.float32),)),
     protocol.Listed((np.arange(100_000, dtype=np.float32),))])

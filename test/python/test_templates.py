@@ -332,3 +332,27 @@ def test_a_launch_for_another_device_is_its_own_template() -> None:
     template = templates.find(frame)
     assert template is not None and template.device == 3
     assert templates.find(bytearray(launch_frame(2, "reduce", [f32(10)]))) is None
+
+
+def test_a_slot_template_fills_the_same_slot_names_with_the_same_objects() -> None:
+    """A lone caller's jobs name the same slots one after another: ``fill`` hands back the
+    very operands and result slot it made for the last frame, which its lane then knows
+    by identity; other names get objects of their own; a name that is not UTF-8, none."""
+    from erlcuda.shm import FileArg, ResultSlot
+
+    f32_ = np.dtype(np.float32)
+    template = cache.SlotTemplate(
+        (), 0, ((0, 2), (2, 4)), (FileArg("", f32_, 400, 1 << 20),
+                                  FileArg("", f32_, 400, 1 << 20)),
+        (4, 6, 1 << 20), "vector_add", (0, 0, 0, 100, 100), False)
+    first = template.fill(bytearray(b"s1s2s3"))
+    assert first == ((FileArg("s1", f32_, 400, 1 << 20), FileArg("s2", f32_, 400, 1 << 20)),
+                     ResultSlot("s3", 1 << 20))
+    again = template.fill(bytearray(b"s1s2s3"))
+    assert again is not None and again[0] is first[0] and again[1] is first[1]
+    other = template.fill(bytearray(b"s1s4s3"))
+    assert other is not None and other[0] is not first[0]
+    assert [f.name for f in other[0]] == ["s1", "s4"] and other[1] == ResultSlot("s3", 1 << 20)
+    assert template.fill(bytearray(b"s1\xffs3s")) is None
+    back = template.fill(bytearray(b"s1s4s3"))
+    assert back is not None and back[0] is other[0]

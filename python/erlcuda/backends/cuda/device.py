@@ -11,7 +11,7 @@ import numpy as np
 import pycuda.driver as cuda
 
 from ...compile import arch_of
-from ...hostmem import Pinning, address
+from ...hostmem import Addresses, Pinning, address
 from ...kernels import F32, Plan, UniformPlans
 from ..base import (
     STAGE_MAX,
@@ -208,6 +208,7 @@ class CudaDevice(Device):
         # Large lone jobs: chunked copies on two streams, straight from and into the host
         # memory registered here (backends/pipeline.py), staged through pinned chunks otherwise.
         self.pinning = Pinning(CudaPinner())
+        self._addresses = Addresses()  # of a lone job's slots, run in place again and again
         self._stream2 = cuda.Stream()
         self._pipeline_chunks = Chunks(lambda n: cuda.pagelocked_empty(n, np.uint8))
         self._pipeline = Pipeline(cuda, (self._stream, self._stream2), self._pipeline_chunks,
@@ -968,7 +969,8 @@ class CudaDevice(Device):
         (bench/lone_parts.py --slots)."""
         n = int(a.size)
         if self._in_place(n):
-            self.launch_vector_add(address(a), address(b), address(into), n)
+            at = self._addresses
+            self.launch_vector_add(at(a), at(b), at(into), n)
         else:
             d_in, d_out = self._dev_in.ptr, self._dev_out.ptr
             cuda.memcpy_htod_async(d_in, a, self._stream)
