@@ -481,6 +481,46 @@ def test_a_small_reduce_runs_in_place_on_the_staging(device: CudaDevice, kernel:
             assert np.isnan(seen[0])
 
 
+def test_where_in_place_does_not_pay_the_copies_run(device: CudaDevice,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a device that measured in place slower at every size (``in_place_max`` 0), a
+    batch of vector_adds from the staging, a lone one in registered memory (the direct
+    path's copies) and a lone reduce give right answers through the device's staging.
+    Sizes of their own: a replay captured in place keeps its graph."""
+    monkeypatch.setattr(device, "in_place_max", 0)
+    gen = rng(23)
+    pairs = [(vec(gen, 1777), vec(gen, 1777)), (vec(gen, 1778), vec(gen, 1778))]
+    for _ in range(3):  # captured, then replayed: copies either way
+        results: list[np.ndarray] = []
+        plans = [parse("vector_add", list(p)) for p in pairs]
+        seen = staging_after(
+            device, lambda r=results, p=plans: r.extend(device.execute(p)), 3555)
+        sums = np.concatenate([a + b for a, b in pairs])
+        np.testing.assert_array_equal(np.concatenate(results), sums)
+        np.testing.assert_array_equal(seen, sums)
+    n = 4099
+    region = np.frombuffer(mmap.mmap(-1, 3 * PAGE * -(-4 * n // PAGE)), np.uint8)
+    span = region.size // 3
+    sa, sb, out = (region[i * span : i * span + 4 * n].view(np.float32) for i in range(3))
+    assert device.pinning.pin(region)
+    try:
+        sa[:], sb[:] = vec(gen, n), vec(gen, n)
+        out[:] = np.nan
+        plan = parse("vector_add", [sa, sb])
+        seen = staging_after(
+            device, lambda: device.execute([plan], into=[out], registered=True), n)
+        np.testing.assert_array_equal(out, sa + sb)
+        np.testing.assert_array_equal(seen, sa + sb)
+    finally:
+        device.pinning.unpin(region)
+    a = vec(gen, 2221)
+    sums: list[float] = []
+    seen = staging_after(device, lambda: sums.append(device.execute([parse("reduce", [a])])[0]),
+                         1)
+    check_sum(sums[0], a.astype(np.float64))
+    assert seen[0] == np.float32(sums[0])
+
+
 def test_a_strided_job_in_registered_memory_is_right(device: CudaDevice) -> None:
     """Operands that lie in registered memory but not contiguously (every other f32 of a
     registered region) are not run as if their bytes were contiguous: the sums are right."""

@@ -21,7 +21,13 @@ from ..base import (
     Result,
     stage_layout,
 )
-from ..in_place import IN_PLACE_SIZES, InPlaceTiming, choose_in_place_max, time_both
+from ..in_place import (
+    IN_PLACE_MAX,
+    IN_PLACE_SIZES,
+    InPlaceTiming,
+    choose_in_place_max,
+    time_both,
+)
 from ..pipeline import (
     CALIBRATION_SIZES,
     NEVER,
@@ -120,6 +126,14 @@ def _same(kernel: str, arrays: Sequence[CudaArray], sizes: Sequence[int]) -> Non
 def _b(request: Plan) -> np.ndarray:
     assert request.b is not None, f"{request.kernel} needs two operands"
     return request.b
+
+
+def _raise_fatal(exc: Exception) -> None:
+    """Raise ``exc`` as its ``BackendError`` where it poisoned the context (a measurement
+    at open that faulted): the device is lost, not merely unmeasured."""
+    error = to_backend_error(exc)
+    if error.fatal:
+        raise error from exc
 
 
 class CudaDevice(Device):
@@ -228,6 +242,7 @@ class CudaDevice(Device):
         try:
             self.calibration = self._pipeline.calibrate(int(scratch), sizes)
         except Exception as exc:  # no figures is no reason to lose the device: staged
+            _raise_fatal(exc)
             self.calibration = []
             self._pipeline.register_min = NEVER
             self.calibration_error = f"{type(exc).__name__}: {exc}"
@@ -989,25 +1004,30 @@ class CudaDevice(Device):
 
     def _measure_in_place(self) -> int:
         """``in_place.choose_in_place_max`` of vector_adds timed both ways at each of
-        ``IN_PLACE_SIZES`` on pinned and device memory of their own, freed after; 0 (the
-        copies) without host pointers, without room for them, or where in place failed or
-        computed other sums than the copies."""
+        ``IN_PLACE_SIZES`` on pinned and device memory of their own, freed after: 0 (the
+        copies) without host pointers, or where in place failed or computed other sums
+        than the copies; ``IN_PLACE_MAX`` where there is no room to measure now (in place
+        needs no device memory: as measured on the H200s). A fault that poisons the
+        context is raised: the device cannot open."""
         if not self._host_pointers:
             return 0
         span = round_up(max(IN_PLACE_SIZES), PACK_ALIGN)
         try:
             host = cuda.pagelocked_empty(4 * span, F32)
-        except cuda.Error:
-            return 0  # no room now: copies, as on a device without host pointers
+        except (cuda.Error, MemoryError) as exc:
+            self.in_place_error = f"no room to measure: {exc}"
+            return IN_PLACE_MAX
         try:
             scratch = cuda.mem_alloc(3 * span * 4)
-        except cuda.Error:
+        except (cuda.Error, MemoryError) as exc:
             host.base.free()
-            return 0
+            self.in_place_error = f"no room to measure: {exc}"
+            return IN_PLACE_MAX
         try:
             self.in_place_timings = [self._time_in_place(host, int(scratch), span, n)
                                      for n in IN_PLACE_SIZES]
         except Exception as exc:  # no figures is no reason to lose the device: copies
+            _raise_fatal(exc)
             self.in_place_timings = []
             self.in_place_error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -1038,6 +1058,9 @@ class CudaDevice(Device):
             stream.synchronize()
 
         copies_s, in_place_s = time_both(copies, in_place)
+        copied[:], placed[:] = np.nan, np.nan  # each checked on a run of its own
+        copies()
+        in_place()
         right = np.array_equal(copied, placed) and np.array_equal(
             copied, host[:n] + host[b_at : b_at + n])
         return InPlaceTiming(n, copies_s, in_place_s if right else float("inf"))
