@@ -162,6 +162,11 @@ init({Port, Counters}) ->
     loop(Port, Counters).
 
 loop(Port, Counters) ->
+    loop(Port, Counters, none).
+
+%% `Seen': the count of frames handed over and not yet written at the last idle timeout,
+%% with nothing received since (`none' otherwise).
+loop(Port, Counters, Seen) ->
     receive
         {launch, Frame, Size, Waiter} ->
             gather(Port, Counters, [Frame], Size, 1, [Waiter || Waiter =/= none]);
@@ -169,12 +174,29 @@ loop(Port, Counters) ->
             write_control(Port, Counters, Frame),
             loop(Port, Counters)
     after ?IDLE_MS ->
-        %% Idle with nothing in the mailbox: a count still up belongs to a caller killed
-        %% between counting its frame and sending it. Left, it would send every later
-        %% launch through here, and past the byte bound make every caller wait.
-        atomics:put(Counters, ?PENDING, 0),
-        atomics:put(Counters, ?BYTES, 0),
-        loop(Port, Counters)
+        loop(Port, Counters, settle(Counters, Seen))
+    end.
+
+%% Idle with nothing in the mailbox, a count still up belongs to a caller killed between
+%% counting its frame and sending it, or to a caller about to send it. Left, the first would
+%% send every later launch through here, and past the byte bound make every caller wait;
+%% dropped at once, the second's frame would be written with its count gone, the count
+%% would go below the frames held, and callers would write their own frames while this
+%% process still holds one of theirs: out of order. So a count is dropped only once it
+%% stayed the same over a whole idle period, and only if it is still that (a caller that
+%% counts meanwhile keeps it); the next value to remember.
+settle(Counters, Seen) ->
+    case pending(Counters) of
+        Seen when is_integer(Seen), Seen > 0 ->
+            _ = case atomics:compare_exchange(Counters, ?PENDING, Seen, 0) of
+                    ok -> atomics:put(Counters, ?BYTES, 0);
+                    _ -> ok
+                end,
+            none;
+        P when P > 0 ->
+            P;
+        _ ->
+            none
     end.
 
 %% Everything already queued, without waiting for more, within the bounds of a batch and of
@@ -213,8 +235,8 @@ write(Port, Counters, Frames, Bytes, N, Waiters) ->
         %% The port closed: the owner answers every job still registered.
         error:badarg -> ok
     end,
-    atomics:sub(Counters, ?PENDING, N),
-    atomics:sub(Counters, ?BYTES, Bytes),
+    take(Counters, ?PENDING, N),
+    take(Counters, ?BYTES, Bytes),
     atomics:add(Counters, ?JOBS, N),
     atomics:add(Counters, ?FRAMES, 1),
     _ = [To ! {Ref, written} || {To, Ref} <- Waiters],
@@ -226,5 +248,14 @@ write_control(Port, Counters, Frame) ->
     catch
         error:badarg -> ok
     end,
-    atomics:sub(Counters, ?PENDING, 1),
+    take(Counters, ?PENDING, 1),
     ok.
+
+%% `N' taken off a count, never below zero: a count dropped while idle (settle/2) may have
+%% been this very frame's, and one below zero would let callers write their own frames
+%% while this process holds others.
+take(Counters, Index, N) ->
+    case atomics:sub_get(Counters, Index, N) of
+        Below when Below < 0 -> atomics:add(Counters, Index, -Below);
+        _ -> ok
+    end.

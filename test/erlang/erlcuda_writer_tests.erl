@@ -211,6 +211,44 @@ order_across_direct_and_writer_frames_test_() ->
         ?assert(After > Before)
     end}).
 
+%% The writer's count of frames handed over and not yet written, when it falls idle with a
+%% count up: a caller counted its frame and was held up before sending it, or was killed in
+%% between. The late frame, once written, leaves the count at zero, never below it (below,
+%% callers would write their own frames past ones of theirs the writer still holds: out of
+%% order), whether or not the count was dropped while idle; a count whose frame never comes
+%% is dropped. The counters are hand_over/5's: frames at index 1, bytes at 4.
+idle_counts_test_() ->
+    {timeout, 30, fun() ->
+        Port = open_port({spawn, "cat > /dev/null"}, [binary]),
+        {W, C} = erlcuda_writer:start_link(Port),
+        unlink(W),
+        Frame = <<0:32>>,
+        Late = fun(Jobs) ->
+                       W ! {launch, Frame, 4, none},
+                       ok = wait_until(fun() ->
+                                               maps:get(jobs, erlcuda_writer:stats(C)) =:= Jobs
+                                       end, 200),
+                       ?assertEqual(0, erlcuda_writer:pending(C)),
+                       ?assertEqual(0, atomics:get(C, 4))
+               end,
+        try
+            %% counted, then sent after more than an idle period
+            atomics:add(C, 1, 1),
+            atomics:add(C, 4, 4),
+            timer:sleep(1500),
+            Late(1),
+            %% counted, never sent: dropped once idle long enough
+            atomics:add(C, 1, 1),
+            atomics:add(C, 4, 4),
+            ok = wait_until(fun() -> erlcuda_writer:pending(C) =:= 0 end, 200),
+            %% and if that frame comes after all
+            Late(2)
+        after
+            exit(W, kill),
+            catch port_close(Port)
+        end
+    end}.
+
 %% 1000 callers at once, each with launch_sync (list and binary formats) and launch: every
 %% one gets its own right answers, nothing is left in flight, no stray message.
 a_thousand_callers_test_() ->
