@@ -184,7 +184,9 @@ loop(Port, Counters, Seen) ->
 %% would go below the frames held, and callers would write their own frames while this
 %% process still holds one of theirs: out of order. So a count is dropped only once it
 %% stayed the same over a whole idle period, and only if it is still that (a caller that
-%% counts meanwhile keeps it); the next value to remember.
+%% counts meanwhile keeps it); the next value to remember. A caller held up for over a
+%% second between counting and sending (a VM overloaded that long) can still lose its
+%% count, and its next frame then overtake the one it sends late.
 settle(Counters, Seen) ->
     case pending(Counters) of
         Seen when is_integer(Seen), Seen > 0 ->
