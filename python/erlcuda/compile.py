@@ -299,8 +299,11 @@ def _run(tool: str, args: list[str], texts: Mapping[str, str], out_name: str,
             (Path(tmp) / file_name).write_text(text, encoding="utf-8")
         try:
             # Run inside the temporary folder, so that messages name the file alone, and keep
-            # the compiler's intermediate files there too (it puts them in $TMPDIR).
-            proc = subprocess.Popen([tool, *args], cwd=tmp, env={**os.environ, "TMPDIR": tmp},
+            # the compiler's intermediate files there too (it puts them in $TMPDIR). The C
+            # locale keeps the log ASCII: in a UTF-8 one g++ quotes names with curly quotes,
+            # which an Erlang shell printing the error with ~p cannot show.
+            env = {**os.environ, "TMPDIR": tmp, "LC_ALL": "C"}
+            proc = subprocess.Popen([tool, *args], cwd=tmp, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     encoding="utf-8", errors="replace")
         except OSError as exc:

@@ -182,6 +182,20 @@ def test_a_host_compile_error_is_the_compilers_log(tmp_path: Path) -> None:
 
 
 @needs_gxx
+def test_a_compile_error_is_plain_ascii_whatever_the_locale(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # g++ quotes names with curly quotes in a UTF-8 locale, which an Erlang shell printing
+    # the log with ~p cannot show: the log is cut short before the error itself.
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    with pytest.raises(CompileError) as info:
+        build(SCALE + "\nint broken = undeclared_name;\n", tmp_path)
+    log = info.value.log
+    assert "undeclared_name" in log, log
+    assert log.isascii(), [c for c in log if not c.isascii()]
+
+
+@needs_gxx
 def test_an_operation_error_names_the_operation(tmp_path: Path) -> None:
     source = usercode.elementwise_source("ew", [("x", "f32", "vector")], [("y", "f32")],
                                          "y = x +\n  undeclared_thing")
