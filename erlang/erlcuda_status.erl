@@ -7,7 +7,7 @@
          in_flight/0,
          in_flight/2, pick/2, set_worker_os_pid/1, worker_os_pid/0, max_devices/0,
          next_epoch/0, epoch/0, take/3, waiting/2, add_waiting/3,
-         clear_waiting/0]).
+         clear_waiting/0, settle/1]).
 
 -export_type([status/0, queues/0]).
 
@@ -117,6 +117,9 @@ in_flight() ->
 -spec dequeue(queues(), non_neg_integer()) -> ok.
 dequeue(Queues, Device) ->
     atomics:sub(Queues, ?IN_FLIGHT(Device), 1),
+    room_made(Queues, Device).
+
+room_made(Queues, Device) ->
     case atomics:get(Queues, ?WAITING(Device)) of
         0 ->
             ok;
@@ -125,6 +128,40 @@ dequeue(Queues, Device) ->
                 undefined -> ok;
                 Room -> Room ! {erlcuda_room, room, Queues, Device}, ok
             end
+    end.
+
+%% @doc Put the in-flight counts right while no job is registered (the port owner calls
+%% this on its tick, when erlcuda_jobs holds none; `Seen' is what the last call returned,
+%% `#{}' after a tick with jobs). A count still off zero then belongs to a caller killed
+%% between counting its job and registering it, and nothing else would ever give that place
+%% back: the device would refuse launches as `overloaded' for good. Or it belongs to a
+%% caller about to register its job, whose count must stay. So a count is put to zero only
+%% once it stayed the same over a whole tick, and only if it is still that; the counts to
+%% remember for the next tick are returned.
+-spec settle(#{non_neg_integer() => integer()}) -> #{non_neg_integer() => integer()}.
+settle(Seen) ->
+    case queues() of
+        undefined ->
+            #{};
+        Queues ->
+            Devices = maps:get(size, atomics:info(Queues)) div 2,
+            maps:from_list([{D, N} || D <- lists:seq(0, Devices - 1),
+                                      N <- [settle(Queues, D, maps:get(D, Seen, 0))],
+                                      N =/= 0])
+    end.
+
+settle(Queues, Device, Seen) ->
+    case atomics:get(Queues, ?IN_FLIGHT(Device)) of
+        0 ->
+            0;
+        Seen ->
+            _ = case atomics:compare_exchange(Queues, ?IN_FLIGHT(Device), Seen, 0) of
+                    ok -> room_made(Queues, Device);
+                    _ -> ok
+                end,
+            0;
+        Now ->
+            Now
     end.
 
 %% @doc The waiting room takes a place on `Device' for its first waiter, if one is free.

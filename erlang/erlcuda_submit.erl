@@ -84,47 +84,55 @@ unplanned(Plan, Error) ->
     ok = erlcuda_shm:release(Plan),
     Error.
 
-%% Counted into its device's queue (at once, or once there is room for a launch that
-%% waits for it), registered, its files written, then its frame.
-enqueue(Job, ReplyTo, Status, #{device := Device, plan := Plan} = Launch, Frame) ->
+%% Its start event, then counted into its device's queue (at once, or once there is room
+%% for a launch that waits for it), registered, its files written, then its frame. The
+%% event's handlers are the users' code and may take any time: they run before the job
+%% holds a place, so that a caller killed in one leaves no place behind, and a refused
+%% launch ends its span with the refusal.
+enqueue(Job, ReplyTo, Status, #{id := JobId, device := Device, plan := Plan} = Launch,
+        Frame) ->
+    Span = start_event(Job, Launch),
     Counted = case Job of
                   #{wait := Ms} -> erlcuda_room:enqueue(Status, Device, wait_until(Ms, Job));
                   #{} -> erlcuda_status:enqueue(Status, Device)
               end,
     case Counted of
         ok ->
-            Span = register_job(Job, ReplyTo, Status, Launch),
+            register_job(Job, ReplyTo, Status, Launch#{span => Span}),
             case stage(Job, Status, Launch, Frame) of
                 {ok, JobId} -> {ok, JobId, Span};
                 {error, _} = Error -> Error
             end;
         overloaded ->
+            ok = erlcuda_telemetry:job_stop(Span, {error, overloaded}),
             unplanned(Plan, {error, overloaded})
+    end.
+
+%% A quiet job (erlcuda_transports') is neither counted nor sent as telemetry.
+start_event(Job, #{id := JobId, device := Device}) ->
+    case maps:get(quiet, Job, false) of
+        true -> none;
+        false -> erlcuda_telemetry:job_start(JobId, Job, Device)
     end.
 
 %% A wait for room ends with the launch_sync that waits for its result.
 wait_until(Ms, Job) ->
     min(erlcuda_await:deadline(Ms), maps:get(deadline, Job, infinity)).
 
-%% Registered before the files are written: every way the job ends deletes them, even this
-%% caller's death while it writes. Buffers it keeps belong to this caller from now on. Its
-%% start event is this process's.
+%% Registered as soon as it is counted (nothing that may wait in between), so that the sweep
+%% of dead callers gives its place back whenever this caller dies from then on; before the
+%% files are written, so that every way the job ends deletes them. Buffers it keeps belong
+%% to this caller from now on.
 register_job(#{kernel := Kernel, format := Format, trace := Trace} = Job, ReplyTo,
              #{queues := Queues},
-             #{id := JobId, device := Device, ctx := Ctx, plan := Plan}) ->
+             #{id := JobId, device := Device, ctx := Ctx, plan := Plan, span := Span}) ->
     ok = keep(Ctx, Device, ReplyTo),
-    %% a quiet job (erlcuda_transports') is neither counted nor sent as telemetry
-    Quiet = maps:get(quiet, Job, false),
-    Span = case Quiet of
-               true -> none;
-               false -> erlcuda_telemetry:job_start(JobId, Job, Device)
-           end,
     ok = erlcuda_jobs:register(#{id => JobId, reply_to => ReplyTo, caller => self(),
                                  device => Device, queues => Queues, kernel => Kernel,
-                                 format => Format, trace => Trace, quiet => Quiet,
+                                 format => Format, trace => Trace,
+                                 quiet => maps:get(quiet, Job, false),
                                  files => erlcuda_shm:kept(Plan), ctx => Ctx,
-                                 expect => expect(Job, Ctx), span => Span}),
-    Span.
+                                 expect => expect(Job, Ctx), span => Span}).
 
 %% The operands' files written, then the frame; with no room in shared memory, the pipe
 %% carries it all.

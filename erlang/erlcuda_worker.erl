@@ -99,7 +99,10 @@
                %% the bad_python detail last logged (each is logged once)
                python_bad :: binary() | undefined,
                %% whether the last worker answered its hello
-               answered = false :: boolean()}).
+               answered = false :: boolean(),
+               %% the in-flight counts seen off zero at the last tick with no job
+               %% registered (erlcuda_status:settle/1)
+               unsettled = #{} :: #{non_neg_integer() => integer()}}).
 
 %% API.
 
@@ -207,12 +210,17 @@ handle_event(info, {'EXIT', Writer, Why}, _, #data{writer = {Writer, _}} = D) ->
 handle_event(info, {erlcuda_delivery, retire, To, Pid, Done}, _, _) ->
     ok = erlcuda_delivery:retire(To, Pid, Done),
     keep_state_and_data;
-handle_event(info, tick, State, #data{config = Config} = D) ->
+handle_event(info, tick, State, #data{config = Config, unsettled = Seen} = D) ->
     _ = erlcuda_jobs:sweep_dead_callers(),
-    %% After the jobs of dead callers: a slot such a caller holds now has no job.
+    %% After the jobs of dead callers: a slot such a caller holds now has no job, and a
+    %% place in a queue is owed to no job.
     ok = erlcuda_shm_slots:sweep(maps:get(shm_keep_ms, Config)),
+    Unsettled = case erlcuda_jobs:size() of
+                    0 -> erlcuda_status:settle(Seen);
+                    _ -> #{}
+                end,
     _ = erlang:send_after(tick_ms(D), self(), tick),
-    watchdog(State, D);
+    watchdog(State, D#data{unsettled = Unsettled});
 handle_event(info, {info_timeout, Id}, State, #data{calls = Calls} = D) ->
     case maps:take(Id, Calls) of
         {{info, From}, Rest} ->
@@ -659,11 +667,11 @@ exit_reason(Status, _, _) ->
 
 %% A worker that is alive but answers nothing while jobs wait is stuck (a hung driver call,
 %% a kernel that never ends): kill it, so its jobs get an error and a new worker starts.
-watchdog(State, _) when State =/= ready ->
+watchdog(State, D) when State =/= ready ->
     %% A start is bounded by its own hello timeout.
-    keep_state_and_data;
-watchdog(_, #data{config = #{watchdog_ms := infinity}}) ->
-    keep_state_and_data;
+    {keep_state, D};
+watchdog(_, #data{config = #{watchdog_ms := infinity}} = D) ->
+    {keep_state, D};
 watchdog(_, #data{config = #{watchdog_ms := Limit}, os_pid = OsPid, last_frame = Last,
                   busy_since = Busy} = D) ->
     Now = now_ms(),
@@ -679,7 +687,7 @@ watchdog(_, #data{config = #{watchdog_ms := Limit}, os_pid = OsPid, last_frame =
                                "waiting; killing it", [OsPid, Silent]),
                     kill_worker({stuck, Silent}, D);
                 _ ->
-                    keep_state_and_data
+                    {keep_state, D}
             end
     end.
 

@@ -25,6 +25,12 @@ overload_test_() ->
 caller_dies_test_() ->
     with_app([], {timeout, 30, fun caller_dies/0}).
 
+killed_in_a_start_handler_test_() ->
+    with_app([{max_queue, 3}], {timeout, 60, fun killed_in_a_start_handler/0}).
+
+place_owed_to_no_job_test_() ->
+    with_app([{max_queue, 3}], {timeout, 60, fun place_owed_to_no_job/0}).
+
 absurd_sizes_test_() ->
     with_app([], fun absurd_sizes/0).
 
@@ -90,6 +96,45 @@ caller_dies() ->
     wait_empty(50),
     #{device_info := Devices} = erlcuda:info(),
     ?assertEqual([0, 0, 0, 0], [maps:get(in_flight, D) || D <- Devices]).
+
+%% Callers killed while a job start handler (the users' code, any time it likes) runs in
+%% them leave no place taken in their device's queue: a full queue's worth of them, and
+%% the device still takes a full queue of jobs at once.
+killed_in_a_start_handler() ->
+    Test = self(),
+    Ref = make_ref(),
+    ok = telemetry:attach(Ref, [erlcuda, job, start],
+                          fun(_, _, _, _) ->
+                                  Test ! {in_handler, self()},
+                                  receive after infinity -> ok end
+                          end,
+                          none),
+    try
+        [begin
+             Caller = spawn(fun() -> erlcuda:launch(reduce, [[1.0]], [{device, 0}]) end),
+             receive {in_handler, Caller} -> exit(Caller, kill)
+             after 10000 -> error(no_start_event)
+             end
+         end || _ <- lists:seq(1, 3)]
+    after
+        telemetry:detach(Ref)
+    end,
+    Ids = [Id || {ok, Id} <- [erlcuda:launch(reduce, [[1.0]], [{device, 0}])
+                               || _ <- lists:seq(1, 3)]],
+    ?assertEqual(3, length(Ids)),
+    [receive {erlcuda, Id, R} -> ?assertEqual({ok, 1.0}, R) after 10000 -> error(lost) end
+     || Id <- Ids],
+    ?assertEqual(0, erlcuda_status:in_flight()).
+
+%% A place in a device's queue that no registered job holds (its caller killed between
+%% taking the place and registering its job: nothing else would give it back) is given back
+%% once it stayed so over a whole sweep of the port owner, and the device takes jobs again.
+place_owed_to_no_job() ->
+    Status = erlcuda_status:status(),
+    [ok = erlcuda_status:enqueue(Status, 0) || _ <- lists:seq(1, 3)],
+    ?assertEqual({error, overloaded}, erlcuda:launch(reduce, [[1.0]], [{device, 0}])),
+    ok = erlcuda_test_util:wait_until(fun() -> erlcuda_status:in_flight() =:= 0 end, 100),
+    ?assertEqual({ok, 2.0}, erlcuda:launch_sync(reduce, [[2.0]], [{device, 0}])).
 
 absurd_sizes() ->
     Big = 1 bsl 40,

@@ -247,8 +247,29 @@ stops([Job | Rest]) ->
     after 10000 -> {missing, Job}
     end.
 
-%% Handlers that raise never break a launch: the start handler runs in the caller after
-%% its place in the queue was taken, the stop handler where the reply is awaited; each
+%% A launch its device's queue has no room for has its start event, then an exception of
+%% reason `overloaded', both in the launching process.
+overloaded_launch_events_test_() ->
+    with_app([{max_queue, 1}], {timeout, 30, fun() ->
+        erlcuda_test_util:stall(0, 500),
+        {ok, First} = erlcuda:launch(reduce, [[1.0]], [{device, 0}]),
+        Id = forward(?JOB_EVENTS),
+        try
+            ?assertEqual({error, overloaded}, erlcuda:launch(reduce, [[1.0]], [{device, 0}])),
+            {_, #{job_id := J} = Start, P1} = next_event([erlcuda, job, start]),
+            {#{duration := D}, Exception, P2} = next_event([erlcuda, job, exception]),
+            ?assertEqual({self(), self()}, {P1, P2}),
+            ?assert(is_integer(D) andalso D >= 0),
+            ?assertEqual(Start#{kind => error, reason => overloaded}, Exception),
+            ?assertNotEqual(First, J)
+        after
+            telemetry:detach(Id)
+        end,
+        receive {erlcuda, First, R} -> ?assertEqual({ok, 1.0}, R) after 10000 -> error(lost) end
+    end}).
+
+%% Handlers that raise never break a launch: the start handler runs in the caller before
+%% its job takes a place in the queue, the stop handler where the reply is awaited; each
 %% launch is answered and the queue counter comes back to 0.
 handlers_that_raise_test_() ->
     with_app([], {timeout, 30, fun() ->
