@@ -174,7 +174,7 @@ arity(Kernel, Arity, Args) ->
     case proper_list(Args) andalso length(Args) of
         false -> bad("~p expects a list of arguments", [Kernel]);
         Arity -> ok;
-        N -> bad("~p takes ~b arguments, got ~b", [Kernel, Arity, N])
+        N -> bad("~p takes ~s, got ~b", [Kernel, counted(Arity, "argument"), N])
     end.
 
 %% The launch's element type: {type, T}, else its first buffer's, else the kernel's first.
@@ -305,13 +305,14 @@ length_rule(Name, Length, Values) ->
         {false, [Other]} ->
             case maps:get(Other, Values) of
                 {vector, N, _} ->
-                    bad("length mismatch: ~s has ~b elements, ~s has ~b", [Other, N, Name, Have]);
+                    bad("length mismatch: ~s has ~s, ~s has ~b",
+                        [Other, counted(N, "element"), Name, Have]);
                 {dim, N, _} ->
-                    bad("~s has ~b elements, ~s = ~b", [Name, Have, Other, N])
+                    bad("~s has ~s, ~s = ~b", [Name, counted(Have, "element"), Other, N])
             end;
         {false, _} ->
-            bad("~s has ~b elements, ~s = ~b",
-                [Name, Have, lists:join("*", Length), product(Length, Values)])
+            bad("~s has ~s, ~s = ~b", [Name, counted(Have, "element"), lists:join("*", Length),
+                                       product(Length, Values)])
     end.
 
 %% A result that no reply frame could carry is refused before any work is done. Only an f32
@@ -621,6 +622,10 @@ in_range([{Name, List} | Rest]) ->
         true -> in_range(Rest);
         false -> bad("~s: ~ts", [Name, erlcuda_vector:f32_range_error()])
     end.
+
+%% `N' and `Word', plural but for one.
+counted(1, Word) -> "1 " ++ Word;
+counted(N, Word) -> integer_to_list(N) ++ " " ++ Word ++ "s".
 
 proper_list(L) when is_list(L) ->
     try length(L) of _ -> true catch error:badarg -> false end;

@@ -145,8 +145,8 @@ step({J, {Name, Kernel, Args}}, State) when is_atom(Name), is_atom(Kernel) ->
     Params = params(Kernel, Where),
     List = proper(Args, [Where, "'s arguments"]),
     length(List) =:= length(Params)
-        orelse bad("~s: ~p takes ~b arguments, got ~b",
-                   [Where, Kernel, length(Params), length(List)]),
+        orelse bad("~s: ~p takes ~b argument~s, got ~b",
+                   [Where, Kernel, length(Params), [$s || length(Params) =/= 1], length(List)]),
     {Wire, State1} = args(lists:zip(Params, List), Where, State, []),
     Results = results(Kernel, Params, Where),
     #{steps := Steps, wire := Done} = State1,

@@ -424,8 +424,9 @@ publish(#data{port = Port, config = Config, hello = Info} = D) ->
                           maps:get(max_queue, Config), D#data.shm, D#data.epoch).
 
 measured({ok, Threshold, Figures}, #data{shm = Shm} = D) ->
-    ?LOG_NOTICE("erlcuda: vectors of ~b bytes or more go through shared memory (measured: "
-                "~0p)", [Threshold, Figures]),
+    ?LOG_NOTICE("erlcuda: vectors of ~b bytes or more go through shared memory (measured, "
+                "median microseconds through the pipe and through shared memory: ~ts)",
+                [Threshold, figures(Figures)]),
     D1 = D#data{measured = {Threshold, Figures}, shm = Shm#{threshold := Threshold}},
     ok = publish(D1),
     ready(D1);
@@ -433,6 +434,12 @@ measured({error, Why}, D) ->
     ?LOG_WARNING("erlcuda: measuring the transports failed (~0p); vectors of ~b bytes or "
                  "more go through shared memory", [Why, threshold(D)]),
     ready(D#data{measured = {failed, Why}}).
+
+%% One line as text: a term printed with `~0p' is spread over many lines by loggers that
+%% format it themselves (Elixir's).
+figures(Figures) ->
+    lists:join(", ", [io_lib:format("~b bytes ~b and ~b", [Bytes, Pipe, Shm])
+                      || {Bytes, Pipe, Shm} <- Figures]).
 
 threshold(#data{shm = #{threshold := T}}) -> T;
 threshold(_) -> ?DEFAULT_THRESHOLD.

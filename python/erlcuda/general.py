@@ -322,7 +322,7 @@ def _check_builtin(launch: Launch, spec: contract.KernelSpec, held: Held) -> Pla
     if launch.geometry is not None:
         raise _bad(f"{kernel}: a geometry is for user kernels")
     if len(args) != len(spec.params):
-        raise _bad(f"{kernel} takes {spec.arity} arguments, got {len(args)}")
+        raise _bad(f"{kernel} takes {kernels.counted(spec.arity, 'argument')}, got {len(args)}")
     operands: list[Operand] = []
     sizes: dict[str, int] = {}
     chosen: tuple[str, str] | None = None  # the launch's element type, and who set it
@@ -383,7 +383,7 @@ def _check_user(launch: Launch, user: UserKernel, held: Held) -> Plan:
     name, args = user.name, launch.args
     passed = user.params[: user.inputs] if user.elementwise else user.params
     if len(args) != len(passed):
-        raise _bad(f"{name} takes {len(passed)} arguments, got {len(args)}")
+        raise _bad(f"{name} takes {kernels.counted(len(passed), 'argument')}, got {len(args)}")
     operands: list[Operand] = []
     results: list[int] = []
     for i, ((access, etype), arg) in enumerate(zip(passed, args, strict=True), 1):

@@ -191,6 +191,11 @@ def _sizes(kernel: str, vectors: Sequence[np.ndarray | None],
     return sizes
 
 
+def counted(n: int, word: str) -> str:
+    """``n`` and ``word``, plural but for one: "1 argument", "2 arguments"."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _product(names: Sequence[str], sizes: dict[str, int]) -> int:
     return math.prod(sizes[name] for name in names)
 
@@ -285,9 +290,10 @@ def check_lengths(spec: contract.KernelSpec, sizes: dict[str, int]) -> int:
 def _length_error(name: str, size: int, length: tuple[str, ...], sizes: dict[str, int],
                   vectors: set[str]) -> BadArgs:
     if len(length) == 1 and length[0] in vectors:
-        return BadArgs(f"length mismatch: {length[0]} has {sizes[length[0]]} elements, "
+        return BadArgs(f"length mismatch: {length[0]} has {counted(sizes[length[0]], 'element')}, "
                        f"{name} has {size}")
-    return BadArgs(f"{name} has {size} elements, {'*'.join(length)} = {_product(length, sizes)}")
+    return BadArgs(f"{name} has {counted(size, 'element')}, "
+                   f"{'*'.join(length)} = {_product(length, sizes)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +346,7 @@ def parse(kernel: str, args: Sequence[Any]) -> Plan:
     if not isinstance(args, (list, tuple)):
         raise BadArgs("args must be a list")
     if len(args) != len(spec.params):
-        raise BadArgs(f"{kernel} takes {spec.arity} arguments, got {len(args)}")
+        raise BadArgs(f"{kernel} takes {counted(spec.arity, 'argument')}, got {len(args)}")
     # Every param first, then the lengths, which may name params that come later.
     values = list(args)
     sizes = [0] * len(values)

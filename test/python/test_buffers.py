@@ -160,7 +160,7 @@ def test_f64_builtins_keep_their_precision(worker: WorkerPipe) -> None:
     ("vector_add", [typed([1], "i32"), typed([1], "i32")], None, "takes f32 or f64, not i32"),
     ("vector_add", [typed([1], "f64"), f32([1])], None, "B is f32 but A is f64"),
     ("vector_add", [f32([1]), f32([1])], [1, 2], "makes 1 vector result but 2"),
-    ("reduce", [typed([1, 2], "f64"), typed([1, 2], "f64")], None, "takes 1 arguments"),
+    ("reduce", [typed([1, 2], "f64"), typed([1, 2], "f64")], None, "takes 1 argument,"),
     ("copy", [3], None, "A: expected a vector"),
     ("zeros", [Zeroed(2**31)], None, "over the 2147483647 limit"),
 ])

@@ -265,7 +265,7 @@ def test_a_builtin_runs_in_its_operands_type() -> None:
     ("vector_add", [Handle(1), 3], {}, "B: expected a vector"),
     ("reduce", [Scalar("f32", np.float32(1))], {}, "A: expected a vector"),
     ("matmul", [Handle(1), Handle(1), 2, Empty("f32", 2), 2], {}, "N: expected a non-neg"),
-    ("reduce", [Handle(1), Handle(1)], {}, "reduce takes 1 arguments, got 2"),
+    ("reduce", [Handle(1), Handle(1)], {}, "reduce takes 1 argument, got 2"),
     ("vector_add", [Handle(1), Handle(2)], {"keep": ()}, "makes 1 vector result but 0"),
     ("reduce", [Handle(1)], {"keep": (4,)}, "makes 0 vector results but 1"),
     ("copy", [Handle(1)], {"geometry": ((1, 1, 1), (1, 1, 1), 0)}, "geometry is for user"),
