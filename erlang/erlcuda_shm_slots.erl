@@ -27,7 +27,9 @@
 %% slots taken by callers that died before their job was registered go at the port owner's
 %% sweep (`sweep/1'). A worker's part processes are linked to a keeper process of its own:
 %% the port owner kills the keeper when the worker goes, and the folder is removed with
-%% everything in it.
+%% everything in it. A part whose slot a job still holds then stays, reading from the file
+%% it holds open, until that job gives the slot up: a result the worker wrote and answered
+%% before it died is still read for its job.
 -module(erlcuda_shm_slots).
 
 -export([create/0, keeper/0, claim/3, claim_over/2, send_writes/2, written/1, reserve/1,
@@ -54,6 +56,9 @@
 %% and a small part of the worker's period between sweeps of the files gone
 %% (python/erlcuda/slots.py SWEEP_S).
 -define(NAMED_MS, 5).
+%% How often a part whose keeper died looks whether its slot is still taken, where no
+%% `stop' came (`orphan/3').
+-define(ORPHAN_LOOK_MS, 1000).
 
 %% `reserved': its first part's pages were allocated for a result (erlcuda_shm:result_slot/2).
 -type slot() :: #{seq := pos_integer(), dir := file:filename(), part_bytes := pos_integer(),
@@ -147,9 +152,10 @@ grow(#{parts := Pids, part_bytes := PartBytes} = Slot, Parts) ->
             none
     end.
 
-spawn_part(#{dir := Dir, name := Name, part_bytes := PartBytes, keeper := Keeper}, K) ->
+spawn_part(#{seq := Seq, dir := Dir, name := Name, part_bytes := PartBytes,
+             keeper := Keeper}, K) ->
     Path = filename:join(Dir, <<Name/binary, ".", (integer_to_binary(K))/binary>>),
-    spawn(fun() -> part(Keeper, Path, PartBytes) end).
+    spawn(fun() -> part(Keeper, Seq, Path, PartBytes) end).
 
 %% @doc Ask for an operand's parts to be written into the slot, each by its part's process:
 %% what `written/1' waits for. The operands of a job are all asked for before any is waited
@@ -176,9 +182,10 @@ read(#{parts := [Pid | _]}, Bytes) ->
 
 %% @doc `read/2' without a process waiting for it: the part's process reads and runs
 %% `Then' on what `read/2' would answer, in that process (its reply sent from there, no
-%% process in between). A part that is stopped or whose keeper dies still runs the reads it
-%% was given first; for a slot given back or deleted already (its part told to stop, or
-%% gone) `Then' runs here, on `{error, {slot_gone, Why}}'.
+%% process in between). A part that is stopped still runs the reads it was given first, and
+%% one whose keeper dies runs them until its job gives the slot up; for a slot given back
+%% or deleted already (its part told to stop, or gone) `Then' runs here, on
+%% `{error, {slot_gone, Why}}'.
 -spec read_then(slot(), non_neg_integer(),
                 fun(({ok, binary()} | {error, term()}) -> term())) -> ok.
 read_then(#{seq := Seq, parts := [Pid | _]}, Bytes, Then) ->
@@ -293,8 +300,9 @@ stats() ->
 %% go through the pipe. Taken for a result, the part's pages are allocated first
 %% (`reserve/1'), once: the worker writes a result through its mapping, where a page a full
 %% /dev/shm cannot give would kill it (SIGBUS). It ends with the worker's keeper, once the
-%% reads it was given have run.
-part(Keeper, Path, PartBytes) ->
+%% reads it was given have run, or, where its slot is taken then, once its job gives the
+%% slot up (`orphan/3').
+part(Keeper, Seq, Path, PartBytes) ->
     logger:update_process_metadata(#{domain => [erlcuda]}),
     %% its keeper's end is a message: the reads it was given run first (`read_then/3')
     process_flag(trap_exit, true),
@@ -308,7 +316,7 @@ part(Keeper, Path, PartBytes) ->
                  {error, _} = Error ->
                      Error
              end,
-    part_loop(Opened, Path, PartBytes, false, never).
+    part_loop(Opened, {Seq, Path}, PartBytes, false, never).
 
 write_part({ok, Fd}, Path, Bin) ->
     case file:pwrite(Fd, 0, Bin) of
@@ -376,24 +384,26 @@ sized(Fd, PartBytes) ->
         {error, _} = Error -> Error
     end.
 
-part_loop(Opened, Path, PartBytes, Reserved, Named) ->
+part_loop(Opened, {Seq, Path} = Part, PartBytes, Reserved, Named) ->
     receive
         {{write, Bin}, From, Ref} ->
             {File, Checked} = written_part(Opened, Path, Bin, {From, Ref}, Named),
-            part_loop(File, Path, PartBytes, Reserved, Checked);
+            part_loop(File, Part, PartBytes, Reserved, Checked);
         {reserve, From, Ref} when Reserved ->
             From ! {Ref, ok},
-            part_loop(Opened, Path, PartBytes, Reserved, Named);
+            part_loop(Opened, Part, PartBytes, Reserved, Named);
         {reserve, From, Ref} ->
             Done = reserve_part(Opened, Path, PartBytes),
             From ! {Ref, Done},
-            part_loop(Opened, Path, PartBytes, Done =:= ok, Named);
+            part_loop(Opened, Part, PartBytes, Done =:= ok, Named);
         {{read, Bytes}, From, Ref} ->
             answer(From, Ref, read_part(Opened, Path, Bytes)),
-            part_loop(Opened, Path, PartBytes, Reserved, Named);
+            part_loop(Opened, Part, PartBytes, Reserved, Named);
         {'EXIT', _Keeper, _} ->
-            reads_left(Opened, Path),
-            closed(Opened, Path);
+            case claimed(Seq) of
+                true -> orphan(Opened, Path, Seq);
+                false -> reads_left(Opened, Path), closed(Opened, Path)
+            end;
         stop ->
             reads_left(Opened, Path),
             closed(Opened, Path)
@@ -410,12 +420,43 @@ then(Then, Read) ->
             ?LOG_ERROR("erlcuda: a result's delivery failed: ~0p", [{Class, Why, Stack}])
     end.
 
+%% Its worker gone (the keeper with it) while a job holds its slot: a result the worker
+%% wrote and answered may still be owed to that job, whose deliverer asks for the read
+%% (`read/2') only when the replies before it are sent. So it stays, reading from the file
+%% it holds open (its name gone with the worker's folder), until the job gives the slot up
+%% (`release/1' or `discard/1' send `stop'); it writes nothing more, as the worker that
+%% would map a write is gone. Should the claims' table go (the application stopped) no
+%% `stop' can come: it looks again now and then.
+orphan(Opened, Path, Seq) ->
+    receive
+        {{read, Bytes}, From, Ref} ->
+            answer(From, Ref, read_part(Opened, Path, Bytes)),
+            orphan(Opened, Path, Seq);
+        {_, From, Ref} when is_pid(From), is_reference(Ref) ->
+            From ! {Ref, {error, {slot_gone, keeper}}},
+            orphan(Opened, Path, Seq);
+        stop ->
+            reads_left(Opened, Path),
+            closed(Opened, Path)
+    after ?ORPHAN_LOOK_MS ->
+        case claimed(Seq) of
+            true -> orphan(Opened, Path, Seq);
+            false -> reads_left(Opened, Path), closed(Opened, Path)
+        end
+    end.
+
+%% Whether the slot is taken; not where the table is gone with the application.
+claimed(Seq) ->
+    try ets:member(?CLAIMED, Seq)
+    catch error:badarg -> false
+    end.
+
 %% The part ends (its keeper gone, or told to stop): the reads already given still run, from
 %% the file it holds open, so that each of their jobs is answered.
 reads_left(Opened, Path) ->
     receive
-        {{read, Bytes}, Then, none} when is_function(Then, 1) ->
-            then(Then, read_part(Opened, Path, Bytes)),
+        {{read, Bytes}, From, Ref} ->
+            answer(From, Ref, read_part(Opened, Path, Bytes)),
             reads_left(Opened, Path)
     after 0 ->
         ok

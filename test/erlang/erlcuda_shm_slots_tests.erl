@@ -36,6 +36,8 @@ slots_test_() ->
                           {"within the pool's bytes", fun bounded/1},
                           {"swept when idle or orphaned", fun swept/1},
                           {"gone with the keeper", fun keeper_gone/1},
+                          {"a result answered before the keeper died is still read",
+                           fun result_read_past_keeper/1},
                           {"refused once its file is deleted", fun deleted/1},
                           {"writes right after a check are not checked again",
                            fun unchecked_writes/1},
@@ -298,16 +300,51 @@ swept(Folder) ->
     ?assertEqual(ok, erlcuda_test_util:wait_until(
                        fun() -> not filelib:is_regular(part(Folder, Orphan, 0)) end, 50)).
 
+%% The keeper gone: a free slot's part ends with it; a taken slot's part writes nothing
+%% more and ends once its job gives the slot up.
 keeper_gone(#{dir := Dir, keeper := Keeper} = Folder) ->
     {ok, Taken} = erlcuda_shm_slots:claim(Folder, ?MIB, 2),
     {ok, Free} = erlcuda_shm_slots:claim(Folder, ?MIB, 1),
     ok = erlcuda_shm_slots:release(Free),
+    [FreePart] = maps:get(parts, Free),
     [Pid | _] = maps:get(parts, Taken),
     exit(Keeper, kill),
-    ok = erlcuda_test_util:wait_until(fun() -> not is_process_alive(Pid) end, 50),
+    ok = erlcuda_test_util:wait_until(fun() -> not is_process_alive(FreePart) end, 50),
     ok = erlcuda_shm_slots:forget(Dir),
     ?assertMatch(#{free := 0, bytes := 2 * ?MIB}, erlcuda_shm_slots:stats()),
-    %% the job that held one ends: nothing to give back to
     ?assertMatch({error, _}, write(Taken, [<<1>>])),
+    ?assert(is_process_alive(Pid)),
+    %% the job that held one ends: nothing to give back to
     ok = erlcuda_shm_slots:release(Taken),
-    ?assertMatch(#{free := 0, claimed := 0, bytes := 0}, erlcuda_shm_slots:stats()).
+    ?assertMatch(#{free := 0, claimed := 0, bytes := 0}, erlcuda_shm_slots:stats()),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> not is_process_alive(Pid) end, 50)).
+
+%% A worker that dies once it answered a result in a result slot: the port owner kills the
+%% keeper and removes the folder (erlcuda_worker), and the job's deliverer asks for the read
+%% only after that (it was sending the replies before it). The result is still read, from
+%% the file the part holds open, and the slot goes once read.
+result_read_past_keeper(#{dir := Dir, keeper := Keeper} = Folder) ->
+    Want = <<1.0:32/float-little, 2.0:32/float-little>>,
+    {ok, Slot} = erlcuda_shm:result_slot(Folder, 8),
+    #{parts := [Part]} = Slot,
+    {ok, Fd} = file:open(part(Folder, Slot, 0), [read, write, raw, binary]),
+    ok = file:pwrite(Fd, 0, Want),
+    ok = file:close(Fd),
+    Mon = monitor(process, Keeper),
+    exit(Keeper, kill),
+    receive {'DOWN', Mon, process, Keeper, _} -> ok end,
+    ok = erlcuda_test_util:wait_until(fun() -> keeper_end_taken(Part) end, 50),
+    ok = erlcuda_shm:remove(Dir),
+    ok = erlcuda_shm_slots:forget(Dir),
+    ?assertEqual({wire, ?WIRE_TAG_VECTOR, Want}, erlcuda_shm:take_result(Slot, 8, ?MIB)),
+    ?assertMatch(#{free := 0, claimed := 0, bytes := 0}, erlcuda_shm_slots:stats()),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> not is_process_alive(Part) end, 50)).
+
+%% The part has taken its keeper's exit signal (its link gone) and the message it makes of
+%% it, or has ended.
+keeper_end_taken(Part) ->
+    case erlang:process_info(Part, [links, message_queue_len]) of
+        undefined -> true;
+        [{links, []}, {message_queue_len, 0}] -> true;
+        _ -> false
+    end.

@@ -32,6 +32,7 @@ shm_test_() ->
                {timeout, 60, fun slots_are_written_again/0},
                {timeout, 60, fun results_sent_by_their_part/0},
                {timeout, 60, fun killed_worker_leaves_no_file/0},
+               {timeout, 60, fun killed_worker_answered_results_delivered/0},
                {timeout, 60, fun killed_caller_leaves_no_file/0},
                {timeout, 60, fun timed_out_caller_leaves_no_file/0},
                {timeout, 60, fun replies_keep_their_order/0},
@@ -251,6 +252,49 @@ killed_worker_leaves_no_file() ->
     ?assertEqual({ok, vec(?N, 2)}, erlcuda:launch_sync(vector_add, [vec(?N, 1), vec(?N, 1)],
                                                        [{format, binary}])),
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)).
+
+%% A worker killed once it answered two results in result slots, before the second was
+%% read: the first one's read is held (its parts suspended), so the second waits behind it
+%% in the caller's deliverer until the port owner has killed the folder's keeper. Each job
+%% still gets its result, read from the file its slot's part holds open, and nothing is
+%% left.
+killed_worker_answered_results_delivered() ->
+    #{worker_os_pid := Old} = erlcuda:info(),
+    A = vec(?N, 1),
+    erlcuda_test_util:stall(0, 1000),
+    {ok, First} = erlcuda:launch(vector_add, [A, A], [{format, binary}]),
+    Held = my_parts(),
+    ?assertMatch([_, _, _], Held),
+    [erlang:suspend_process(P) || P <- Held],
+    {ok, Second} = erlcuda:launch(vector_add, [A, A], [{format, binary}]),
+    receive {stalled, _} -> ok after 5000 -> error(no_stall) end,
+    ok = erlcuda_test_util:wait_until(fun() -> erlcuda_jobs:size() =:= 0 end, 100),
+    [SecondPart] = my_parts() -- Held,  % its result slot's
+    erlcuda_test_util:kill9(Old),
+    ok = erlcuda_test_util:wait_until(fun() -> keeper_end_taken(SecondPart) end, 100),
+    [erlang:resume_process(P) || P <- Held],
+    Got = [receive {erlcuda, Id, R} -> R after 10000 -> {no_reply, Id} end
+           || Id <- [First, Second]],
+    erlcuda_test_util:wait_restarted(Old, 100),
+    ?assertEqual([{ok, vec(?N, 2)}, {ok, vec(?N, 2)}], Got),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
+    ?assertMatch(#{claimed := 0}, erlcuda_shm_slots:stats()),
+    erlcuda_test_util:no_message().
+
+%% The part processes of the slots the calling process's jobs hold.
+my_parts() ->
+    Self = self(),
+    [P || {_, Claimer, #{parts := Parts}} <- ets:tab2list(erlcuda_shm_claimed),
+          Claimer =:= Self, P <- Parts].
+
+%% The part has taken its keeper's exit signal (its link gone) and the message it makes of
+%% it, or has ended.
+keeper_end_taken(Part) ->
+    case erlang:process_info(Part, [links, message_queue_len]) of
+        undefined -> true;
+        [{links, []}, {message_queue_len, 0}] -> true;
+        _ -> false
+    end.
 
 %% A caller that dies with its job in flight: its slots go with the sweep of dead callers,
 %% its result slot with them (the result the worker writes there is nobody's).
