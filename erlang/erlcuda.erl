@@ -278,11 +278,14 @@ await(JobId, Alias, Deadline, Keeps) ->
 %% A job whose caller returns without its reply: buffers the job was to keep must not
 %% outlive the call. A job still registered is taken back (its buffers freed after it); one
 %% already answered has its reply on the way or here, and the buffers in it are freed.
+%% A job that keeps none stays registered while the worker holds it, so that its device's
+%% count of jobs in flight stays true; its shared memory goes now all the same.
 abandon(JobId, Alias, Keeps, Error) ->
     Late = case Keeps andalso erlcuda_jobs:cancel(JobId) of
                false when Keeps -> ?LATE_KEEP_MS;
                _ -> 0
            end,
+    ok = erlcuda_jobs:let_go(JobId),
     %% The job's event is this caller's error, even once it is gone.
     ok = erlcuda_jobs:disown(JobId),
     erlcuda_await:drop(Alias, Late, fun erlcuda_buffers:free_all/1),

@@ -5,9 +5,9 @@
 %% and `ets:take/2' makes sure only one of them gets it.
 -module(erlcuda_jobs).
 
--export([create/0, next_id/0, register/1, complete/2, withdraw/2, cancel/1, claim/1,
-         disown/1, fail_all/1, sweep_dead_callers/0, size/0, counters/0, answered/0,
-         owner/1]).
+-export([create/0, next_id/0, register/1, complete/2, withdraw/2, cancel/1, let_go/1,
+         claim/1, disown/1, fail_all/1, sweep_dead_callers/0, size/0, counters/0,
+         answered/0, owner/1]).
 
 -export_type([entry/0, reply_to/0]).
 
@@ -40,6 +40,8 @@
               waiter = false :: boolean(),
               quiet = false :: boolean(),
               files = [] :: erlcuda_shm:kept(),
+              %% its caller stopped waiting and its files went then (`let_go/1')
+              let_go = false :: boolean(),
               ctx = none :: erlcuda_protocol:ctx(),
               expect = any :: erlcuda_protocol:expect()}).
 
@@ -149,6 +151,11 @@ deliver(Taken, Reply) ->
                       Job#job.reply_to,
                       fun() -> Send(erlcuda_shm:take_result(Slot, Bytes, PartBytes)) end,
                       fun() -> erlcuda_shm:take_result_then(Slot, Bytes, PartBytes, Send) end);
+                {{file, _, _}, false} when Job#job.let_go ->
+                    %% its result slot went when its caller stopped waiting: nothing to
+                    %% read, and nobody to answer
+                    _ = discard(Taken, ?DROPPED, 1, timeout),
+                    ok;
                 {{file, _, _}, false} ->
                     erlcuda_shm:done(Files),
                     reply(Job, {error, {internal, ?NO_SLOT}}, true,
@@ -216,6 +223,25 @@ cancel(Id) ->
             discard(ets:take(?TAB, Id), ?DROPPED, 1, timeout) =/= false;
         _ ->
             false
+    end.
+
+%% @doc The calling process stopped waiting for its job `Id', which stays registered while
+%% the worker holds it (its place in the device's queue with it): the job's shared-memory
+%% files and slots are deleted now (the worker maps them, so it reads and writes what it
+%% mapped; a file it has yet to map fails the job), and a result its reply names in its
+%% result slot is dropped unread. Nothing when the job was answered already or is not this
+%% process's. Only the caller changes a job's files, so the ones read here are the ones
+%% taken out, if the entry is still there to take them from.
+-spec let_go(erlcuda:job_id()) -> ok.
+let_go(Id) ->
+    Self = self(),
+    case ets:lookup(?TAB, Id) of
+        [#job{caller = Self, files = [_ | _] = Files}] ->
+            Taken = ets:update_element(?TAB, Id, [{#job.files, []}, {#job.let_go, true}]),
+            _ = [erlcuda_shm:delete(Files) || Taken],
+            ok;
+        _ ->
+            ok
     end.
 
 %% @doc The calling process waits for the reply of its launch `Id' (erlcuda:await/2): its

@@ -35,6 +35,7 @@ shm_test_() ->
                {timeout, 60, fun killed_worker_answered_results_delivered/0},
                {timeout, 60, fun killed_caller_leaves_no_file/0},
                {timeout, 60, fun timed_out_caller_leaves_no_file/0},
+               {timeout, 60, fun timed_out_caller_lets_slots_go_at_once/0},
                {timeout, 60, fun replies_keep_their_order/0},
                {timeout, 60, fun planted_operand_files_are_never_followed/0},
                {timeout, 60, fun without_room_the_pipe_carries_it/0},
@@ -329,6 +330,47 @@ timed_out_caller_leaves_no_file() ->
     receive {stalled, _} -> ok after 5000 -> error(no_stall) end,
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
     erlcuda_test_util:no_message().
+
+%% A launch_sync that gives up deletes its job's slots at once, operands' and result's, while
+%% the worker still holds the job (stopped here: the job is counted in flight until it
+%% answers). The worker's reply that the result is in its slot, passed on as the port owner
+%% does, is dropped unread: no reply, no internal error, counted as dropped; and the
+%% worker's own late reply, once it runs again, is taken by nobody.
+timed_out_caller_lets_slots_go_at_once() ->
+    #{worker_os_pid := Os} = erlcuda:info(),
+    #{dropped := Dropped, error := Errors, ok := Oks} = erlcuda_jobs:counters(),
+    Bytes = ?N * 4,
+    erlcuda_test_util:signal(Os, "STOP"),
+    try
+        ?assertEqual({error, timeout},
+                     erlcuda:launch_sync(vector_add, [vec(?N, 1), vec(?N, 1)],
+                                         [{format, binary}, {timeout, 20}])),
+        ?assertMatch(#{claimed := 0}, erlcuda_shm_slots:stats()),
+        %% each slot's part deletes its files as it ends
+        ?assertEqual(ok, erlcuda_test_util:wait_until(
+                           fun() -> files() -- free_files() =:= [] end, 50)),
+        ?assertEqual(1, erlcuda_status:in_flight()),
+        [Id] = [element(2, Job) || Job <- ets:tab2list(erlcuda_jobs)],
+        ?assertEqual(ok, erlcuda_jobs:complete(Id, {wire, ?WIRE_TAG_FILE,
+                                                    <<Bytes:64, 1048576:64>>})),
+        ?assertEqual(0, erlcuda_status:in_flight()),
+        ?assertMatch(#{dropped := D, error := Errors, ok := Oks} when D =:= Dropped + 1,
+                     erlcuda_jobs:counters())
+    after
+        erlcuda_test_util:signal(Os, "CONT")
+    end,
+    ?assertEqual({ok, vec(?N, 2)}, erlcuda:launch_sync(vector_add, [vec(?N, 1), vec(?N, 1)],
+                                                       [{format, binary}])),
+    ?assertEqual(0, erlcuda_status:in_flight()),
+    ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> files() =:= [] end, 50)),
+    erlcuda_test_util:no_message().
+
+%% The files of the free slots.
+free_files() ->
+    [Folder] = folders(),
+    [filename:join(Folder, binary_to_list(Name) ++ "." ++ integer_to_list(K))
+     || {_, #{name := Name, parts := Parts}, _} <- ets:tab2list(erlcuda_shm_free),
+        K <- lists:seq(0, length(Parts) - 1)].
 
 %% A result read from a file takes longer to deliver than the small ones launched after it
 %% by the same caller to the same device: they still come after it.
