@@ -185,18 +185,22 @@ def _serve(args: argparse.Namespace, extensions: Mapping[str, Extension]) -> int
                       max_batch=args.max_batch, spin_us=args.spin_us,
                       device_thread=args.device_thread, buffer_limit=args.buffer_limit,
                       shm_keep_s=args.shm_keep_ms / 1000)
-    shm = None
-    if args.shm_dir:
-        try:
-            shm = SharedFolder(args.shm_dir)
-            shm.start_reaper()
-            for name in shm.sweep_stale():
-                logging.getLogger("erlcuda").info("removed the stale folder %s", name)
-        except (ShmError, OSError) as exc:
-            logging.getLogger("erlcuda").error("no shared memory: %s", exc)
-            shm = None
+    shm = _shared_folder(args.shm_dir) if args.shm_dir else None
     worker = Worker(FrameReader(3), writer, options, shm, extensions)
     return worker.serve(once_open=portenv.settle_heap)
+
+
+def _shared_folder(path: str) -> SharedFolder | None:
+    """The worker's shared-memory folder, with its reaper, and the stale folders beside it
+    swept now and while the worker lives; ``None`` where it cannot be had."""
+    try:
+        shm = SharedFolder(path)
+        shm.start_reaper()
+    except (ShmError, OSError) as exc:
+        logging.getLogger("erlcuda").error("no shared memory: %s", exc)
+        return None
+    shm.start_sweeps()
+    return shm
 
 
 def main(argv: Sequence[str] | None = None,

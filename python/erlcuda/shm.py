@@ -21,22 +21,28 @@ death, which kills the worker), and then removes the whole folder. Erlang also r
 when it sees the worker die. A worker holds a lock on its folder's ``.lock`` for its life,
 and at start removes the folders beside its own whose lock nobody holds (their worker and
 reaper both died): only folders of its own user, at least a minute old, never following a
-symlink. The lock, not a process id, tells a live folder from a stale one, so nodes in other
-PID namespaces that share the folder's parent are safe.
+symlink. It sweeps again every minute while it lives, on a thread of its own: a folder too
+young at its start (a node killed with its worker and reaper, and started again within the
+minute) or left later by another node goes then, not only when a worker next starts. The
+lock, not a process id, tells a live folder from a stale one, so nodes in other PID
+namespaces that share the folder's parent are safe.
 """
 
 from __future__ import annotations
 
 import ctypes
 import fcntl
+import logging
 import mmap
 import os
 import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +51,8 @@ import numpy as np
 from . import elements
 
 __all__ = ["FileArg", "FileResult", "ResultSlot", "SharedFolder", "ShmError"]
+
+log = logging.getLogger("erlcuda.shm")
 
 #: The prefix of every folder Erlang makes; nothing else is ever removed.
 PREFIX = "erlcuda-"
@@ -158,6 +166,7 @@ class SharedFolder:
             raise ShmError(f"{path}: not a writable folder")
         self.path = real
         self._reaper: subprocess.Popen[bytes] | None = None
+        self._stop_sweeps = threading.Event()
         try:
             os.chmod(real, 0o700)  # operands are the callers' data: nobody else reads them
             self._lock, _ = open_regular(os.path.join(real, LOCK), os.O_RDWR | os.O_CREAT)
@@ -180,6 +189,35 @@ class SharedFolder:
                 shutil.rmtree(path, ignore_errors=True)  # never follows a symlink
                 removed.append(name)
         return removed
+
+    def start_sweeps(self, every: float | None = None) -> threading.Thread:
+        """Sweep the stale folders now, then every ``every`` seconds (``STALE_AFTER_S`` by
+        default) until ``stop_sweeps``: a folder too young to judge now is judged again.
+        The later sweeps run on the thread returned, as removing a dead worker's slots may
+        take a while and no job should wait for it."""
+        self._sweep_logged()
+        thread = threading.Thread(target=self.sweep_every,
+                                  args=(STALE_AFTER_S if every is None else every,
+                                        self._stop_sweeps.wait),
+                                  name="erlcuda-shm-sweep", daemon=True)
+        thread.start()
+        return thread
+
+    def stop_sweeps(self) -> None:
+        self._stop_sweeps.set()
+
+    def sweep_every(self, every: float, wait: Callable[[float], bool]) -> None:
+        """Sweep each time ``wait(every)`` returns false (the time passed), until it returns
+        true (stopped)."""
+        while not wait(every):
+            try:
+                self._sweep_logged()
+            except Exception:  # the next sweep tries again; the thread must not end
+                log.exception("sweeping the stale shared-memory folders failed")
+
+    def _sweep_logged(self) -> None:
+        for name in self.sweep_stale():
+            log.info("removed the stale folder %s", name)
 
     def start_reaper(self) -> None:
         """Start the process that removes the folder once this one has ended."""

@@ -784,6 +784,8 @@ class Worker:
             for lane in self.lanes:
                 lane.join(timeout=10)
         self._compiler.shutdown(wait=False, cancel_futures=True)
+        if self.shm is not None:
+            self.shm.stop_sweeps()
         if self.backend is not None:
             self.backend.close()
         return status

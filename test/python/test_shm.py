@@ -316,6 +316,65 @@ def test_a_starting_worker_removes_only_folders_nobody_holds(tmp_path: Path) -> 
     assert oct(mine.stat().st_mode & 0o777) == "0o700"
 
 
+def _dead_and_live(tmp_path: Path) -> tuple[Path, Path, int]:
+    """A folder whose worker and reaper died just now (too young to judge), and one a live
+    worker holds; with the fd that holds its lock."""
+    dead, live = tmp_path / "erlcuda-1-1", tmp_path / "erlcuda-2-1"
+    for path in (dead, live):
+        path.mkdir()
+        (path / "s1.0").write_bytes(b"x")
+        (path / LOCK).write_bytes(b"")
+    holder = os.open(live / LOCK, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    return dead, live, holder
+
+
+def test_a_live_worker_sweeps_again_what_was_too_young_at_its_start(tmp_path: Path) -> None:
+    # A node killed with its worker and reaper, and started again within STALE_AFTER_S.
+    dead, live, holder = _dead_and_live(tmp_path)
+    mine = tmp_path / "erlcuda-3-1"
+    mine.mkdir()
+    folder = SharedFolder(str(mine))
+    waits: list[float] = []
+
+    def wait(seconds: float) -> bool:
+        """A fake clock: the first wait ages the folders by ``seconds``, the second stops."""
+        waits.append(seconds)
+        if len(waits) > 1:
+            return True
+        for path in (dead, live):
+            _aged(path, seconds)
+        return False
+
+    try:
+        assert folder.sweep_stale() == []  # the sweep at start
+        assert dead.exists()
+        folder.sweep_every(shm.STALE_AFTER_S, wait)
+        assert waits == [shm.STALE_AFTER_S] * 2
+        assert not dead.exists()
+        assert live.exists() and mine.exists()
+    finally:
+        os.close(holder)
+
+
+def test_the_later_sweeps_run_on_their_own_until_stopped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shm, "STALE_AFTER_S", 0.05)
+    mine = tmp_path / "erlcuda-3-1"
+    mine.mkdir()
+    folder = SharedFolder(str(mine))
+    sweeps = folder.start_sweeps()
+    dead, live, holder = _dead_and_live(tmp_path)  # after the first sweep
+    try:
+        assert wait_gone(dead)
+        assert live.exists() and mine.exists()
+    finally:
+        folder.stop_sweeps()
+        os.close(holder)
+    sweeps.join(10)
+    assert not sweeps.is_alive()
+
+
 def _plant(path: Path, kind: str, target: Path) -> None:
     """Put a ``kind`` where a file of the folder is expected."""
     if kind == "symlink":
