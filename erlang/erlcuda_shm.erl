@@ -3,7 +3,8 @@
 %% under `shm_dir' (default /dev/shm), instead of the port's pipe.
 %%
 %% The port owner makes a folder for each worker it starts (`erlcuda-<OsPid>-<N>', mode 0700)
-%% and removes it when that worker ends; the worker's reaper process removes it too, even
+%% and removes it when that worker ends, or once its hello says it could not set the folder
+%% up (a full shared-memory dir); the worker's reaper process removes it too, even
 %% when the node itself dies; and a worker removes, as it starts, the folders whose worker
 %% and reaper both died (python/erlcuda/shm.py says how it tells them). A caller
 %% writes its operands over the threshold into an operand slot (erlcuda_shm_slots: part

@@ -347,7 +347,8 @@ complete(Id, Reply) ->
         _ -> ok
     end.
 
-hello({ok, Info}, #data{os_pid = OsPid} = D) ->
+hello({ok, Info}, #data{os_pid = OsPid} = D0) ->
+    D = shm_checked(Info, D0),
     case erlcuda_worker_start:check_hello(Info) of
         ok ->
             ?LOG_NOTICE("erlcuda: worker ~p started: ~ts", [OsPid, maps:get(reason, Info, "")]),
@@ -361,6 +362,16 @@ hello({ok, Info}, #data{os_pid = OsPid} = D) ->
     end;
 hello(Other, D) ->
     hello_failed(Other, D).
+
+%% A worker that could not set its folder up (a full shared-memory dir: no room or no inode
+%% for its lock) says why in its hello: the folder goes, and every job takes the pipe, as
+%% with `shm_dir' `none'. The port is published with the folder only after this.
+shm_checked(#{shm_unavailable := Why}, #data{shm = #{}, os_pid = OsPid} = D) ->
+    ?LOG_WARNING("erlcuda: worker ~p has no shared memory, large data goes through the "
+                 "port: ~ts", [OsPid, Why]),
+    remove_folder(D);
+shm_checked(_, D) ->
+    D.
 
 %% Its interpreter serves: a bad Python found later is logged again.
 answered(D) ->
@@ -484,7 +495,8 @@ start_worker(D0) ->
             ok = erlcuda_status:set_worker_os_pid(OsPid),
             %% Jobs may be written as soon as the port exists (the worker reads them after
             %% its hello): until the hello says otherwise, the last worker's device count
-            %% serves, or the configured one.
+            %% serves, or the configured one, and the pipe, as the worker may have no
+            %% shared memory (shm_checked/2).
             Devices = maps:get(devices, D#data.hello, provisional_devices(Config)),
             Writer = erlcuda_writer:start_link(Port),
             %% The hello goes first, while nobody else knows the port: callers' frames could
@@ -496,8 +508,7 @@ start_worker(D0) ->
             %% With modules to load again, the port is published once they are loaded.
             ok = case erlcuda_catalogue:replay() of
                      [] -> erlcuda_status:set_up(Port, Writer, Devices,
-                                                 maps:get(max_queue, Config), D#data.shm,
-                                                 Epoch);
+                                                 maps:get(max_queue, Config), none, Epoch);
                      _ -> ok
                  end,
             {next_state, starting, D1,

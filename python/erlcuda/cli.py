@@ -185,22 +185,23 @@ def _serve(args: argparse.Namespace, extensions: Mapping[str, Extension]) -> int
                       max_batch=args.max_batch, spin_us=args.spin_us,
                       device_thread=args.device_thread, buffer_limit=args.buffer_limit,
                       shm_keep_s=args.shm_keep_ms / 1000)
-    shm = _shared_folder(args.shm_dir) if args.shm_dir else None
-    worker = Worker(FrameReader(3), writer, options, shm, extensions)
+    shm, no_shm = _shared_folder(args.shm_dir) if args.shm_dir else (None, None)
+    worker = Worker(FrameReader(3), writer, options, shm, extensions, shm_unavailable=no_shm)
     return worker.serve(once_open=portenv.settle_heap)
 
 
-def _shared_folder(path: str) -> SharedFolder | None:
+def _shared_folder(path: str) -> tuple[SharedFolder | None, str | None]:
     """The worker's shared-memory folder, with its reaper, and the stale folders beside it
-    swept now and while the worker lives; ``None`` where it cannot be had."""
+    swept now and while the worker lives; or none and why (a full shared-memory dir has no
+    room for its lock). Not logged here: the hello says why, and Erlang, which then sends
+    everything through the pipe, logs it once."""
     try:
         shm = SharedFolder(path)
         shm.start_reaper()
     except (ShmError, OSError) as exc:
-        logging.getLogger("erlcuda").error("no shared memory: %s", exc)
-        return None
+        return None, str(exc)
     shm.start_sweeps()
-    return shm
+    return shm, None
 
 
 def main(argv: Sequence[str] | None = None,

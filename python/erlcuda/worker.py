@@ -37,7 +37,10 @@ Erlang's ``free`` is read with a few slices (``protocol.decode_free``) and queue
 device in its turn, with no answer.
 
 ``hello`` carries Erlang's version and protocol: a worker of another version (a stale copy
-in priv/, another checkout on the path) says so in its answer and refuses every job.
+in priv/, another checkout on the path) says so in its answer and refuses every job. Its
+answer (and ``info``'s) says too why the shared-memory folder Erlang gave cannot be used
+(``shm_unavailable``), where it cannot: Erlang then drops the folder and sends everything
+through the pipe.
 """
 
 from __future__ import annotations
@@ -112,9 +115,12 @@ class Options:
 class Worker:
     def __init__(self, reader: FrameReader, writer: FrameWriter, options: Options,
                  shm: SharedFolder | None = None,
-                 extensions: Mapping[str, Extension] | None = None) -> None:
+                 extensions: Mapping[str, Extension] | None = None, *,
+                 shm_unavailable: str | None = None) -> None:
         self.reader = reader
         self.shm = shm
+        # Why the folder Erlang gave could not be used: info says so, and Erlang drops it.
+        self.shm_unavailable = shm_unavailable
         self.writer = writer
         self.options = options
         self.backend: Backend | None = None
@@ -576,7 +582,7 @@ class Worker:
                 except Exception:
                     pass  # a busy device keeps its last reading
             devices.append(entry)
-        return {
+        info: dict[str, Any] = {
             "backend": protocol.atom(self.backend_name),
             "status": self.status or protocol.OK,
             "reason": self.reason,
@@ -590,6 +596,9 @@ class Worker:
             "device_info": devices,
             "modules": sorted(self.registry.modules),
         }
+        if self.shm_unavailable is not None:
+            info["shm_unavailable"] = self.shm_unavailable
+        return info
 
     def on_device(self, index: int, fn: Callable[[Device | None], Any],
                   timeout: float | None = None) -> Any:

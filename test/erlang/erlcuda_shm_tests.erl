@@ -450,6 +450,50 @@ stop_leaves_no_folder() ->
     ok = application:stop(erlcuda),
     ?assertEqual([], folders()).
 
+%% A worker that cannot set its folder up (a full shared-memory dir, as the test worker makes
+%% it with ERLCUDA_TEST_SHM_FULL: no room for the folder's lock) says so in its hello: the
+%% folder goes, info shows no threshold, large operands and results take the pipe, and each
+%% worker's reason is logged once, however many jobs follow.
+full_shm_dir_test_() ->
+    {setup,
+     fun() -> os:putenv("ERLCUDA_TEST_SHM_FULL", "1") end,
+     fun(_) -> os:unsetenv("ERLCUDA_TEST_SHM_FULL"), file:del_dir_r(base()) end,
+     with_app([{timeout, 60, fun without_a_folder_the_pipe_carries_it/0}])}.
+
+without_a_folder_the_pipe_carries_it() ->
+    N = 100000,  % 400 KB an operand, over the 4 KiB threshold
+    A = vec(N, 1), B = vec(N, 2),
+    Sum = fun() -> erlcuda:launch_sync(vector_add, [A, B], [{format, binary}]) end,
+    ?assertMatch(#{shm_threshold := none, shm_unavailable := <<_/binary>>}, erlcuda:info()),
+    ?assertEqual([], folders()),
+    ?assertEqual({ok, vec(N, 3)}, Sum()),
+    ok = logger:add_handler(?MODULE, erlcuda_test_util,
+                            #{config => #{pid => self()}, level => all}),
+    try
+        %% a new worker: its folder goes at its hello too
+        #{worker_os_pid := Old} = erlcuda:info(),
+        os:cmd("kill -9 " ++ integer_to_list(Old)),
+        erlcuda_test_util:wait_restarted(Old, 100),
+        [?assertEqual({ok, vec(N, 3)}, Sum()) || _ <- lists:seq(1, 3)],
+        {ok, Id} = erlcuda:launch(vector_add, [A, B], [{format, binary}]),
+        receive {erlcuda, Id, R} -> ?assertEqual({ok, vec(N, 3)}, R)
+        after 10000 -> error(timeout)
+        end,
+        ?assertMatch(#{shm_threshold := none}, erlcuda:info()),
+        ?assertEqual([], folders())
+    after
+        ok = logger:remove_handler(?MODULE)
+    end,
+    ?assertMatch([_], [E || E <- logged(), string:find(E, "no shared memory") =/= nomatch]).
+
+%% The events logged so far, formatted.
+logged() ->
+    [iolist_to_binary(case Msg of
+                          {string, S} -> S;
+                          {F, Args} when is_list(F) -> io_lib:format(F, Args);
+                          {report, R} -> io_lib:format("~p", [R])
+                      end) || {logged, #{msg := Msg}} <- erlcuda_test_util:flush()].
+
 %% A node that dies at once (halt/0: no application stop runs) leaves no folder: the
 %% worker dies with it and the worker's reaper removes the folder. Folders that no worker
 %% holds any more are removed by the next worker's start.

@@ -40,6 +40,7 @@ from erlcuda.shm import (
 from erlcuda.worker import Options, Worker
 from programdefs import definition, inp, step
 from workerpipe import (
+    TEST_WORKER,
     FileVector,
     WorkerPipe,
     launch_frame,
@@ -253,12 +254,39 @@ def test_a_folder_not_made_by_erlang_is_not_used(tmp_path: Path) -> None:
     (other / "keep").write_bytes(b"x")
     pipe = WorkerPipe("--backend", "cpu", "--shm-dir", str(other))
     try:
+        tag, _, info = pipe.call("hello")
+        assert tag == "r"
+        assert "a shared-memory folder's name starts with" in bytes(
+            info["shm_unavailable"]).decode()
         pipe.launch(1, "reduce", [np.ones(2, np.float32).tobytes()])
         assert pipe.result() == (1, ("ok", 2.0))
-        assert any("no shared memory" in text for _, text in pipe.logs)
     finally:
         assert pipe.close() == 0
     assert (other / "keep").exists()
+
+
+def test_a_folder_without_room_for_its_lock_is_not_used_and_the_hello_says_why(
+        folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The test worker's full_shm_double: creating the lock fails as in a full tmpfs.
+    monkeypatch.setenv("ERLCUDA_TEST_SHM_FULL", "1")
+    pipe = WorkerPipe("--backend", "cpu", "--shm-dir", str(folder), module=TEST_WORKER)
+    try:
+        tag, _, info = pipe.call("hello")
+        assert tag == "r" and info["status"] == "ok"
+        why = bytes(info["shm_unavailable"]).decode()
+        assert "cannot take the folder's lock" in why and "No space left" in why
+        assert pipe.call("info")[2]["shm_unavailable"] == info["shm_unavailable"]
+        assert pipe.logs == []  # Erlang logs it, from the hello
+        a = np.ones(1000, np.float32).tobytes()
+        pipe.launch(1, "vector_add", [a, a])
+        assert pipe.result() == (1, ("ok", [2.0] * 1000))
+    finally:
+        assert pipe.close() == 0
+
+
+def test_a_worker_with_its_folder_says_nothing_of_it(worker: WorkerPipe) -> None:
+    tag, _, info = worker.call("hello")
+    assert tag == "r" and "shm_unavailable" not in info
 
 
 @pytest.mark.parametrize("how", ["eof", "sigkill"])

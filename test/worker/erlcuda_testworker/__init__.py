@@ -14,12 +14,15 @@ It runs ``erlcuda.cli.main`` with these calls added (``erlcuda.worker.Extension`
 - ``frozen()``: how many objects the collector no longer walks (``gc.get_freeze_count``):
   what the worker froze once its devices were open (``erlcuda.portenv.settle_heap``).
 
-Also the helpers GPU tests use on a device directly: ``inject_fault``, ``pool_stats``; and,
-with ``ERLCUDA_TEST_PIN`` set, a double of the registration of host memory (``pin_double``).
+Also the helpers GPU tests use on a device directly: ``inject_fault``, ``pool_stats``;
+with ``ERLCUDA_TEST_PIN`` set, a double of the registration of host memory (``pin_double``);
+and with ``ERLCUDA_TEST_SHM_FULL`` set, a shared-memory dir with no room for the folder's
+lock (``full_shm_double``).
 """
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import time
@@ -135,5 +138,23 @@ def pin_double() -> None:
     cpu.CpuDevice.info = info  # type: ignore[method-assign]
 
 
+def full_shm_double() -> None:
+    """The worker's shared-memory folder cannot take its lock, as in a full tmpfs (no room
+    or no inode for a new file): creating ``.lock`` fails with ENOSPC. Set by
+    ``ERLCUDA_TEST_SHM_FULL`` in the worker's environment."""
+    from erlcuda import shm
+
+    opened = shm.open_regular
+
+    def open_regular(path: str, flags: int) -> tuple[int, os.stat_result]:
+        if flags & os.O_CREAT and os.path.basename(path) == shm.LOCK:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return opened(path, flags)
+
+    shm.open_regular = open_regular
+
+
 if os.environ.get("ERLCUDA_TEST_PIN"):
     pin_double()
+if os.environ.get("ERLCUDA_TEST_SHM_FULL"):
+    full_shm_double()
