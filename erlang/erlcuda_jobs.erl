@@ -5,7 +5,7 @@
 %% and `ets:take/2' makes sure only one of them gets it.
 -module(erlcuda_jobs).
 
--export([create/0, next_id/0, register/1, complete/2, withdraw/2, cancel/1, let_go/1,
+-export([create/0, next_id/0, register/1, started/2, complete/2, withdraw/2, cancel/1, let_go/1,
          claim/1, disown/1, fail_all/1, sweep_dead_callers/0, size/0, counters/0,
          answered/0, owner/1]).
 
@@ -107,6 +107,12 @@ register(#{id := Id, reply_to := ReplyTo, caller := Caller, device := Device,
                                  expect = maps:get(expect, Entry, any)}),
     maps:get(quiet, Entry, false) orelse counters:add(counters_ref(), ?SUBMITTED, 1),
     ok.
+
+%% @doc The start event's span of a registered job, for its stop event; `false' when the
+%% job was answered already.
+-spec started(erlcuda:job_id(), erlcuda_telemetry:span()) -> boolean().
+started(Id, Span) ->
+    ets:update_element(?TAB, Id, {#job.span, Span}).
 
 %% @doc Who owns the buffers a job keeps: its caller, or a remote job's caller.
 -spec owner(reply_to()) -> pid().

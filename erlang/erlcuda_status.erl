@@ -3,23 +3,30 @@
 %% row read by every launch, written only by the port owner (`erlcuda_worker').
 -module(erlcuda_status).
 
--export([create/0, set_up/6, set_down/1, set_unavailable/1, set_bad_python/1, status/0, enqueue/2, dequeue/2,
-         in_flight/0,
-         in_flight/2, pick/2, set_worker_os_pid/1, worker_os_pid/0, max_devices/0,
-         next_epoch/0, epoch/0, take/3, waiting/2, add_waiting/3,
-         clear_waiting/0, settle/1]).
+-export([create/0, set_up/6, set_down/1, set_unavailable/1, set_bad_python/1, status/0,
+         enqueue/2, dequeue/2, in_flight/0, in_flight/2, pick/2, set_worker_os_pid/1,
+         worker_os_pid/0, max_devices/0, next_epoch/0, epoch/0, take/3, waiting/2,
+         add_waiting/3, clear_waiting/0, settle/2]).
 
--export_type([status/0, queues/0]).
+-export_type([status/0, queues/0, seen/0]).
 
 -define(TAB, erlcuda_status).
 %% More devices than any host has: a bound on what a worker or the config may claim.
 -define(EPOCHS, {?MODULE, epochs}).
-%% Two counters a device in `queues': its jobs in flight, and the launches waiting for room
-%% on it (erlcuda_room).
--define(IN_FLIGHT(Device), (2 * (Device) + 1)).
--define(WAITING(Device), (2 * (Device) + 2)).
+%% Three counters a device in `queues': its jobs in flight, the launches waiting for room
+%% on it (erlcuda_room), and the places ever taken on it (what settle/2 tells a count held
+%% all along from one that came and went by).
+-define(PER_DEVICE, 3).
+-define(IN_FLIGHT(Device), (?PER_DEVICE * (Device) + 1)).
+-define(WAITING(Device), (?PER_DEVICE * (Device) + 2)).
+-define(TAKEN(Device), (?PER_DEVICE * (Device) + 3)).
+%% A count held this long with no job registered and no place taken is owed to no job.
+-define(SETTLE_MS, 1000).
 
 -type queues() :: atomics:atomics_ref().
+%% Per device, a count off zero as settle/2 last saw it (with its queues and the places
+%% taken then) and since when.
+-type seen() :: #{non_neg_integer() => {{queues(), integer(), integer()}, integer()}}.
 %% epoch: the worker's generation, which its buffers carry (`next_epoch/0').
 -type status() :: #{status := up, port := port(), devices := non_neg_integer(),
                     queues := queues(), max_queue := pos_integer(), writer := pid(),
@@ -63,7 +70,7 @@ epoch() ->
 set_up(Port, {Writer, WriterCounters}, Devices, MaxQueue, Shm, Epoch) ->
     Queues = case status() of
                  #{devices := Devices, queues := Q} -> Q;
-                 _ -> atomics:new(2 * max(Devices, 1), [{signed, true}])
+                 _ -> atomics:new(?PER_DEVICE * max(Devices, 1), [{signed, true}])
              end,
     store(#{status => up, port => Port, devices => Devices, queues => Queues,
           max_queue => MaxQueue, writer => Writer, writer_counters => WriterCounters,
@@ -95,6 +102,7 @@ status() ->
 %% @doc Count a job in on `Device', unless `max_queue' are already in flight there.
 -spec enqueue(status(), non_neg_integer()) -> ok | overloaded.
 enqueue(#{queues := Queues, max_queue := Max}, Device) ->
+    atomics:add(Queues, ?TAKEN(Device), 1),
     case atomics:add_get(Queues, ?IN_FLIGHT(Device), 1) of
         Depth when Depth > Max -> dequeue(Queues, Device), overloaded;
         _ -> ok
@@ -108,7 +116,8 @@ in_flight() ->
             0;
         Queues ->
             #{size := Size} = atomics:info(Queues),
-            lists:sum([atomics:get(Queues, ?IN_FLIGHT(D)) || D <- lists:seq(0, Size div 2 - 1)])
+            lists:sum([max(atomics:get(Queues, ?IN_FLIGHT(D)), 0)
+                       || D <- lists:seq(0, Size div ?PER_DEVICE - 1)])
     end.
 
 %% @doc A job leaves `Device''s queue. Where launches wait for room there, the waiting room
@@ -132,41 +141,54 @@ room_made(Queues, Device) ->
 
 %% @doc Put the in-flight counts right while no job is registered (the port owner calls
 %% this on its tick, when erlcuda_jobs holds none; `Seen' is what the last call returned,
-%% `#{}' after a tick with jobs). A count still off zero then belongs to a caller killed
-%% between counting its job and registering it, and nothing else would ever give that place
-%% back: the device would refuse launches as `overloaded' for good. Or it belongs to a
-%% caller about to register its job, whose count must stay. So a count is put to zero only
-%% once it stayed the same over a whole tick, and only if it is still that; the counts to
-%% remember for the next tick are returned.
--spec settle(#{non_neg_integer() => integer()}) -> #{non_neg_integer() => integer()}.
-settle(Seen) ->
+%% `#{}' after a tick with jobs; `Idle' says whether that is still so). A count off zero
+%% then may belong to a caller killed between taking its place and registering its job,
+%% a place nothing else would ever give back (with `max_queue' of them the device would
+%% refuse every launch as `overloaded'); or to a caller about to register, or a waiter the
+%% room just granted a place, whose count must stay. So a count is put to zero only once it
+%% stayed the same, with no place taken on its device, for ?SETTLE_MS, and only if no job
+%% is registered and it is still that count (compare-and-swap). A caller held up that long
+%% between taking its place and registering loses its count (its job's end then takes the
+%% count below zero, and that is put right the same way).
+-spec settle(seen(), fun(() -> boolean())) -> seen().
+settle(Seen, Idle) ->
     case queues() of
         undefined ->
             #{};
         Queues ->
-            Devices = maps:get(size, atomics:info(Queues)) div 2,
-            maps:from_list([{D, N} || D <- lists:seq(0, Devices - 1),
-                                      N <- [settle(Queues, D, maps:get(D, Seen, 0))],
-                                      N =/= 0])
+            Now = erlang:monotonic_time(millisecond),
+            maps:from_list([{D, S} || D <- lists:seq(0, devices(Queues) - 1),
+                                      S <- [settle(Queues, D, maps:get(D, Seen, none), Now,
+                                                   Idle)],
+                                      S =/= none])
     end.
 
-settle(Queues, Device, Seen) ->
-    case atomics:get(Queues, ?IN_FLIGHT(Device)) of
-        0 ->
-            0;
-        Seen ->
-            _ = case atomics:compare_exchange(Queues, ?IN_FLIGHT(Device), Seen, 0) of
-                    ok -> room_made(Queues, Device);
-                    _ -> ok
-                end,
-            0;
-        Now ->
-            Now
+settle(Queues, Device, Seen, Now, Idle) ->
+    Count = {Queues, atomics:get(Queues, ?IN_FLIGHT(Device)),
+             atomics:get(Queues, ?TAKEN(Device))},
+    case {Count, Seen} of
+        {{_, 0, _}, _} ->
+            none;
+        {_, {Count, Since}} when Now - Since >= ?SETTLE_MS ->
+            {_, InFlight, _} = Count,
+            case Idle() andalso
+                 atomics:compare_exchange(Queues, ?IN_FLIGHT(Device), InFlight, 0) =:= ok of
+                true -> room_made(Queues, Device), none;
+                false -> Seen
+            end;
+        {_, {Count, _}} ->
+            Seen;
+        _ ->
+            {Count, Now}
     end.
+
+devices(Queues) ->
+    maps:get(size, atomics:info(Queues)) div ?PER_DEVICE.
 
 %% @doc The waiting room takes a place on `Device' for its first waiter, if one is free.
 -spec take(queues(), non_neg_integer(), pos_integer()) -> boolean().
 take(Queues, Device, Max) ->
+    atomics:add(Queues, ?TAKEN(Device), 1),
     case atomics:add_get(Queues, ?IN_FLIGHT(Device), 1) of
         Depth when Depth > Max -> atomics:sub(Queues, ?IN_FLIGHT(Device), 1), false;
         _ -> true
@@ -176,7 +198,7 @@ take(Queues, Device, Max) ->
 -spec waiting(queues() | undefined, non_neg_integer()) -> integer().
 waiting(undefined, _) -> 0;
 waiting(Queues, Device) ->
-    case Device < maps:get(size, atomics:info(Queues)) div 2 of
+    case Device < devices(Queues) of
         true -> atomics:get(Queues, ?WAITING(Device));
         false -> 0
     end.
@@ -192,16 +214,15 @@ clear_waiting() ->
     case queues() of
         undefined -> ok;
         Queues ->
-            Devices = maps:get(size, atomics:info(Queues)) div 2,
             lists:foreach(fun(D) -> atomics:put(Queues, ?WAITING(D), 0) end,
-                          lists:seq(0, Devices - 1))
+                          lists:seq(0, devices(Queues) - 1))
     end.
 
 -spec in_flight(queues() | undefined, non_neg_integer()) -> integer().
 in_flight(undefined, _) -> 0;
 in_flight(Queues, Device) ->
-    case Device < maps:get(size, atomics:info(Queues)) div 2 of
-        true -> atomics:get(Queues, ?IN_FLIGHT(Device));
+    case Device < devices(Queues) of
+        true -> max(atomics:get(Queues, ?IN_FLIGHT(Device)), 0);
         false -> 0
     end.
 

@@ -84,55 +84,73 @@ unplanned(Plan, Error) ->
     ok = erlcuda_shm:release(Plan),
     Error.
 
-%% Its start event, then counted into its device's queue (at once, or once there is room
-%% for a launch that waits for it), registered, its files written, then its frame. The
-%% event's handlers are the users' code and may take any time: they run before the job
-%% holds a place, so that a caller killed in one leaves no place behind, and a refused
-%% launch ends its span with the refusal.
-enqueue(Job, ReplyTo, Status, #{id := JobId, device := Device, plan := Plan} = Launch,
-        Frame) ->
-    Span = start_event(Job, Launch),
+%% Counted into its device's queue (at once, or once there is room for a launch that waits
+%% for it), registered, its start event, its files written, then its frame.
+enqueue(Job, ReplyTo, Status, #{id := JobId, plan := Plan} = Launch, Frame) ->
     Counted = case Job of
-                  #{wait := Ms} -> erlcuda_room:enqueue(Status, Device, wait_until(Ms, Job));
-                  #{} -> erlcuda_status:enqueue(Status, Device)
+                  #{wait := Ms} ->
+                      erlcuda_room:enqueue(Status, maps:get(device, Launch),
+                                           wait_until(Ms, Job));
+                  #{} ->
+                      erlcuda_status:enqueue(Status, maps:get(device, Launch))
               end,
     case Counted of
         ok ->
-            register_job(Job, ReplyTo, Status, Launch#{span => Span}),
+            ok = register_job(Job, ReplyTo, Status, Launch),
+            Span = started(Job, ReplyTo, Launch),
             case stage(Job, Status, Launch, Frame) of
                 {ok, JobId} -> {ok, JobId, Span};
                 {error, _} = Error -> Error
             end;
         overloaded ->
-            ok = erlcuda_telemetry:job_stop(Span, {error, overloaded}),
             unplanned(Plan, {error, overloaded})
-    end.
-
-%% A quiet job (erlcuda_transports') is neither counted nor sent as telemetry.
-start_event(Job, #{id := JobId, device := Device}) ->
-    case maps:get(quiet, Job, false) of
-        true -> none;
-        false -> erlcuda_telemetry:job_start(JobId, Job, Device)
     end.
 
 %% A wait for room ends with the launch_sync that waits for its result.
 wait_until(Ms, Job) ->
     min(erlcuda_await:deadline(Ms), maps:get(deadline, Job, infinity)).
 
-%% Registered as soon as it is counted (nothing that may wait in between), so that the sweep
-%% of dead callers gives its place back whenever this caller dies from then on; before the
-%% files are written, so that every way the job ends deletes them. Buffers it keeps belong
-%% to this caller from now on.
+%% Registered as soon as it is counted, with nothing between that may wait, so that the
+%% sweep of dead callers gives its place back whenever this caller dies from then on; before
+%% the files are written, so that every way the job ends deletes them. Buffers it keeps
+%% belong to this caller from now on.
 register_job(#{kernel := Kernel, format := Format, trace := Trace} = Job, ReplyTo,
              #{queues := Queues},
-             #{id := JobId, device := Device, ctx := Ctx, plan := Plan, span := Span}) ->
+             #{id := JobId, device := Device, ctx := Ctx, plan := Plan}) ->
     ok = keep(Ctx, Device, ReplyTo),
     ok = erlcuda_jobs:register(#{id => JobId, reply_to => ReplyTo, caller => self(),
                                  device => Device, queues => Queues, kernel => Kernel,
                                  format => Format, trace => Trace,
                                  quiet => maps:get(quiet, Job, false),
                                  files => erlcuda_shm:kept(Plan), ctx => Ctx,
-                                 expect => expect(Job, Ctx), span => Span}).
+                                 expect => expect(Job, Ctx)}).
+
+%% The job's start event, run once it is registered: its handlers are the users' code and
+%% may take any time, and a caller killed in one has its place given back with its job by
+%% the sweep of dead callers. Its span then goes into the job's entry, for the event
+%% process to end where nobody waits for the reply. Only a worker going down takes an
+%% entry before its frame is written: a job answered meanwhile went without its span, and
+%% its exception event is run here, unless a waiting process (launch_sync, a proxy) runs it
+%% with the reply. A quiet job (erlcuda_transports') has none.
+started(Job, ReplyTo, #{id := JobId, device := Device}) ->
+    case maps:get(quiet, Job, false) of
+        true ->
+            none;
+        false ->
+            Span = erlcuda_telemetry:job_start(JobId, Job, Device),
+            case Span =:= none orelse erlcuda_jobs:started(JobId, Span)
+                 orelse not is_pid(ReplyTo) of
+                true -> ok;
+                false -> erlcuda_telemetry:job_stop(Span, {error, {worker_down, down()}})
+            end,
+            Span
+    end.
+
+down() ->
+    case erlcuda_status:status() of
+        #{status := {down, Why}} -> Why;
+        #{} -> port_closed
+    end.
 
 %% The operands' files written, then the frame; with no room in shared memory, the pipe
 %% carries it all.

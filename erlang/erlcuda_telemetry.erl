@@ -11,7 +11,7 @@
 %%
 %% | event | measurements | metadata | handlers run in |
 %% |---|---|---|---|
-%% | `[erlcuda, job, start]' | `system_time', `monotonic_time' | `job_id', `kernel', `device', `bytes_in', `bytes_out', `elements' | the launching process (for a job on another node, its proxy there), before the job takes its place in its device's queue |
+%% | `[erlcuda, job, start]' | `system_time', `monotonic_time' | `job_id', `kernel', `device', `bytes_in', `bytes_out', `elements' | the launching process (for a job on another node, its proxy there), before the job is written |
 %% | `[erlcuda, job, stop]' | `duration', `monotonic_time' | as start | the waiting process (`launch_sync', `await', a proxy) once it has the result; for a `launch' nobody awaits, or a waiting process that was killed, the event process |
 %% | `[erlcuda, job, exception]' | `duration', `monotonic_time' | as start, and `kind' (`error'), `reason' | as stop; and the launching process when its write fails |
 %% | `[erlcuda, compile, stop]' | `duration' (the worker's compile, hits included) | `module', `cache_hit', `result' (`ok' or the load's `{error, Reason}') | the process that called `load' or `elementwise' |
@@ -20,8 +20,7 @@
 %% | `[erlcuda, worker, restart]' | `backoff' (the wait before the next start), `system_time' | `restarts', `reason' (why the last one ended) | the event process |
 %% | `[erlcuda, worker, stop]' | `duration' (its life), `system_time' | `os_pid', `backend', `reason' | the event process |
 %%
-%% A job has its start event and exactly one stop or exception event (`overloaded' for a
-%% launch its device's queue had no room for), for the handlers
+%% A job has its start event and exactly one stop or exception event, for the handlers
 %% attached to an `[erlcuda, job, _]' event when it started (with none, nothing about it
 %% is ever sent anywhere). `bytes_in' counts the operand bytes sent to the worker (buffers
 %% already on a device count nothing), `bytes_out' the result bytes it sends back (0 for

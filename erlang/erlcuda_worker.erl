@@ -100,9 +100,9 @@
                python_bad :: binary() | undefined,
                %% whether the last worker answered its hello
                answered = false :: boolean(),
-               %% the in-flight counts seen off zero at the last tick with no job
-               %% registered (erlcuda_status:settle/1)
-               unsettled = #{} :: #{non_neg_integer() => integer()}}).
+               %% the in-flight counts seen off zero at the ticks with no job registered
+               %% (erlcuda_status:settle/2)
+               unsettled = #{} :: erlcuda_status:seen()}).
 
 %% API.
 
@@ -216,7 +216,7 @@ handle_event(info, tick, State, #data{config = Config, unsettled = Seen} = D) ->
     %% place in a queue is owed to no job.
     ok = erlcuda_shm_slots:sweep(maps:get(shm_keep_ms, Config)),
     Unsettled = case erlcuda_jobs:size() of
-                    0 -> erlcuda_status:settle(Seen);
+                    0 -> erlcuda_status:settle(Seen, fun() -> erlcuda_jobs:size() =:= 0 end);
                     _ -> #{}
                 end,
     _ = erlang:send_after(tick_ms(D), self(), tick),

@@ -99,7 +99,7 @@ caller_dies() ->
 
 %% Callers killed while a job start handler (the users' code, any time it likes) runs in
 %% them leave no place taken in their device's queue: a full queue's worth of them, and
-%% the device still takes a full queue of jobs at once.
+%% once the port owner's sweep has dropped their jobs the device takes a full queue again.
 killed_in_a_start_handler() ->
     Test = self(),
     Ref = make_ref(),
@@ -119,6 +119,7 @@ killed_in_a_start_handler() ->
     after
         telemetry:detach(Ref)
     end,
+    ok = erlcuda_test_util:wait_until(fun() -> erlcuda_jobs:size() =:= 0 end, 100),
     Ids = [Id || {ok, Id} <- [erlcuda:launch(reduce, [[1.0]], [{device, 0}])
                                || _ <- lists:seq(1, 3)]],
     ?assertEqual(3, length(Ids)),

@@ -247,29 +247,65 @@ stops([Job | Rest]) ->
     after 10000 -> {missing, Job}
     end.
 
-%% A launch its device's queue has no room for has its start event, then an exception of
-%% reason `overloaded', both in the launching process.
+%% A launch its device's queue has no room for is refused at once, with no event; the job
+%% in the queue has its own start and stop.
 overloaded_launch_events_test_() ->
     with_app([{max_queue, 1}], {timeout, 30, fun() ->
-        erlcuda_test_util:stall(0, 500),
-        {ok, First} = erlcuda:launch(reduce, [[1.0]], [{device, 0}]),
         Id = forward(?JOB_EVENTS),
         try
+            erlcuda_test_util:stall(0, 2000),
+            {ok, First} = erlcuda:launch(reduce, [[1.0]], [{device, 0}]),
+            {_, #{job_id := First}, _} = next_event([erlcuda, job, start]),
             ?assertEqual({error, overloaded}, erlcuda:launch(reduce, [[1.0]], [{device, 0}])),
-            {_, #{job_id := J} = Start, P1} = next_event([erlcuda, job, start]),
-            {#{duration := D}, Exception, P2} = next_event([erlcuda, job, exception]),
-            ?assertEqual({self(), self()}, {P1, P2}),
-            ?assert(is_integer(D) andalso D >= 0),
-            ?assertEqual(Start#{kind => error, reason => overloaded}, Exception),
-            ?assertNotEqual(First, J)
+            receive {erlcuda, First, R} -> ?assertEqual({ok, 1.0}, R)
+            after 10000 -> error(lost)
+            end,
+            {_, #{job_id := First}, _} = next_event([erlcuda, job, stop]),
+            ?assertEqual([], [E || {event, _, _, _, _} = E <- erlcuda_test_util:flush()])
         after
             telemetry:detach(Id)
-        end,
-        receive {erlcuda, First, R} -> ?assertEqual({ok, 1.0}, R) after 10000 -> error(lost) end
+        end
     end}).
 
-%% Handlers that raise never break a launch: the start handler runs in the caller before
-%% its job takes a place in the queue, the stop handler where the reply is awaited; each
+%% A start handler runs once its job is registered, so a worker going down meanwhile answers
+%% the job before its span is in the job's entry: the launching process then runs the
+%% job's exception event itself, once.
+worker_down_in_a_start_handler_test_() ->
+    with_app([], {timeout, 60, fun() ->
+        #{worker_os_pid := Os} = erlcuda:info(),
+        Ref = make_ref(),
+        ok = telemetry:attach(Ref, [erlcuda, job, start],
+                              fun(_, _, _, _) ->
+                                      erlcuda_test_util:kill9(Os),
+                                      ok = erlcuda_test_util:wait_until(
+                                             fun() -> erlcuda_jobs:size() =:= 0 end, 100)
+                              end, none),
+        Id = forward(?JOB_EVENTS),
+        try
+            {ok, Job} = erlcuda:launch(reduce, [[1.0]]),
+            receive {erlcuda, Job, R} -> ?assertMatch({error, {worker_down, _}}, R)
+            after 10000 -> error(lost)
+            end,
+            {_, #{job_id := Job}, _} = next_event([erlcuda, job, start]),
+            {_, #{job_id := Job, reason := {worker_down, _}}, P} =
+                next_event([erlcuda, job, exception]),
+            ?assertEqual(self(), P),
+            ?assertEqual([], [E || {event, _, _, #{job_id := J}, _} = E <- wait_flush(),
+                                   J =:= Job])
+        after
+            telemetry:detach(Ref),
+            telemetry:detach(Id)
+        end,
+        erlcuda_test_util:wait_restarted(Os, 100)
+    end}).
+
+%% What reaches this process within half a second.
+wait_flush() ->
+    timer:sleep(500),
+    erlcuda_test_util:flush().
+
+%% Handlers that raise never break a launch: the start handler runs in the caller after
+%% its place in the queue was taken, the stop handler where the reply is awaited; each
 %% launch is answered and the queue counter comes back to 0.
 handlers_that_raise_test_() ->
     with_app([], {timeout, 30, fun() ->
