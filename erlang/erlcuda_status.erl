@@ -41,10 +41,18 @@
 create() ->
     ?TAB = ets:new(?TAB, [set, public, named_table, {read_concurrency, true}]),
     %% The counter lives as long as the node: a handle of an earlier start of the
-    %% application never names a worker of this one.
+    %% application never names a worker of this one. It starts from the clock, in
+    %% microseconds, so that a node started again under the same name (after a crash)
+    %% never takes a handle of its earlier life for one of its own buffers, which would
+    %% read and write another process's data (a life would have to start a worker every
+    %% microsecond to catch up with the clock).
     case persistent_term:get(?EPOCHS, undefined) of
-        undefined -> persistent_term:put(?EPOCHS, atomics:new(1, [{signed, false}]));
-        _ -> ok
+        undefined ->
+            Epochs = atomics:new(1, [{signed, false}]),
+            ok = atomics:put(Epochs, 1, erlang:system_time(microsecond)),
+            persistent_term:put(?EPOCHS, Epochs);
+        _ ->
+            ok
     end,
     set_down(starting).
 
@@ -53,7 +61,7 @@ create() ->
 next_epoch() ->
     atomics:add_get(persistent_term:get(?EPOCHS), 1, 1).
 
-%% @doc The latest worker generation (0 before the first worker).
+%% @doc The latest worker generation (before the first worker, where the counter starts).
 -spec epoch() -> non_neg_integer().
 epoch() ->
     case persistent_term:get(?EPOCHS, undefined) of

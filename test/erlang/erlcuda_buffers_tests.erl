@@ -31,8 +31,42 @@ buffers_test_() ->
                   {"info", fun info/0},
                   {"a worker restart loses its buffers", {timeout, 60, fun restart/0}}]).
 
+new_node_life_test_() ->
+    with_app([], {timeout, 60, fun new_node_life/0}).
+
 limit_test_() ->
     with_app([{buffer_limit, 4096}], [{"buffer_limit", fun limit/0}]).
+
+%% A node started again under its old name (after a crash) must never take a handle of its
+%% earlier life for one of its own buffers: it would read and write another process's data.
+%% What outlives the application but not the node is dropped here, as a new life of the
+%% node starts without it; the first buffer of the new life then has the old one's device,
+%% type, length and (both counting from the start) id.
+new_node_life() ->
+    new_life(),
+    {ok, Old} = erlcuda:upload([1.0, 2.0, 3.0]),
+    new_life(),
+    Self = self(),
+    Other = spawn(fun() ->
+                          Self ! {theirs, erlcuda:upload([9.0, 9.0, 9.0])},
+                          receive stop -> ok end
+                  end),
+    {ok, Theirs} = receive {theirs, R} -> R after 10000 -> error(no_upload) end,
+    try
+        ?assertNotEqual(Old, Theirs),
+        ?assertMatch({error, {buffer_lost, _}}, erlcuda:download(Old)),
+        ?assertMatch({error, {buffer_lost, _}}, erlcuda:launch_sync(copy, [Old])),
+        ?assertEqual({ok, [9.0, 9.0, 9.0]}, erlcuda:download(Theirs))
+    after
+        Other ! stop
+    end.
+
+new_life() ->
+    ok = application:stop(erlcuda),
+    _ = [persistent_term:erase(K) || {{M, _} = K, _} <- persistent_term:get(),
+                                     lists:member(M, [erlcuda_status, erlcuda_buffers,
+                                                      erlcuda_jobs])],
+    {ok, _} = application:ensure_all_started(erlcuda).
 
 %% Device 0's and 1's buffer counters, as the worker reports them, and this node's count
 %% of registered buffers.
