@@ -187,8 +187,25 @@ launch_here(Kernel, Args, Opts) ->
             end;
         %% Buffers of another node of the cluster: the launch runs there.
         {error, {remote_buffer, B}} -> erlcuda_remote:follow(B, Kernel, Args, Opts, async);
+        {error, {unknown_kernel, _}} = Error -> unknown_here(Error, Kernel, Args, Opts, async);
         {error, _} = Error -> Error
     end.
+
+%% A kernel unknown here may be loaded where the launch's buffers live: with a buffer of
+%% another node of the cluster, the launch runs there, which judges it.
+unknown_here(Error, Kernel, Args, Opts, Mode) ->
+    case remote_buffer(Args) of
+        {ok, B} -> erlcuda_remote:follow(B, Kernel, Args, Opts, Mode);
+        none -> Error
+    end.
+
+remote_buffer([A | Rest]) ->
+    case erlcuda_remote:remote_node(A) of
+        {remote, _} -> {ok, A};
+        local -> remote_buffer(Rest)
+    end;
+remote_buffer(_) ->
+    none.
 
 %% A launch with a node option that runs on this node after all.
 here({local, Opts}, Run) -> Run(Opts);
@@ -237,6 +254,8 @@ launch_sync1(Kernel, Args, Opts) ->
             end;
         {error, {remote_buffer, B}} ->
             erlcuda_remote:follow(B, Kernel, Args, Opts, sync);
+        {error, {unknown_kernel, _}} = Error ->
+            unknown_here(Error, Kernel, Args, Opts, sync);
         {error, _} = Error ->
             Error
     end.

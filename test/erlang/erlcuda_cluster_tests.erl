@@ -23,6 +23,8 @@ cluster_test_() ->
                                     fun rate/1},
                                    {"buffers of other nodes, transfer", fun buffers/1},
                                    {"programs run on other nodes", fun programs/1},
+                                   {"a kernel loaded only where the buffers live",
+                                    fun kernel_where_the_buffers_live/1},
                                    {"launch_sync's timeout, no stray message", fun timeouts/1},
                                    {"await of a launch on another node", fun remote_await/1},
                                    {"a record stays while its proxy runs",
@@ -814,6 +816,24 @@ spin(Until) ->
 %% The executing node's buffers server is held up for 7 s as two keep jobs hand their
 %% results over (a launch_sync with a 20 s timeout, a launch): both still get their
 %% buffers, and once freed nothing stays there.
+%% A launch with buffers of another node runs there, without `{node, _}': a kernel loaded
+%% there and not here too, judged where it runs (an unknown kernel anywhere is still one).
+kernel_where_the_buffers_live(#{peers := [{P1, N1} | _]}) ->
+    ok = peer:call(P1, erlcuda, elementwise,
+                   [twice_there, [{x, f32}], [{y, f32}], <<"y = 2 * x">>], 60000),
+    {ok, B} = erlcuda:upload([1.0, 2.0], [{node, N1}]),
+    try
+        ?assertEqual({error, {unknown_kernel, twice_there}},
+                     erlcuda:launch_sync(twice_there, [[1.0, 2.0]])),
+        ?assertEqual({ok, [2.0, 4.0]}, erlcuda:launch_sync(twice_there, [B])),
+        {ok, Id} = erlcuda:launch(twice_there, [B]),
+        ?assertEqual({ok, [2.0, 4.0]}, receive_reply(Id)),
+        ?assertEqual({error, {unknown_kernel, nowhere}}, erlcuda:launch_sync(nowhere, [B]))
+    after
+        ok = erlcuda:free(B),
+        _ = peer:call(P1, erlcuda, unload, [twice_there])
+    end.
+
 busy_buffers_server(#{peers := [{P1, N1} | _]}) ->
     Base = peer:call(P1, erlcuda_buffers, count, []),
     Keep = [{node, N1}, {device, 0}, {keep, true}],
