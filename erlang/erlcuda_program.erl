@@ -56,8 +56,27 @@ new(Spec, Opts) ->
 
 %% @doc Whether `Term' is a program.
 -spec is_program(term()) -> boolean().
-is_program({erlcuda_program, #{def := Def}}) -> is_binary(Def);
-is_program(_) -> false.
+is_program(Term) ->
+    %% A term altered since it was made (improper lists too) fails here, not later as an
+    %% exception in the caller.
+    try well_formed(Term)
+    catch error:_ -> false
+    end.
+
+well_formed({erlcuda_program, #{name := Name, def := Def, inputs := Inputs, baked := Baked,
+                                shape := Shape, outputs := Outputs}})
+  when is_atom(Name), is_binary(Def), (Shape =:= single orelse Shape =:= list) ->
+    lists:all(fun({I, Use}) -> is_atom(I) andalso is_use(Use); (_) -> false end, Inputs)
+        andalso lists:all(fun({_, T}) -> erlcuda_vector:is_type(T); (_) -> false end, Baked)
+        andalso lists:all(fun(O) -> O =:= vector orelse O =:= scalar end, Outputs);
+well_formed(_) ->
+    false.
+
+is_use(vector) -> true;
+is_use(dim) -> true;
+is_use({vector, T}) -> erlcuda_vector:is_type(T);
+is_use({scalar, T}) -> erlcuda_vector:is_type(T);
+is_use(_) -> false.
 
 -spec name(program()) -> atom().
 name({erlcuda_program, #{name := Name}}) -> Name.

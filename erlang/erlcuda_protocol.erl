@@ -429,6 +429,12 @@ lost({buffer_lost, Id}, #{buffers := Buffers}) when is_integer(Id) ->
         [B | _] -> {buffer_lost, B};
         [] -> {buffer_lost, Id}
     end;
+%% A step's kernel the worker no longer has is named as the definition names it, an atom,
+%% as every `unknown_kernel' is (the worker names a kernel it does not know by its text).
+lost({step, I, {unknown_kernel, Name}}, _) when is_binary(Name) ->
+    try {step, I, {unknown_kernel, binary_to_existing_atom(Name, utf8)}}
+    catch error:badarg -> {step, I, {unknown_kernel, Name}}
+    end;
 lost(Reason, _) ->
     Reason.
 

@@ -91,7 +91,16 @@ definition_test_() ->
       end},
      {"runs refuse what is not a program", fun() ->
           ?assertMatch({error, {bad_args, _}}, erlcuda:run(vector_add, [[1.0], [1.0]])),
-          ?assertMatch({error, {bad_args, _}}, erlcuda:run_sync({erlcuda_program, #{}}, []))
+          ?assertMatch({error, {bad_args, _}}, erlcuda:run_sync({erlcuda_program, #{}}, [])),
+          %% a program term altered since it was made: an error, never an exception
+          {ok, {erlcuda_program, M}} = erlcuda:program(chain(2)),
+          [?assertMatch({error, {bad_args, _}},
+                        erlcuda:run_sync({erlcuda_program, maps:merge(M, Change)}, [[1.0]]))
+           || Change <- [#{inputs => foo}, #{inputs => [x | y]}, #{inputs => [{x, text}]},
+                         #{baked => [{b, f16}]}, #{outputs => [matrix]}, #{shape => many},
+                         #{name => "chain"}]],
+          ?assertMatch({error, {bad_args, _}},
+                       erlcuda:run({erlcuda_program, maps:remove(baked, M)}, [[1.0]]))
       end}].
 
 runs_test_() ->

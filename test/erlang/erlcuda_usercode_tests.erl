@@ -27,6 +27,8 @@ usercode_test_() ->
        {"nvcc options off the allow-list are refused, naming the flag",
         {timeout, 120, fun refused_options/0}},
        {"info and kernels/0 answer while a load compiles", {timeout, 120, fun not_blocked/0}},
+       {"a program's step whose kernel was unloaded or reloaded otherwise",
+        {timeout, 120, fun program_step_kernel_changed/0}},
        {"the catalogue's modules are loaded again into a new worker",
         {timeout, 120, fun replay/0}},
        %% the cases of every backend, last: they leave their modules loaded
@@ -221,6 +223,22 @@ replay() ->
     [ok = erlcuda:unload(M) || M <- [twice, racy]],
     ?assertEqual([], erlcuda_catalogue:modules()),
     ?assertEqual({error, {unknown_kernel, twice}}, erlcuda:launch_sync(twice, [[1.0]])).
+
+%% A program checks its steps' kernels at each run: one unloaded since is named as the
+%% definition names it (an atom, as every `unknown_kernel'), and one reloaded with other
+%% parameters is refused by its step's check.
+program_step_kernel_changed() ->
+    Ax = fun(Params) -> erlcuda:elementwise(ax_step, Params, [{z, f32}], <<"z = a * x">>) end,
+    ok = Ax([{a, {scalar, f32}}, {x, f32}]),
+    {ok, P} = erlcuda:program(#{inputs => [a, x], steps => [{z, ax_step, [a, x]}],
+                                outputs => z}),
+    ?assertEqual({ok, [2.0, 4.0]}, erlcuda:run_sync(P, [2.0, [1.0, 2.0]])),
+    ok = erlcuda:unload(ax_step),
+    ?assertEqual({error, {step, 1, {unknown_kernel, ax_step}}},
+                 erlcuda:run_sync(P, [2.0, [1.0, 2.0]])),
+    ok = Ax([{x, f32}, {a, f32}]),
+    ?assertMatch({error, {step, 1, {bad_args, _}}}, erlcuda:run_sync(P, [2.0, [1.0, 2.0]])),
+    ok = erlcuda:unload(ax_step).
 
 %% A logger handler: the port owner's replay reports, to the test.
 log(#{msg := {Fmt, Args}}, #{config := #{pid := Pid}}) when is_list(Fmt) ->
