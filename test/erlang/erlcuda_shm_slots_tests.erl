@@ -333,18 +333,11 @@ result_read_past_keeper(#{dir := Dir, keeper := Keeper} = Folder) ->
     Mon = monitor(process, Keeper),
     exit(Keeper, kill),
     receive {'DOWN', Mon, process, Keeper, _} -> ok end,
-    ok = erlcuda_test_util:wait_until(fun() -> keeper_end_taken(Part) end, 50),
+    Taken = fun() -> erlcuda_test_util:keeper_end_taken(Part) end,
+    ok = erlcuda_test_util:wait_until(Taken, 50),
     ok = erlcuda_shm:remove(Dir),
     ok = erlcuda_shm_slots:forget(Dir),
     ?assertEqual({wire, ?WIRE_TAG_VECTOR, Want}, erlcuda_shm:take_result(Slot, 8, ?MIB)),
     ?assertMatch(#{free := 0, claimed := 0, bytes := 0}, erlcuda_shm_slots:stats()),
     ?assertEqual(ok, erlcuda_test_util:wait_until(fun() -> not is_process_alive(Part) end, 50)).
 
-%% The part has taken its keeper's exit signal (its link gone) and the message it makes of
-%% it, or has ended.
-keeper_end_taken(Part) ->
-    case erlang:process_info(Part, [links, message_queue_len]) of
-        undefined -> true;
-        [{links, []}, {message_queue_len, 0}] -> true;
-        _ -> false
-    end.

@@ -272,7 +272,8 @@ killed_worker_answered_results_delivered() ->
     ok = erlcuda_test_util:wait_until(fun() -> erlcuda_jobs:size() =:= 0 end, 100),
     [SecondPart] = my_parts() -- Held,  % its result slot's
     erlcuda_test_util:kill9(Old),
-    ok = erlcuda_test_util:wait_until(fun() -> keeper_end_taken(SecondPart) end, 100),
+    Taken = fun() -> erlcuda_test_util:keeper_end_taken(SecondPart) end,
+    ok = erlcuda_test_util:wait_until(Taken, 100),
     [erlang:resume_process(P) || P <- Held],
     Got = [receive {erlcuda, Id, R} -> R after 10000 -> {no_reply, Id} end
            || Id <- [First, Second]],
@@ -287,15 +288,6 @@ my_parts() ->
     Self = self(),
     [P || {_, Claimer, #{parts := Parts}} <- ets:tab2list(erlcuda_shm_claimed),
           Claimer =:= Self, P <- Parts].
-
-%% The part has taken its keeper's exit signal (its link gone) and the message it makes of
-%% it, or has ended.
-keeper_end_taken(Part) ->
-    case erlang:process_info(Part, [links, message_queue_len]) of
-        undefined -> true;
-        [{links, []}, {message_queue_len, 0}] -> true;
-        _ -> false
-    end.
 
 %% A caller that dies with its job in flight: its slots go with the sweep of dead callers,
 %% its result slot with them (the result the worker writes there is nobody's).

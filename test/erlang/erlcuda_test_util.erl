@@ -1,8 +1,8 @@
 %% Helpers shared by the eunit suites.
 -module(erlcuda_test_util).
 
--export([wait_restarted/2, stall/2, stall/3, with_app/3, reset/2, in_flight/0, wait_until/2,
-         wait_until/3,
+-export([keeper_end_taken/1, wait_restarted/2, stall/2, stall/3, with_app/3, reset/2,
+         in_flight/0, wait_until/2, wait_until/3,
          no_message/0, fake_worker/4, test_worker_path/0, wait_for/2, kill9/1, signal/2,
          left/1, flush/0, flush_stalled/0, fault_defaults/0, log/2]).
 
@@ -183,3 +183,12 @@ Python,
 log(Event, #{config := #{pid := Pid}}) ->
     Pid ! {logged, Event},
     ok.
+
+%% A slot's part process has taken its keeper's exit signal (its link gone) and the message
+%% it makes of it, or has ended.
+keeper_end_taken(Part) ->
+    case erlang:process_info(Part, [links, message_queue_len]) of
+        undefined -> true;
+        [{links, []}, {message_queue_len, 0}] -> true;
+        _ -> false
+    end.
