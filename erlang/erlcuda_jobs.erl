@@ -40,7 +40,7 @@
               waiter = false :: boolean(),
               quiet = false :: boolean(),
               files = [] :: erlcuda_shm:kept(),
-              %% its caller stopped waiting and its files went then (`let_go/1')
+              %% its caller stopped waiting, and its operands' files went then (`let_go/1')
               let_go = false :: boolean(),
               ctx = none :: erlcuda_protocol:ctx(),
               expect = any :: erlcuda_protocol:expect()}).
@@ -143,6 +143,10 @@ complete(Id, Reply) ->
 
 deliver(Taken, Reply) ->
     case Taken of
+        [#job{let_go = true}] ->
+            %% its caller stopped waiting: nobody to answer, and its result unread
+            _ = discard(Taken, ?DROPPED, 1, timeout),
+            ok;
         [#job{files = Files} = Job] ->
             case {erlcuda_protocol:file_result(Reply), lists:keyfind(result, 1, Files)} of
                 {{file, Bytes, PartBytes}, {result, Slot}} ->
@@ -157,11 +161,6 @@ deliver(Taken, Reply) ->
                       Job#job.reply_to,
                       fun() -> Send(erlcuda_shm:take_result(Slot, Bytes, PartBytes)) end,
                       fun() -> erlcuda_shm:take_result_then(Slot, Bytes, PartBytes, Send) end);
-                {{file, _, _}, false} when Job#job.let_go ->
-                    %% its result slot went when its caller stopped waiting: nothing to
-                    %% read, and nobody to answer
-                    _ = discard(Taken, ?DROPPED, 1, timeout),
-                    ok;
                 {{file, _, _}, false} ->
                     erlcuda_shm:done(Files),
                     reply(Job, {error, {internal, ?NO_SLOT}}, true,
@@ -232,19 +231,23 @@ cancel(Id) ->
     end.
 
 %% @doc The calling process stopped waiting for its job `Id', which stays registered while
-%% the worker holds it (its place in the device's queue with it): the job's shared-memory
-%% files and slots are deleted now (the worker maps them, so it reads and writes what it
-%% mapped; a file it has yet to map fails the job), and a result its reply names in its
-%% result slot is dropped unread. Nothing when the job was answered already or is not this
-%% process's. Only the caller changes a job's files, so the ones read here are the ones
-%% taken out, if the entry is still there to take them from.
+%% the worker holds it (its place in the device's queue with it): its operands' files and
+%% slots are deleted now (the worker reads what it mapped already; an operand it has yet to
+%% map fails the job, which then never runs), and its reply, whatever it is, is dropped
+%% unanswered and counted as dropped. Its result slot stays until that reply: deleted
+%% before the worker maps it, the result would come through the pipe instead. Nothing when
+%% the job was answered already or is not this process's. Only the caller changes a job's
+%% files, so the ones read here are the ones taken out, if the entry is still there.
 -spec let_go(erlcuda:job_id()) -> ok.
 let_go(Id) ->
     Self = self(),
     case ets:lookup(?TAB, Id) of
-        [#job{caller = Self, files = [_ | _] = Files}] ->
-            Taken = ets:update_element(?TAB, Id, [{#job.files, []}, {#job.let_go, true}]),
-            _ = [erlcuda_shm:delete(Files) || Taken],
+        [#job{caller = Self, files = Files}] ->
+            {Result, Operands} = lists:partition(fun(F) -> element(1, F) =:= result end,
+                                                 [F || F <- Files, is_tuple(F)]),
+            Own = [F || F <- Files, not is_tuple(F)],
+            Taken = ets:update_element(?TAB, Id, [{#job.files, Result}, {#job.let_go, true}]),
+            _ = [erlcuda_shm:delete(Own ++ Operands) || Taken],
             ok;
         _ ->
             ok

@@ -2,11 +2,12 @@
 %% Large operands and results through shared memory: files in a folder of the worker's own
 %% under `shm_dir' (default /dev/shm), instead of the port's pipe.
 %%
-%% The port owner makes a folder for each worker it starts (`erlcuda-<OsPid>-<N>', mode 0700)
-%% and removes it when that worker ends, or once its hello says it could not set the folder
-%% up (a full shared-memory dir); the worker's reaper process removes it too, even
-%% when the node itself dies; and a worker removes, as it starts, the folders whose worker
-%% and reaper both died (python/erlcuda/shm.py says how it tells them). A caller
+%% The port owner makes a folder for each worker it starts (`erlcuda-<OsPid>-<N>', mode 0700,
+%% with the worker's lock file) and removes it when that worker ends, or once its hello
+%% says it could not take the folder; the worker's reaper process removes it too, even
+%% when the node itself dies; and a worker removes, as it starts and every minute after,
+%% the folders whose worker and reaper both died (python/erlcuda/shm.py says how it tells
+%% them). A caller
 %% writes its operands over the threshold into an operand slot (erlcuda_shm_slots: part
 %% files kept from job to job, given back when the job's reply comes and deleted when the
 %% job ends otherwise), or, where the slots have no room, to files of the job's own,
@@ -38,6 +39,8 @@
 -export_type([folder/0, plan/0, kept/0]).
 
 -define(PREFIX, "erlcuda-").
+%% The worker's lock in its folder (python/erlcuda/shm.py LOCK): held while it lives.
+-define(LOCK, ".lock").
 %% A part's size is a multiple of this, which is a multiple of every page size the worker
 %% may map parts with.
 -define(PART_UNIT, (1 bsl 20)).
@@ -59,10 +62,17 @@ folder(Base) ->
                         ++ integer_to_list(erlang:unique_integer([positive]))),
     case file:make_dir(Dir) of
         ok ->
-            %% Operands are the callers' data: other users must not read them.
-            case file:change_mode(Dir, 8#700) of
-                ok -> {ok, Dir};
-                {error, Why} -> _ = file:del_dir(Dir), {error, {Dir, Why}}
+            %% Operands are the callers' data: other users must not read them. The worker's
+            %% lock file is made here, so that a shared-memory dir too full for it fails
+            %% now, before any launch names the folder, rather than in the worker.
+            Lock = filename:join(Dir, ?LOCK),
+            case file:change_mode(Dir, 8#700) =:= ok andalso
+                 file:write_file(Lock, <<>>, [raw, exclusive]) of
+                ok ->
+                    {ok, Dir};
+                Failed ->
+                    _ = file:del_dir_r(Dir),
+                    {error, {Dir, case Failed of {error, Why} -> Why; false -> eperm end}}
             end;
         {error, Why} ->
             {error, {Dir, Why}}

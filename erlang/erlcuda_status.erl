@@ -6,7 +6,7 @@
 -export([create/0, set_up/6, set_down/1, set_unavailable/1, set_bad_python/1, status/0,
          enqueue/2, dequeue/2, in_flight/0, in_flight/2, pick/2, set_worker_os_pid/1,
          worker_os_pid/0, max_devices/0, next_epoch/0, epoch/0, take/3, waiting/2,
-         add_waiting/3, clear_waiting/0, settle/2]).
+         add_waiting/3, clear_waiting/0, settle/2, drop_shm/1]).
 
 -export_type([status/0, queues/0, seen/0]).
 
@@ -83,6 +83,15 @@ set_up(Port, {Writer, WriterCounters}, Devices, MaxQueue, Shm, Epoch) ->
     store(#{status => up, port => Port, devices => Devices, queues => Queues,
           max_queue => MaxQueue, writer => Writer, writer_counters => WriterCounters,
           shm => Shm, epoch => Epoch}).
+
+%% @doc The worker of `Port' has no shared memory after all: launches from now on take the
+%% pipe.
+-spec drop_shm(port()) -> ok.
+drop_shm(Port) ->
+    case status() of
+        #{status := up, port := Port} = Status -> store(Status#{shm := none});
+        _ -> ok
+    end.
 
 -spec set_down(term()) -> ok.
 set_down(Why) ->

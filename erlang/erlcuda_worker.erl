@@ -363,12 +363,15 @@ hello({ok, Info}, #data{os_pid = OsPid} = D0) ->
 hello(Other, D) ->
     hello_failed(Other, D).
 
-%% A worker that could not set its folder up (a full shared-memory dir: no room or no inode
-%% for its lock) says why in its hello: the folder goes, and every job takes the pipe, as
-%% with `shm_dir' `none'. The port is published with the folder only after this.
-shm_checked(#{shm_unavailable := Why}, #data{shm = #{}, os_pid = OsPid} = D) ->
+%% A worker that could not take its folder (its lock held, the folder gone) says why in its
+%% hello: the folder goes, and every job from now on takes the pipe, as with `shm_dir'
+%% `none'. The launches written since the port was published may name files in it: the
+%% worker answers those with an error. (A full shared-memory dir fails as the folder is
+%% made, with its lock file, before the worker starts: all then take the pipe.)
+shm_checked(#{shm_unavailable := Why}, #data{shm = #{}, os_pid = OsPid, port = Port} = D) ->
     ?LOG_WARNING("erlcuda: worker ~p has no shared memory, large data goes through the "
                  "port: ~ts", [OsPid, Why]),
+    ok = erlcuda_status:drop_shm(Port),
     remove_folder(D);
 shm_checked(_, D) ->
     D.
@@ -495,8 +498,7 @@ start_worker(D0) ->
             ok = erlcuda_status:set_worker_os_pid(OsPid),
             %% Jobs may be written as soon as the port exists (the worker reads them after
             %% its hello): until the hello says otherwise, the last worker's device count
-            %% serves, or the configured one, and the pipe, as the worker may have no
-            %% shared memory (shm_checked/2).
+            %% serves, or the configured one.
             Devices = maps:get(devices, D#data.hello, provisional_devices(Config)),
             Writer = erlcuda_writer:start_link(Port),
             %% The hello goes first, while nobody else knows the port: callers' frames could
@@ -508,7 +510,8 @@ start_worker(D0) ->
             %% With modules to load again, the port is published once they are loaded.
             ok = case erlcuda_catalogue:replay() of
                      [] -> erlcuda_status:set_up(Port, Writer, Devices,
-                                                 maps:get(max_queue, Config), none, Epoch);
+                                                 maps:get(max_queue, Config), D#data.shm,
+                                                 Epoch);
                      _ -> ok
                  end,
             {next_state, starting, D1,

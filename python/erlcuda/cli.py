@@ -198,9 +198,9 @@ def _shared_folder(path: str) -> tuple[SharedFolder | None, str | None]:
     try:
         shm = SharedFolder(path)
         shm.start_reaper()
-    except (ShmError, OSError) as exc:
+        shm.start_sweeps()
+    except (ShmError, OSError, RuntimeError) as exc:  # RuntimeError: no thread to be had
         return None, str(exc)
-    shm.start_sweeps()
     return shm, None
 
 

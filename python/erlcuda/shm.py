@@ -114,28 +114,34 @@ def part_sizes(nbytes: int, part_bytes: int) -> list[int]:
     return [min(part_bytes, nbytes - k * part_bytes) for k in range(count)]
 
 
-def _stale(path: str) -> bool:
-    """Whether ``path`` is a folder of this user, old enough, whose lock nobody holds."""
+#: What ``_claim_stale`` answers for a stale folder with no lock file to hold.
+NO_LOCK = -1
+
+
+def _claim_stale(path: str) -> int | None:
+    """For a folder of this user, old enough, whose lock nobody holds: its lock, now held
+    here (``NO_LOCK`` where it has no lock file), to be held while it is removed, so that
+    a worker starting on it meanwhile fails to take it rather than lose its folder
+    unawares; ``None`` for any other path."""
     try:
         info = os.lstat(path)
     except OSError:
-        return False
+        return None
     if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
             or time.time() - info.st_mtime < STALE_AFTER_S):
-        return False
+        return None
     try:
         fd, _ = open_regular(os.path.join(path, LOCK), os.O_RDONLY)
     except FileNotFoundError:
-        return True  # its worker never took it
+        return NO_LOCK  # its worker never took it
     except (OSError, ShmError):
-        return False  # a lock that is no regular file: not one to judge, so left alone
+        return None  # a lock that is no regular file: not one to judge, so left alone
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        return False  # held: a live worker's
-    finally:
         os.close(fd)
-    return True
+        return None  # held: a live worker's
+    return fd
 
 
 def _plain_name(name: str) -> bool:
@@ -185,9 +191,16 @@ class SharedFolder:
             return removed
         for name in names:
             path = os.path.join(parent, name)
-            if name.startswith(PREFIX) and path != self.path and _stale(path):
+            held = (_claim_stale(path) if name.startswith(PREFIX) and path != self.path
+                    else None)
+            if held is None:
+                continue
+            try:
                 shutil.rmtree(path, ignore_errors=True)  # never follows a symlink
-                removed.append(name)
+            finally:
+                if held != NO_LOCK:
+                    os.close(held)
+            removed.append(name)
         return removed
 
     def start_sweeps(self, every: float | None = None) -> threading.Thread:

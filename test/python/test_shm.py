@@ -385,15 +385,16 @@ def test_a_live_worker_sweeps_again_what_was_too_young_at_its_start(tmp_path: Pa
         os.close(holder)
 
 
-def test_the_later_sweeps_run_on_their_own_until_stopped(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shm, "STALE_AFTER_S", 0.05)
+def test_the_later_sweeps_run_on_their_own_until_stopped(tmp_path: Path) -> None:
+    dead, live, holder = _dead_and_live(tmp_path)  # too young for the first sweep
     mine = tmp_path / "erlcuda-3-1"
     mine.mkdir()
     folder = SharedFolder(str(mine))
-    sweeps = folder.start_sweeps()
-    dead, live, holder = _dead_and_live(tmp_path)  # after the first sweep
+    sweeps = folder.start_sweeps(every=0.05)
     try:
+        assert dead.exists()
+        for path in (dead, live):
+            _aged(path, 2 * shm.STALE_AFTER_S)
         assert wait_gone(dead)
         assert live.exists() and mine.exists()
     finally:
@@ -401,6 +402,35 @@ def test_the_later_sweeps_run_on_their_own_until_stopped(
         os.close(holder)
     sweeps.join(10)
     assert not sweeps.is_alive()
+
+
+def test_a_folder_is_removed_with_its_lock_held(tmp_path: Path) -> None:
+    # A worker starting on a stale folder while it is removed fails to take its lock,
+    # rather than keep a folder that is going.
+    dead, _, holder = _dead_and_live(tmp_path)
+    os.close(holder)
+    _aged(dead, 2 * shm.STALE_AFTER_S)
+    mine = tmp_path / "erlcuda-3-1"
+    mine.mkdir()
+    folder = SharedFolder(str(mine))
+    seen: list[bool] = []
+
+    def rmtree(path: str, ignore_errors: bool = False) -> None:
+        fd = os.open(os.path.join(path, LOCK), os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen.append(False)
+        except OSError:
+            seen.append(True)
+        finally:
+            os.close(fd)
+        real_rmtree(path, ignore_errors=ignore_errors)
+
+    real_rmtree = shutil.rmtree
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shm.shutil, "rmtree", rmtree)
+        assert "erlcuda-1-1" in folder.sweep_stale()
+    assert seen[:1] == [True] and not dead.exists()
 
 
 def _plant(path: Path, kind: str, target: Path) -> None:
