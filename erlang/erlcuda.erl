@@ -191,21 +191,27 @@ launch_here(Kernel, Args, Opts) ->
         {error, _} = Error -> Error
     end.
 
-%% A kernel unknown here may be loaded where the launch's buffers live: with a buffer of
-%% another node of the cluster, the launch runs there, which judges it.
+%% A kernel unknown here may be loaded where the launch's buffers live: where they all live
+%% on one other node of the cluster, the launch runs there, which judges it (for a
+%% `launch', its refusal there is the job's reply, as for any launch on another node).
 unknown_here(Error, Kernel, Args, Opts, Mode) ->
-    case remote_buffer(Args) of
+    case remote_buffers(Args, none) of
         {ok, B} -> erlcuda_remote:follow(B, Kernel, Args, Opts, Mode);
         none -> Error
     end.
 
-remote_buffer([A | Rest]) ->
-    case erlcuda_remote:remote_node(A) of
-        {remote, _} -> {ok, A};
-        local -> remote_buffer(Rest)
+%% The first buffer, where every buffer among `Args' is of one other node of the cluster.
+remote_buffers([{erlcuda_buffer, Node, _, _, _, _, _} = A | Rest], Found) ->
+    case {erlcuda_remote:remote_node(A), Found} of
+        {{remote, Node}, none} -> remote_buffers(Rest, {ok, A});
+        {{remote, Node}, {ok, {erlcuda_buffer, Node, _, _, _, _, _}}} ->
+            remote_buffers(Rest, Found);
+        _ -> none
     end;
-remote_buffer(_) ->
-    none.
+remote_buffers([_ | Rest], Found) ->
+    remote_buffers(Rest, Found);
+remote_buffers(_, Found) ->
+    Found.
 
 %% A launch with a node option that runs on this node after all.
 here({local, Opts}, Run) -> Run(Opts);

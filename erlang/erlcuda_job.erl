@@ -84,9 +84,10 @@ checked(Kernel, Args, Opts, Range) ->
         %% The options added for buffers and user kernels come apart (X): a plain launch
         %% has none.
         {ok, {Job, X}} ->
-            case erlcuda_program:is_program(Kernel) of
-                true -> program(Kernel, Args, Job, X);
-                false -> kernel(Kernel, Args, Job, X, Range)
+            case {erlcuda_program:is_program(Kernel), Kernel} of
+                {true, _} -> program(Kernel, Args, Job, X);
+                {false, {erlcuda_program, _}} -> bad("not a program: ~0P", [Kernel, 8]);
+                {false, _} -> kernel(Kernel, Args, Job, X, Range)
             end;
         {error, _} = Error ->
             Error

@@ -30,7 +30,8 @@
                                          inputs := [{atom(), use()}],
                                          baked := [{term(), erlcuda:element_type()}],
                                          shape := single | list,
-                                         outputs := [vector | scalar]}}.
+                                         outputs := [vector | scalar],
+                                         sum := non_neg_integer()}}.
 -type spec() :: #{inputs := [atom() | {atom(), erlcuda:element_type()}],
                   steps := [{atom(), atom(), [term()]}],
                   outputs := term(), name => atom()}.
@@ -57,19 +58,27 @@ new(Spec, Opts) ->
 %% @doc Whether `Term' is a program.
 -spec is_program(term()) -> boolean().
 is_program(Term) ->
-    %% A term altered since it was made (improper lists too) fails here, not later as an
-    %% exception in the caller.
+    %% A term altered since it was made fails here: its fields no longer agree with the
+    %% sum made of them (a run whose outputs the definition does not make would have its
+    %% worker killed, every caller's jobs with it), or (improper lists too) they are not
+    %% what a program holds, which would fail later as an exception in the caller.
     try well_formed(Term)
     catch error:_ -> false
     end.
 
-well_formed({erlcuda_program, #{name := Name, def := Def, inputs := Inputs, baked := Baked,
-                                shape := Shape, outputs := Outputs}})
+well_formed({erlcuda_program, #{sum := Sum} = Program}) ->
+    Fields = maps:remove(sum, Program),
+    erlang:phash2(Fields) =:= Sum andalso fields_well_formed(Fields);
+well_formed(_) ->
+    false.
+
+fields_well_formed(#{name := Name, def := Def, inputs := Inputs, baked := Baked,
+                     shape := Shape, outputs := Outputs})
   when is_atom(Name), is_binary(Def), (Shape =:= single orelse Shape =:= list) ->
     lists:all(fun({I, Use}) -> is_atom(I) andalso is_use(Use); (_) -> false end, Inputs)
         andalso lists:all(fun({_, T}) -> erlcuda_vector:is_type(T); (_) -> false end, Baked)
         andalso lists:all(fun(O) -> O =:= vector orelse O =:= scalar end, Outputs);
-well_formed(_) ->
+fields_well_formed(_) ->
     false.
 
 is_use(vector) -> true;
@@ -332,10 +341,11 @@ make(Name, Inputs, #{uses := Uses, baked := Baked, wire := Wire} = State, Refs, 
     Options = [K || {K, true} <- lists:sort(maps:to_list(Flags))],
     Def = term_to_binary({erlcuda_program, ?VERSION, maps:get(inputs, State) + length(Baked),
                           lists:reverse(Wire), [R || {R, _} <- Refs], Options}),
-    {erlcuda_program, #{name => Name, def => Def,
-                        inputs => [{N, element(2, maps:get(N, Uses))} || {N, _} <- Inputs],
-                        baked => [{B, element(6, B)} || {_, B} <- Baked], shape => Shape,
-                        outputs => [Kind || {_, Kind} <- Refs]}}.
+    Program = #{name => Name, def => Def,
+                inputs => [{N, element(2, maps:get(N, Uses))} || {N, _} <- Inputs],
+                baked => [{B, element(6, B)} || {_, B} <- Baked], shape => Shape,
+                outputs => [Kind || {_, Kind} <- Refs]},
+    {erlcuda_program, Program#{sum => erlang:phash2(Program)}}.
 
 unique(Names) ->
     case Names -- lists:usort(Names) of

@@ -119,10 +119,9 @@ status() ->
 %% @doc Count a job in on `Device', unless `max_queue' are already in flight there.
 -spec enqueue(status(), non_neg_integer()) -> ok | overloaded.
 enqueue(#{queues := Queues, max_queue := Max}, Device) ->
-    atomics:add(Queues, ?TAKEN(Device), 1),
     case atomics:add_get(Queues, ?IN_FLIGHT(Device), 1) of
         Depth when Depth > Max -> dequeue(Queues, Device), overloaded;
-        _ -> ok
+        _ -> atomics:add(Queues, ?TAKEN(Device), 1)
     end.
 
 %% @doc The jobs in flight on every device of the worker now running (0 when none runs).
@@ -205,10 +204,9 @@ devices(Queues) ->
 %% @doc The waiting room takes a place on `Device' for its first waiter, if one is free.
 -spec take(queues(), non_neg_integer(), pos_integer()) -> boolean().
 take(Queues, Device, Max) ->
-    atomics:add(Queues, ?TAKEN(Device), 1),
     case atomics:add_get(Queues, ?IN_FLIGHT(Device), 1) of
         Depth when Depth > Max -> atomics:sub(Queues, ?IN_FLIGHT(Device), 1), false;
-        _ -> true
+        _ -> atomics:add(Queues, ?TAKEN(Device), 1), true
     end.
 
 %% @doc The launches waiting for room on `Device'.

@@ -20,7 +20,8 @@
 %% | `[erlcuda, worker, restart]' | `backoff' (the wait before the next start), `system_time' | `restarts', `reason' (why the last one ended) | the event process |
 %% | `[erlcuda, worker, stop]' | `duration' (its life), `system_time' | `os_pid', `backend', `reason' | the event process |
 %%
-%% A job has its start event and exactly one stop or exception event, for the handlers
+%% A job has its start event and exactly one stop or exception event (but for a caller
+%% killed while a start handler runs in it), for the handlers
 %% attached to an `[erlcuda, job, _]' event when it started (with none, nothing about it
 %% is ever sent anywhere). `bytes_in' counts the operand bytes sent to the worker (buffers
 %% already on a device count nothing), `bytes_out' the result bytes it sends back (0 for

@@ -36,7 +36,7 @@ from .general import Registry
 from .kernels import DTYPES, Operand, Plan, UniformPlans
 from .program_runner import Runner
 from .protocol import Failure, Kept, Launch, Listed, Result
-from .shm import FileArg, FileResult, ResultSlot, SharedFolder, ShmError
+from .shm import FileArg, FileResult, NoFolder, ResultSlot, SharedFolder, ShmError
 from .slots import IDLE_S, SWEEP_S, OperandSlots, ResultTarget
 from .templates import ProgramRows
 
@@ -577,7 +577,7 @@ class Lane(threading.Thread):
         if isinstance(exc, general.Refused):
             return exc.failure, None
         if isinstance(exc, ShmError):
-            return protocol.bad_args(str(exc)), None
+            return _shm_failure(exc), None
         if isinstance(exc, BackendError):
             return protocol.cuda_error(exc.code, exc.message), self._lost(exc)
         log.error("device %d: %s failed", self.index, what, exc_info=exc)
@@ -711,7 +711,7 @@ class Lane(threading.Thread):
         try:
             job.plan = make()
         except ShmError as exc:
-            job.error = protocol.bad_args(str(exc))
+            job.error = _shm_failure(exc)
         except general.Refused as exc:
             job.error = exc.failure
 
@@ -957,7 +957,7 @@ class Lane(threading.Thread):
         """A file operand's elements: an operand slot's (kept mapped), or a job's own files
         (mapped and unlinked)."""
         if self.shm is None:
-            raise ShmError("shared memory: this worker was started without --shm-dir")
+            raise NoFolder("shared memory: this worker has no folder")
         if not OperandSlots.owns(arg.name):
             return self.shm.open_input(arg)
         if self.slots is None:
@@ -1032,3 +1032,12 @@ def _row(values: np.ndarray | None, i: int, floats: bool, max_frame: int) -> Res
     if values.ndim != 2:
         return float(values[i])
     return protocol.as_floats(values[i], max_frame) if floats else values[i]
+
+
+def _shm_failure(exc: ShmError) -> protocol.Failure:
+    """A file operand's failure: ``{worker_down, shm_unavailable}`` for a launch written,
+    while this worker started, to the folder it could not take (sent again, it takes the
+    pipe), else ``bad_args`` naming what was wrong with the file."""
+    if isinstance(exc, NoFolder):
+        return protocol.Failure("worker_down", (protocol.atom("shm_unavailable"),))
+    return protocol.bad_args(str(exc))

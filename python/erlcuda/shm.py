@@ -80,6 +80,11 @@ class ShmError(Exception):
     """A shared-memory file could not be used. ``str(exc)`` is the reason sent to Erlang."""
 
 
+class NoFolder(ShmError):
+    """A launch named a file of a folder this worker could not take (it said so in its
+    hello, and Erlang sends the launches after that through the pipe)."""
+
+
 @dataclass(frozen=True, slots=True)
 class FileArg:
     """A vector argument in the part files ``name.<K>`` of the worker's folder: ``nbytes``

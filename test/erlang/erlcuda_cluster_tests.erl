@@ -813,9 +813,6 @@ spin(Until) ->
         false -> spin(Until)
     end.
 
-%% The executing node's buffers server is held up for 7 s as two keep jobs hand their
-%% results over (a launch_sync with a 20 s timeout, a launch): both still get their
-%% buffers, and once freed nothing stays there.
 %% A launch with buffers of another node runs there, without `{node, _}': a kernel loaded
 %% there and not here too, judged where it runs (an unknown kernel anywhere is still one).
 kernel_where_the_buffers_live(#{peers := [{P1, N1} | _]}) ->
@@ -828,12 +825,22 @@ kernel_where_the_buffers_live(#{peers := [{P1, N1} | _]}) ->
         ?assertEqual({ok, [2.0, 4.0]}, erlcuda:launch_sync(twice_there, [B])),
         {ok, Id} = erlcuda:launch(twice_there, [B]),
         ?assertEqual({ok, [2.0, 4.0]}, receive_reply(Id)),
-        ?assertEqual({error, {unknown_kernel, nowhere}}, erlcuda:launch_sync(nowhere, [B]))
+        ?assertEqual({error, {unknown_kernel, nowhere}}, erlcuda:launch_sync(nowhere, [B])),
+        %% buffers of two nodes run nowhere: the kernel is judged here
+        {ok, L} = erlcuda:upload([1.0, 2.0]),
+        ?assertEqual({error, {unknown_kernel, twice_there}},
+                     erlcuda:launch_sync(twice_there, [L, B])),
+        ?assertEqual({error, {unknown_kernel, twice_there}},
+                     erlcuda:launch(twice_there, [B, L])),
+        ok = erlcuda:free(L)
     after
         ok = erlcuda:free(B),
         _ = peer:call(P1, erlcuda, unload, [twice_there])
     end.
 
+%% The executing node's buffers server is held up for 7 s as two keep jobs hand their
+%% results over (a launch_sync with a 20 s timeout, a launch): both still get their
+%% buffers, and once freed nothing stays there.
 busy_buffers_server(#{peers := [{P1, N1} | _]}) ->
     Base = peer:call(P1, erlcuda_buffers, count, []),
     Keep = [{node, N1}, {device, 0}, {keep, true}],

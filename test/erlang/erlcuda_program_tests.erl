@@ -98,7 +98,12 @@ definition_test_() ->
                         erlcuda:run_sync({erlcuda_program, maps:merge(M, Change)}, [[1.0]]))
            || Change <- [#{inputs => foo}, #{inputs => [x | y]}, #{inputs => [{x, text}]},
                          #{baked => [{b, f16}]}, #{outputs => [matrix]}, #{shape => many},
-                         #{name => "chain"}]],
+                         #{name => "chain"}, #{outputs => [scalar]},
+                         #{outputs => [vector, vector, vector]}, #{shape => list}]],
+          %% and as a launch's kernel
+          ?assertMatch({error, {bad_args, _}},
+                       erlcuda:launch_sync({erlcuda_program, M#{outputs => [scalar]}},
+                                           [[1.0]])),
           ?assertMatch({error, {bad_args, _}},
                        erlcuda:run({erlcuda_program, maps:remove(baked, M)}, [[1.0]]))
       end}].

@@ -47,4 +47,13 @@ settle() ->
     ?assertEqual(-1, Raw(0)),
     timer:sleep(1100),
     _ = erlcuda_status:settle(S4, Idle),
+    ?assertEqual(0, Raw(0)),
+    %% a full queue whose places nobody holds, with launches refused all the while: a
+    %% refusal takes no place, so the places are given back all the same
+    [ok = erlcuda_status:enqueue(Status, 0) || _ <- lists:seq(1, 10)],
+    S5 = erlcuda_status:settle(#{}, Idle),
+    ?assertEqual(overloaded, erlcuda_status:enqueue(Status, 0)),
+    timer:sleep(1100),
+    ?assertEqual(overloaded, erlcuda_status:enqueue(Status, 0)),
+    _ = erlcuda_status:settle(S5, Idle),
     ?assertEqual(0, Raw(0)).

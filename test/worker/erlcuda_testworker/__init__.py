@@ -139,8 +139,8 @@ def pin_double() -> None:
 
 
 def full_shm_double() -> None:
-    """The worker's shared-memory folder cannot take its lock, as in a full tmpfs (no room
-    or no inode for a new file): creating ``.lock`` fails with ENOSPC. Set by
+    """The worker cannot take its shared-memory folder's lock: opening ``.lock`` (which
+    Erlang made) fails with ENOSPC, as creating it would in a tmpfs out of inodes. Set by
     ``ERLCUDA_TEST_SHM_FULL`` in the worker's environment."""
     from erlcuda import shm
 
