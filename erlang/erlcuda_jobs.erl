@@ -243,11 +243,10 @@ let_go(Id) ->
     Self = self(),
     case ets:lookup(?TAB, Id) of
         [#job{caller = Self, files = Files}] ->
-            {Result, Operands} = lists:partition(fun(F) -> element(1, F) =:= result end,
-                                                 [F || F <- Files, is_tuple(F)]),
-            Own = [F || F <- Files, not is_tuple(F)],
+            {Result, Operands} = lists:partition(fun({result, _}) -> true; (_) -> false end,
+                                                 Files),
             Taken = ets:update_element(?TAB, Id, [{#job.files, Result}, {#job.let_go, true}]),
-            _ = [erlcuda_shm:delete(Own ++ Operands) || Taken],
+            _ = [erlcuda_shm:delete(Operands) || Taken],
             ok;
         _ ->
             ok

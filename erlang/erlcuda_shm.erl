@@ -65,14 +65,13 @@ folder(Base) ->
             %% Operands are the callers' data: other users must not read them. The worker's
             %% lock file is made here, so that a shared-memory dir too full for it fails
             %% now, before any launch names the folder, rather than in the worker.
-            Lock = filename:join(Dir, ?LOCK),
-            case file:change_mode(Dir, 8#700) =:= ok andalso
-                 file:write_file(Lock, <<>>, [raw, exclusive]) of
-                ok ->
-                    {ok, Dir};
-                Failed ->
-                    _ = file:del_dir_r(Dir),
-                    {error, {Dir, case Failed of {error, Why} -> Why; false -> eperm end}}
+            Made = case file:change_mode(Dir, 8#700) of
+                       ok -> file:write_file(filename:join(Dir, ?LOCK), <<>>, [raw, exclusive]);
+                       {error, _} = Error -> Error
+                   end,
+            case Made of
+                ok -> {ok, Dir};
+                {error, Why} -> _ = file:del_dir_r(Dir), {error, {Dir, Why}}
             end;
         {error, Why} ->
             {error, {Dir, Why}}

@@ -131,9 +131,8 @@ in_flight() ->
         undefined ->
             0;
         Queues ->
-            #{size := Size} = atomics:info(Queues),
             lists:sum([max(atomics:get(Queues, ?IN_FLIGHT(D)), 0)
-                       || D <- lists:seq(0, Size div ?PER_DEVICE - 1)])
+                       || D <- lists:seq(0, devices(Queues) - 1)])
     end.
 
 %% @doc A job leaves `Device''s queue. Where launches wait for room there, the waiting room

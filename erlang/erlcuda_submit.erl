@@ -86,13 +86,11 @@ unplanned(Plan, Error) ->
 
 %% Counted into its device's queue (at once, or once there is room for a launch that waits
 %% for it), registered, its start event, its files written, then its frame.
-enqueue(Job, ReplyTo, Status, #{id := JobId, plan := Plan} = Launch, Frame) ->
+enqueue(Job, ReplyTo, Status, #{id := JobId, device := Device, plan := Plan} = Launch,
+        Frame) ->
     Counted = case Job of
-                  #{wait := Ms} ->
-                      erlcuda_room:enqueue(Status, maps:get(device, Launch),
-                                           wait_until(Ms, Job));
-                  #{} ->
-                      erlcuda_status:enqueue(Status, maps:get(device, Launch))
+                  #{wait := Ms} -> erlcuda_room:enqueue(Status, Device, wait_until(Ms, Job));
+                  #{} -> erlcuda_status:enqueue(Status, Device)
               end,
     case Counted of
         ok ->

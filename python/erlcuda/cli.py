@@ -192,8 +192,8 @@ def _serve(args: argparse.Namespace, extensions: Mapping[str, Extension]) -> int
 
 def _shared_folder(path: str) -> tuple[SharedFolder | None, str | None]:
     """The worker's shared-memory folder, with its reaper, and the stale folders beside it
-    swept now and while the worker lives; or none and why (a full shared-memory dir has no
-    room for its lock). Not logged here: the hello says why, and Erlang, which then sends
+    swept now and while the worker lives; or none and why (its lock held, the folder gone,
+    no thread to sweep with). Not logged here: the hello says why, and Erlang, which then sends
     everything through the pipe, logs it once."""
     try:
         shm = SharedFolder(path)

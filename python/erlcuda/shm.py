@@ -81,8 +81,9 @@ class ShmError(Exception):
 
 
 class NoFolder(ShmError):
-    """A launch named a file of a folder this worker could not take (it said so in its
-    hello, and Erlang sends the launches after that through the pipe)."""
+    """A launch named a file, and this worker has no folder: none was given, or it could not
+    take it (it said so in its hello, and Erlang sends the launches after that through the
+    pipe)."""
 
 
 @dataclass(frozen=True, slots=True)
